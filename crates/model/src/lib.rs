@@ -1,1 +1,93 @@
-//! neagari-model
+//! Architectures: config → weights → forward pass, one file per family. A model is written
+//! once against `neagari_backend::Backend` and never knows which device runs it.
+//!
+//! `source` is the narrow view of a weights file the models read (metadata and tensors), so
+//! the same model code loads from GGUF now and from safetensors packs later.
+
+pub mod gemma3;
+pub mod llama;
+pub mod source;
+
+use neagari_backend::{Backend, BackendError, KvType};
+
+pub use source::ModelSource;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("architecture '{0}' is not supported (supported: llama, qwen2, qwen3, gemma3)")]
+    UnsupportedArch(String),
+    #[error("missing metadata key '{0}'")]
+    MissingKey(String),
+    #[error("metadata key '{key}': {msg}")]
+    BadKey { key: String, msg: String },
+    #[error("missing tensor '{0}'")]
+    MissingTensor(String),
+    #[error("tensor '{name}' has shape {got:?}, expected {want:?}")]
+    TensorShape {
+        name: String,
+        got: Vec<usize>,
+        want: Vec<usize>,
+    },
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("prompt of {tokens} tokens at position {pos} does not fit the context of {n_ctx}")]
+    ContextFull {
+        tokens: usize,
+        pos: usize,
+        n_ctx: usize,
+    },
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+pub type Result<T> = std::result::Result<T, ModelError>;
+
+/// What the engine needs to know about a loaded model.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    pub arch: String,
+    pub name: String,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub n_layers: usize,
+    pub n_embd: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Bytes of weight data read per decoded token (every matrix but the embedding table,
+    /// plus the output head).
+    pub decode_bytes: usize,
+    /// All weight bytes held by the backend.
+    pub weight_bytes: usize,
+}
+
+/// A causal language model on backend `B`.
+pub trait CausalLm<B: Backend>: Send + Sync {
+    fn info(&self) -> &ModelInfo;
+
+    /// A KV cache for one sequence of up to `n_ctx` positions.
+    fn new_kv(&self, be: &B, n_ctx: usize, ty: KvType) -> Result<B::Kv>;
+
+    /// Runs `tokens` at the positions following what `kv` holds and returns logits
+    /// `[n_out, n_vocab]` row-major: for the last token only, or for every token when
+    /// `all_logits` (perplexity, speculative verify).
+    fn forward(&self, be: &B, kv: &mut B::Kv, tokens: &[u32], all_logits: bool)
+        -> Result<Vec<f32>>;
+}
+
+/// Loads the architecture named by the file.
+pub fn load<B: Backend>(be: &B, src: &dyn ModelSource) -> Result<Box<dyn CausalLm<B>>> {
+    let arch = src.architecture()?;
+    match arch.as_str() {
+        "llama" | "qwen2" | "qwen3" => Ok(Box::new(llama::Llama::load(be, src)?)),
+        "gemma3" => Ok(Box::new(gemma3::Gemma3::load(be, src)?)),
+        other => Err(ModelError::UnsupportedArch(other.to_string())),
+    }
+}
+
+/// Checks that `tokens` fit after `pos` in a cache of `n_ctx`.
+pub(crate) fn check_room(pos: usize, tokens: usize, n_ctx: usize) -> Result<()> {
+    if tokens == 0 || pos + tokens > n_ctx {
+        return Err(ModelError::ContextFull { tokens, pos, n_ctx });
+    }
+    Ok(())
+}

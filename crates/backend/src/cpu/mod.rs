@@ -1,4 +1,612 @@
-//! The CPU backend: packed-weight matmul kernels per format and instruction set, selected
-//! once at start-up from the CPU's features.
+//! The CPU backend: packed-weight matmul kernels per format and instruction set (selected
+//! once at start-up from the CPU's features), a persistent thread pool, and the float ops
+//! of the forward pass (norms, RoPE, GLU, attention over an f16 or q8_0 KV cache).
 
 pub mod kernels;
+mod ops;
+pub mod pool;
+pub mod simd;
+
+use std::sync::Mutex;
+
+use neagari_quant::GgmlType;
+
+use crate::{
+    Attn, Backend, BackendError, GluAct, HostTensor, KvShape, KvType, Result, Rope, SharedBytes,
+};
+use kernels::{kernel_for, CpuFeatures, MatKernel};
+use pool::{SyncPtr, ThreadPool};
+
+/// Options of the CPU backend.
+#[derive(Clone, Debug)]
+pub struct CpuOptions {
+    pub threads: usize,
+    /// Use the portable kernels even where SIMD ones exist (tests, debugging).
+    pub scalar_only: bool,
+}
+
+impl Default for CpuOptions {
+    fn default() -> Self {
+        CpuOptions {
+            threads: default_threads(),
+            scalar_only: false,
+        }
+    }
+}
+
+/// Physical cores are what matter for memory-bound decode; without a reliable count, use
+/// the available parallelism.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+pub struct CpuBackend {
+    pool: ThreadPool,
+    feats: CpuFeatures,
+    scalar_only: bool,
+    /// Scratch for quantized activations, reused across matmuls.
+    act_scratch: Mutex<Vec<u8>>,
+}
+
+impl CpuBackend {
+    pub fn new(opts: &CpuOptions) -> Self {
+        CpuBackend {
+            pool: ThreadPool::new(opts.threads),
+            feats: CpuFeatures::detect(),
+            scalar_only: opts.scalar_only,
+            act_scratch: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn features(&self) -> CpuFeatures {
+        self.feats
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    pub fn pool(&self) -> &ThreadPool {
+        &self.pool
+    }
+}
+
+/// f32 activations `[rows, cols]`, row-major.
+#[derive(Clone, Debug, Default)]
+pub struct CpuBuf {
+    pub data: Vec<f32>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl CpuBuf {
+    fn reshape(&mut self, rows: usize, cols: usize) {
+        self.rows = rows;
+        self.cols = cols;
+        self.data.resize(rows * cols, 0.0);
+    }
+
+    fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+/// A packed matrix `[rows = out, cols = in]` read in place from the file's bytes.
+pub struct CpuMat {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    row_bytes: usize,
+    bytes: SharedBytes,
+    kernel: Option<MatKernel>,
+}
+
+impl CpuMat {
+    fn row_bytes_of(&self, r: usize) -> &[u8] {
+        &self.bytes.as_slice()[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Which kernel implementation multiplies this matrix ("avx2", "scalar", or "none").
+    pub fn isa(&self) -> &'static str {
+        self.kernel.map(|k| k.isa).unwrap_or("none")
+    }
+}
+
+/// KV cache of one sequence. Per layer, K and V are `[n_kv_heads, n_ctx, head_dim]` so a
+/// head's positions are contiguous; f16 stores 2 bytes per value, q8_0 34 bytes per 32.
+pub struct CpuKv {
+    shape: KvShape,
+    len: usize,
+    /// Bytes per stored head vector.
+    vec_bytes: usize,
+    k: Vec<Vec<u8>>,
+    v: Vec<Vec<u8>>,
+}
+
+impl CpuKv {
+    fn offset(&self, head: usize, pos: usize) -> usize {
+        (head * self.shape.n_ctx + pos) * self.vec_bytes
+    }
+}
+
+fn shape_err(op: &'static str, detail: String) -> BackendError {
+    BackendError::Shape { op, detail }
+}
+
+impl Backend for CpuBackend {
+    type Buf = CpuBuf;
+    type Mat = CpuMat;
+    type Vector = Vec<f32>;
+    type Kv = CpuKv;
+
+    fn name(&self) -> String {
+        let isa = if self.scalar_only {
+            "scalar"
+        } else if self.feats.has_avx2() {
+            "avx2"
+        } else {
+            "scalar"
+        };
+        format!("cpu ({} threads, {isa})", self.pool.n_threads())
+    }
+
+    fn load_mat(&self, t: &HostTensor) -> Result<CpuMat> {
+        let (rows, cols) = match t.shape.as_slice() {
+            [r, c] => (*r, *c),
+            [c] => (1, *c),
+            s => {
+                return Err(shape_err(
+                    "load_mat",
+                    format!("{}: expected 2-D, got {s:?}", t.name),
+                ))
+            }
+        };
+        let row_bytes = t.ty.row_bytes(cols).ok_or_else(|| {
+            shape_err(
+                "load_mat",
+                format!("{}: row of {cols} is not whole {} blocks", t.name, t.ty),
+            )
+        })?;
+        if row_bytes * rows != t.bytes.len() {
+            return Err(shape_err(
+                "load_mat",
+                format!(
+                    "{}: {} bytes for {rows}x{cols} {}",
+                    t.name,
+                    t.bytes.len(),
+                    t.ty
+                ),
+            ));
+        }
+        Ok(CpuMat {
+            ty: t.ty,
+            rows,
+            cols,
+            row_bytes,
+            bytes: t.bytes.clone(),
+            kernel: kernel_for(t.ty, &self.feats, self.scalar_only),
+        })
+    }
+
+    fn load_vector(&self, t: &HostTensor) -> Result<Vec<f32>> {
+        let n = t.n_elements();
+        let mut out = vec![0f32; n];
+        neagari_quant::dequantize_row(t.ty, t.bytes.as_slice(), &mut out)?;
+        Ok(out)
+    }
+
+    fn mat_bytes(&self, m: &CpuMat) -> usize {
+        m.bytes.len()
+    }
+
+    fn buf(&self, rows: usize, cols: usize) -> Result<CpuBuf> {
+        Ok(CpuBuf {
+            data: vec![0.0; rows * cols],
+            rows,
+            cols,
+        })
+    }
+
+    fn buf_shape(&self, b: &CpuBuf) -> (usize, usize) {
+        (b.rows, b.cols)
+    }
+
+    fn write(&self, dst: &mut CpuBuf, host: &[f32], rows: usize, cols: usize) -> Result<()> {
+        if host.len() != rows * cols {
+            return Err(shape_err(
+                "write",
+                format!("{} values for {rows}x{cols}", host.len()),
+            ));
+        }
+        dst.reshape(rows, cols);
+        dst.data.copy_from_slice(host);
+        Ok(())
+    }
+
+    fn read(&self, src: &CpuBuf, row0: usize, n: usize, host: &mut [f32]) -> Result<()> {
+        if row0 + n > src.rows || host.len() != n * src.cols {
+            return Err(shape_err(
+                "read",
+                format!("rows {row0}+{n} of {}", src.rows),
+            ));
+        }
+        host.copy_from_slice(&src.data[row0 * src.cols..(row0 + n) * src.cols]);
+        Ok(())
+    }
+
+    fn copy_row(&self, src: &CpuBuf, row: usize, dst: &mut CpuBuf) -> Result<()> {
+        if row >= src.rows {
+            return Err(shape_err("copy_row", format!("row {row} of {}", src.rows)));
+        }
+        dst.reshape(1, src.cols);
+        dst.data.copy_from_slice(src.row(row));
+        Ok(())
+    }
+
+    fn embed(&self, table: &CpuMat, ids: &[u32], scale: f32, out: &mut CpuBuf) -> Result<()> {
+        out.reshape(ids.len(), table.cols);
+        for (i, &id) in ids.iter().enumerate() {
+            let id = id as usize;
+            if id >= table.rows {
+                return Err(shape_err(
+                    "embed",
+                    format!("token id {id} ≥ vocab {}", table.rows),
+                ));
+            }
+            let dst = &mut out.data[i * table.cols..(i + 1) * table.cols];
+            neagari_quant::dequantize_row(table.ty, table.row_bytes_of(id), dst)?;
+            if scale != 1.0 {
+                dst.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, w: &CpuMat, x: &CpuBuf, out: &mut CpuBuf) -> Result<()> {
+        if x.cols != w.cols {
+            return Err(shape_err(
+                "matmul",
+                format!("x has {} cols, W is {}x{}", x.cols, w.rows, w.cols),
+            ));
+        }
+        let kern = w.kernel.ok_or(BackendError::NoKernel {
+            op: "matmul",
+            device: "cpu",
+            ty: w.ty,
+        })?;
+        out.reshape(x.rows, w.rows);
+        let k = w.cols;
+        let na = x.rows;
+        let act_row = kern.act.row_bytes(k);
+        let mut scratch = self.act_scratch.lock().unwrap_or_else(|e| e.into_inner());
+        scratch.resize(act_row * na, 0);
+        // Quantize the activation rows once; they are reused by every weight row.
+        {
+            let sp = SyncPtr(scratch.as_mut_ptr());
+            let quant = kern.quantize_act;
+            let xs = &x.data;
+            let n_tasks = if na >= 4 { na } else { 1 };
+            self.pool.run(n_tasks, |t| {
+                let rows = if n_tasks == 1 { 0..na } else { t..t + 1 };
+                for r in rows {
+                    // SAFETY: each task writes only activation row r's bytes.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(sp.get().add(r * act_row), act_row)
+                    };
+                    quant(&xs[r * k..(r + 1) * k], dst);
+                }
+            });
+        }
+        let act: &[u8] = &scratch;
+        // Split the weight rows into chunks; many chunks per thread balance the load.
+        let n_out = w.rows;
+        let threads = self.pool.n_threads();
+        let chunk = chunk_rows(n_out, threads, na);
+        let n_chunks = n_out.div_ceil(chunk);
+        let op = SyncPtr(out.data.as_mut_ptr());
+        let wb = w.bytes.as_slice();
+        let rb = w.row_bytes;
+        let gemm = kern.gemm;
+        let out_len = out.data.len();
+        self.pool.run(n_chunks, |c| {
+            let j0 = c * chunk;
+            let nw = chunk.min(n_out - j0);
+            // SAFETY: chunk c writes only columns j0..j0+nw of every output row; the view
+            // starts at column j0 and the kernel indexes i * n_out + j with j < nw.
+            let dst = unsafe { std::slice::from_raw_parts_mut(op.get().add(j0), out_len - j0) };
+            gemm(k, &wb[j0 * rb..(j0 + nw) * rb], nw, act, na, dst, n_out);
+        });
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &CpuBuf, w: &Vec<f32>, eps: f32, out: &mut CpuBuf) -> Result<()> {
+        out.reshape(x.rows, x.cols);
+        out.data.copy_from_slice(&x.data);
+        self.rms_norm_inplace(out, w, eps)
+    }
+
+    fn rms_norm_inplace(&self, x: &mut CpuBuf, w: &Vec<f32>, eps: f32) -> Result<()> {
+        let g = w.len();
+        if g == 0 || x.cols % g != 0 {
+            return Err(shape_err(
+                "rms_norm",
+                format!("{} cols, weight of {g}", x.cols),
+            ));
+        }
+        for group in x.data.chunks_exact_mut(g) {
+            ops::rms_norm(group, w, eps);
+        }
+        Ok(())
+    }
+
+    fn add(&self, x: &mut CpuBuf, y: &CpuBuf) -> Result<()> {
+        if x.data.len() != y.data.len() {
+            return Err(shape_err(
+                "add",
+                format!("{}x{} + {}x{}", x.rows, x.cols, y.rows, y.cols),
+            ));
+        }
+        for (a, b) in x.data.iter_mut().zip(&y.data) {
+            *a += b;
+        }
+        Ok(())
+    }
+
+    fn add_bias(&self, x: &mut CpuBuf, b: &Vec<f32>) -> Result<()> {
+        if b.len() != x.cols {
+            return Err(shape_err(
+                "add_bias",
+                format!("{} cols, bias of {}", x.cols, b.len()),
+            ));
+        }
+        for row in x.data.chunks_exact_mut(x.cols) {
+            for (a, c) in row.iter_mut().zip(b) {
+                *a += c;
+            }
+        }
+        Ok(())
+    }
+
+    fn glu(&self, gate: &mut CpuBuf, up: &CpuBuf, act: GluAct) -> Result<()> {
+        if gate.data.len() != up.data.len() {
+            return Err(shape_err(
+                "glu",
+                format!("{} vs {} values", gate.data.len(), up.data.len()),
+            ));
+        }
+        match act {
+            GluAct::Silu => ops::swiglu(&mut gate.data, &up.data),
+            GluAct::GeluTanh => ops::geglu(&mut gate.data, &up.data),
+        }
+        Ok(())
+    }
+
+    fn softcap(&self, x: &mut CpuBuf, cap: f32) -> Result<()> {
+        for v in x.data.iter_mut() {
+            *v = cap * (*v / cap).tanh();
+        }
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut CpuBuf,
+        head_dim: usize,
+        pos0: usize,
+        rope: &Rope,
+        freq_factors: Option<&Vec<f32>>,
+    ) -> Result<()> {
+        if head_dim == 0 || x.cols % head_dim != 0 || rope.dims > head_dim || rope.dims % 2 != 0 {
+            return Err(shape_err(
+                "rope",
+                format!("{} cols, head_dim {head_dim}, dims {}", x.cols, rope.dims),
+            ));
+        }
+        if let Some(ff) = freq_factors {
+            if ff.len() < rope.dims / 2 {
+                return Err(shape_err(
+                    "rope",
+                    format!("{} freq factors for {} dims", ff.len(), rope.dims),
+                ));
+            }
+        }
+        let ff = freq_factors.map(|v| v.as_slice());
+        let mut cache = vec![0f32; rope.dims];
+        let cols = x.cols;
+        for r in 0..x.rows {
+            ops::rope_cache(rope, (pos0 + r) as f32, ff, &mut cache);
+            for head in x.data[r * cols..(r + 1) * cols].chunks_exact_mut(head_dim) {
+                ops::rope_apply(head, &cache, rope.dims, rope.neox);
+            }
+        }
+        Ok(())
+    }
+
+    fn kv_alloc(&self, s: &KvShape) -> Result<CpuKv> {
+        let vec_bytes = match s.ty {
+            KvType::F16 => s.head_dim * 2,
+            KvType::Q8_0 => {
+                if s.head_dim % 32 != 0 {
+                    return Err(shape_err(
+                        "kv_alloc",
+                        format!("q8_0 KV needs head_dim % 32 == 0, got {}", s.head_dim),
+                    ));
+                }
+                s.head_dim / 32 * 34
+            }
+        };
+        let per_layer = s
+            .n_kv_heads
+            .checked_mul(s.n_ctx)
+            .and_then(|v| v.checked_mul(vec_bytes))
+            .ok_or_else(|| BackendError::OutOfMemory("KV cache size overflows".into()))?;
+        let alloc = |n: usize| -> Result<Vec<u8>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n)
+                .map_err(|_| BackendError::OutOfMemory(format!("KV cache layer of {n} bytes")))?;
+            v.resize(n, 0);
+            Ok(v)
+        };
+        let mut k = Vec::with_capacity(s.n_layers);
+        let mut v = Vec::with_capacity(s.n_layers);
+        for _ in 0..s.n_layers {
+            k.push(alloc(per_layer)?);
+            v.push(alloc(per_layer)?);
+        }
+        Ok(CpuKv {
+            shape: s.clone(),
+            len: 0,
+            vec_bytes,
+            k,
+            v,
+        })
+    }
+
+    fn kv_len(&self, kv: &CpuKv) -> usize {
+        kv.len
+    }
+
+    fn kv_capacity(&self, kv: &CpuKv) -> usize {
+        kv.shape.n_ctx
+    }
+
+    fn kv_truncate(&self, kv: &mut CpuKv, len: usize) -> Result<()> {
+        kv.len = kv.len.min(len);
+        Ok(())
+    }
+
+    fn kv_commit(&self, kv: &mut CpuKv, new_len: usize) -> Result<()> {
+        if new_len > kv.shape.n_ctx {
+            return Err(shape_err(
+                "kv_commit",
+                format!("{new_len} > n_ctx {}", kv.shape.n_ctx),
+            ));
+        }
+        kv.len = new_len;
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        kv: &mut CpuKv,
+        layer: usize,
+        pos0: usize,
+        q: &CpuBuf,
+        k: &CpuBuf,
+        v: &CpuBuf,
+        attn: &Attn,
+        out: &mut CpuBuf,
+    ) -> Result<()> {
+        let (nh, nkv, hd) = (attn.n_heads, attn.n_kv_heads, attn.head_dim);
+        let rows = q.rows;
+        if layer >= kv.shape.n_layers
+            || nkv != kv.shape.n_kv_heads
+            || hd != kv.shape.head_dim
+            || nkv == 0
+            || nh % nkv != 0
+            || q.cols != nh * hd
+            || k.cols != nkv * hd
+            || v.cols != nkv * hd
+            || k.rows != rows
+            || v.rows != rows
+        {
+            return Err(shape_err(
+                "attention",
+                format!(
+                    "q {}x{}, k {}x{}, heads {nh}/{nkv}x{hd}",
+                    q.rows, q.cols, k.rows, k.cols
+                ),
+            ));
+        }
+        if pos0 + rows > kv.shape.n_ctx {
+            return Err(shape_err(
+                "attention",
+                format!("positions up to {} > n_ctx {}", pos0 + rows, kv.shape.n_ctx),
+            ));
+        }
+        // Store the new keys and values.
+        for r in 0..rows {
+            for h in 0..nkv {
+                let off = kv.offset(h, pos0 + r);
+                let vb = kv.vec_bytes;
+                let ks = &k.data[r * k.cols + h * hd..r * k.cols + (h + 1) * hd];
+                let vs = &v.data[r * v.cols + h * hd..r * v.cols + (h + 1) * hd];
+                ops::kv_store(kv.shape.ty, ks, &mut kv.k[layer][off..off + vb]);
+                ops::kv_store(kv.shape.ty, vs, &mut kv.v[layer][off..off + vb]);
+            }
+        }
+        out.reshape(rows, nh * hd);
+        let group = nh / nkv;
+        // Tasks: (kv head, block of query rows). Each task loads its head's keys and values
+        // once as f32 and serves every query head of the group.
+        let row_block = if rows >= 64 { 16 } else { rows.max(1) };
+        let n_blocks = rows.div_ceil(row_block);
+        let n_tasks = nkv * n_blocks;
+        let op = SyncPtr(out.data.as_mut_ptr());
+        let out_cols = out.cols;
+        let kvr = &*kv;
+        self.pool.run(n_tasks, |t| {
+            let h = t / n_blocks;
+            let b = t % n_blocks;
+            let r0 = b * row_block;
+            let r1 = (r0 + row_block).min(rows);
+            let last = pos0 + r1 - 1;
+            let first = match attn.window {
+                Some(w) => (pos0 + r0 + 1).saturating_sub(w),
+                None => 0,
+            };
+            let n_pos = last + 1 - first;
+            let mut kf = vec![0f32; n_pos * hd];
+            let mut vf = vec![0f32; n_pos * hd];
+            ops::kv_load(
+                kvr.shape.ty,
+                &kvr.k[layer][kvr.offset(h, first)..kvr.offset(h, last + 1)],
+                &mut kf,
+            );
+            ops::kv_load(
+                kvr.shape.ty,
+                &kvr.v[layer][kvr.offset(h, first)..kvr.offset(h, last + 1)],
+                &mut vf,
+            );
+            let mut scores = vec![0f32; n_pos];
+            let mut qh = vec![0f32; hd];
+            for r in r0..r1 {
+                let p = pos0 + r;
+                let lo = match attn.window {
+                    Some(w) => (p + 1).saturating_sub(w),
+                    None => 0,
+                };
+                for qi in h * group..(h + 1) * group {
+                    qh.copy_from_slice(&q.data[r * q.cols + qi * hd..r * q.cols + (qi + 1) * hd]);
+                    // SAFETY: (row r, head qi) is written by exactly this task.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(op.get().add(r * out_cols + qi * hd), hd)
+                    };
+                    ops::attend(
+                        &mut qh,
+                        &kf,
+                        &vf,
+                        hd,
+                        lo - first,
+                        p - first,
+                        attn,
+                        &mut scores,
+                        dst,
+                    );
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+/// Weight rows per task: enough work per task to amortise the dispatch, enough tasks to
+/// balance the threads (more for prefill, where a task is more expensive).
+fn chunk_rows(n_out: usize, threads: usize, na: usize) -> usize {
+    let target_tasks = threads * if na > 1 { 8 } else { 4 };
+    let c = n_out.div_ceil(target_tasks.max(1));
+    // Multiples of 4 suit 4-row micro-kernels.
+    c.div_ceil(4).max(1) * 4
+}

@@ -1,0 +1,244 @@
+//! Float ops of the forward pass on CPU. Their numerics follow ggml's CPU backend where a
+//! choice exists (f64 sum of squares in RMSNorm, GELU through an fp16 table, iterative RoPE
+//! angles, q rounded to f16 before q·k), so greedy tokens track llama.cpp's closely.
+
+use std::sync::OnceLock;
+
+use half::f16;
+
+use super::simd;
+use crate::{Attn, KvType, Rope};
+
+/// `x = x / sqrt(mean(x²) + eps) * w`, in place.
+pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
+    let sum: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for (v, g) in x.iter_mut().zip(w) {
+        *v = *v * scale * g;
+    }
+}
+
+/// `gate = silu(gate) * up`.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044715;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+}
+
+/// GELU of every f16 value, rounded to f16 — ggml's CPU table (ggml_table_gelu_f16).
+fn gelu_table() -> &'static [f32] {
+    static T: OnceLock<Vec<f32>> = OnceLock::new();
+    T.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|b| f16::from_f32(gelu_tanh(f16::from_bits(b).to_f32())).to_f32())
+            .collect()
+    })
+}
+
+/// `gate = gelu_tanh(gate) * up`, with GELU looked up at fp16 precision as ggml does.
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    let t = gelu_table();
+    for (g, u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x * u
+        } else {
+            t[f16::from_f32(x).to_bits() as usize] * u
+        };
+    }
+}
+
+fn yarn_corr_dim(n_dims: usize, n_ctx_orig: usize, n_rot: f32, base: f32) -> f32 {
+    n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+        / (2.0 * base.ln())
+}
+
+/// `cache[2i], cache[2i+1]` = cos, sin of pair i's angle at position `pos`.
+pub fn rope_cache(r: &Rope, pos: f32, freq_factors: Option<&[f32]>, cache: &mut [f32]) {
+    let n_dims = r.dims;
+    let theta_scale = r.base.powf(-2.0 / n_dims as f32);
+    let (c0, c1) = if r.ext_factor != 0.0 {
+        let start = yarn_corr_dim(n_dims, r.n_ctx_orig, r.beta_fast, r.base).floor();
+        let end = yarn_corr_dim(n_dims, r.n_ctx_orig, r.beta_slow, r.base).ceil();
+        (start.max(0.0), end.min(n_dims as f32 - 1.0))
+    } else {
+        (0.0, 0.0)
+    };
+    let mut theta = pos;
+    for i0 in (0..n_dims).step_by(2) {
+        let ff = freq_factors.map_or(1.0, |f| f[i0 / 2]);
+        let theta_extrap = theta / ff;
+        let theta_interp = r.freq_scale * theta_extrap;
+        let mut t = theta_interp;
+        let mut mscale = r.attn_factor;
+        if r.ext_factor != 0.0 {
+            let y = ((i0 / 2) as f32 - c0) / (c1 - c0).max(0.001);
+            let ramp = 1.0 - y.clamp(0.0, 1.0);
+            let mix = ramp * r.ext_factor;
+            t = theta_interp * (1.0 - mix) + theta_extrap * mix;
+            mscale *= 1.0 + 0.1 * (1.0 / r.freq_scale).ln();
+        }
+        cache[i0] = t.cos() * mscale;
+        cache[i0 + 1] = t.sin() * mscale;
+        theta *= theta_scale;
+    }
+}
+
+/// Rotate the first `n_dims` values of one head with a prepared cache.
+pub fn rope_apply(x: &mut [f32], cache: &[f32], n_dims: usize, neox: bool) {
+    let half = n_dims / 2;
+    for i0 in (0..n_dims).step_by(2) {
+        let (c, s) = (cache[i0], cache[i0 + 1]);
+        let (a, b) = if neox {
+            (i0 / 2, i0 / 2 + half)
+        } else {
+            (i0, i0 + 1)
+        };
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0 * c - x1 * s;
+        x[b] = x0 * s + x1 * c;
+    }
+}
+
+/// Store one head vector in the cache's element type.
+pub fn kv_store(ty: KvType, src: &[f32], dst: &mut [u8]) {
+    match ty {
+        KvType::F16 => {
+            for (v, d) in src.iter().zip(dst.chunks_exact_mut(2)) {
+                d.copy_from_slice(&f16::from_f32(*v).to_bits().to_le_bytes());
+            }
+        }
+        KvType::Q8_0 => {
+            for (blk, d) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
+                let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let scale = amax / 127.0;
+                let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+                d[..2].copy_from_slice(&f16::from_f32(scale).to_bits().to_le_bytes());
+                for (q, v) in d[2..].iter_mut().zip(blk) {
+                    *q = (v * inv).round() as i8 as u8;
+                }
+            }
+        }
+    }
+}
+
+/// Load consecutive head vectors as f32.
+pub fn kv_load(ty: KvType, src: &[u8], dst: &mut [f32]) {
+    match ty {
+        KvType::F16 => {
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = f16::from_bits(u16::from_le_bytes([s[0], s[1]])).to_f32();
+            }
+        }
+        KvType::Q8_0 => {
+            for (blk, d) in src.chunks_exact(34).zip(dst.chunks_exact_mut(32)) {
+                let scale = f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
+                for (o, q) in d.iter_mut().zip(&blk[2..]) {
+                    *o = (*q as i8) as f32 * scale;
+                }
+            }
+        }
+    }
+}
+
+/// One query head over positions `lo..=hi` of `k`/`v` (`[n_pos, hd]` f32):
+/// `out = softmax(scale · q·kᵀ) · v`. `q` is rounded to f16 first, as ggml does.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    q: &mut [f32],
+    k: &[f32],
+    v: &[f32],
+    hd: usize,
+    lo: usize,
+    hi: usize,
+    attn: &Attn,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    for x in q.iter_mut() {
+        *x = f16::from_f32(*x).to_f32();
+    }
+    let mut max = f32::NEG_INFINITY;
+    for t in lo..=hi {
+        let mut s = simd::dot(q, &k[t * hd..(t + 1) * hd]) * attn.scale;
+        if let Some(cap) = attn.softcap {
+            s = cap * (s / cap).tanh();
+        }
+        scores[t] = s;
+        max = max.max(s);
+    }
+    let mut sum = 0f32;
+    for s in &mut scores[lo..=hi] {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    let inv = 1.0 / sum;
+    out.iter_mut().for_each(|o| *o = 0.0);
+    for t in lo..=hi {
+        simd::axpy(out, scores[t] * inv, &v[t * hd..(t + 1) * hd]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_neox_preserves_norm_and_rotates_pairs() {
+        let r = Rope::plain(8, 10000.0, true);
+        let mut cache = vec![0f32; 8];
+        rope_cache(&r, 3.0, None, &mut cache);
+        // Pair 0 turns by exactly the position (theta = pos · base^0).
+        assert!((cache[0] - 3f32.cos()).abs() < 1e-6 && (cache[1] - 3f32.sin()).abs() < 1e-6);
+        let mut x: Vec<f32> = (0..8).map(|i| i as f32 + 1.0).collect();
+        let n0: f32 = x.iter().map(|v| v * v).sum();
+        rope_apply(&mut x, &cache, 8, true);
+        let n1: f32 = x.iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() < 1e-3);
+        // Position 0 is the identity.
+        rope_cache(&r, 0.0, None, &mut cache);
+        let mut y: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        rope_apply(&mut y, &cache, 8, false);
+        assert_eq!(y, (0..8).map(|i| i as f32).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn attention_of_one_position_returns_its_value() {
+        let attn = Attn {
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 4,
+            scale: 0.5,
+            window: None,
+            softcap: None,
+        };
+        let mut q = vec![1.0, 2.0, 3.0, 4.0];
+        let k = vec![0.5; 4];
+        let v = vec![1.0, -1.0, 2.0, 0.25];
+        let mut s = vec![0f32; 1];
+        let mut out = vec![9f32; 4];
+        attend(&mut q, &k, &v, 4, 0, 0, &attn, &mut s, &mut out);
+        assert_eq!(out, v);
+    }
+
+    #[test]
+    fn kv_q8_0_round_trip_is_close() {
+        let src: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut b = vec![0u8; 68];
+        kv_store(KvType::Q8_0, &src, &mut b);
+        let mut back = vec![0f32; 64];
+        kv_load(KvType::Q8_0, &b, &mut back);
+        for (a, c) in src.iter().zip(&back) {
+            assert!((a - c).abs() < 1.0 / 127.0);
+        }
+    }
+}
