@@ -1,1 +1,3 @@
-//! neagari-engine
+//! The engine: sequences and their caches, the sampler, generation loops.
+
+pub mod session;

@@ -5,6 +5,7 @@
 //! the same model code loads from GGUF now and from safetensors packs later.
 
 pub mod gemma3;
+pub mod gguf;
 pub mod llama;
 pub mod source;
 

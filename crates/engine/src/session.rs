@@ -1,0 +1,86 @@
+//! One sequence's state on the device: its KV cache and the tokens it holds. Prefill runs in
+//! batches of `n_batch` tokens through the matrix-matrix kernels; a new prompt that shares a
+//! prefix with what the cache holds only prefills the part that differs.
+
+use neagari_backend::{Backend, KvType};
+use neagari_model::{CausalLm, ModelError};
+
+pub struct Session<B: Backend> {
+    kv: B::Kv,
+    /// Tokens whose keys and values are in `kv`, in order.
+    tokens: Vec<u32>,
+    n_ctx: usize,
+}
+
+impl<B: Backend> Session<B> {
+    pub fn new(model: &dyn CausalLm<B>, be: &B, n_ctx: usize, kv_type: KvType) -> Result<Self, ModelError> {
+        Ok(Session { kv: model.new_kv(be, n_ctx, kv_type)?, tokens: Vec::new(), n_ctx })
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Tokens currently in the cache.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Forget everything after the first `len` tokens.
+    pub fn truncate(&mut self, be: &B, len: usize) -> Result<(), ModelError> {
+        let len = len.min(self.tokens.len());
+        be.kv_truncate(&mut self.kv, len)?;
+        self.tokens.truncate(len);
+        Ok(())
+    }
+
+    /// Keep the longest common prefix of the cache and `prompt` (at least one token of the
+    /// prompt is left to run, so there are logits to sample from) and return its length.
+    pub fn reuse_prefix(&mut self, be: &B, prompt: &[u32]) -> Result<usize, ModelError> {
+        let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let keep = common.min(prompt.len().saturating_sub(1));
+        self.truncate(be, keep)?;
+        Ok(keep)
+    }
+
+    /// Runs `tokens` after what the cache holds, `n_batch` at a time, and returns the
+    /// logits of the last one (`[n_vocab]`). `on_batch(done, total)` reports progress.
+    pub fn prefill(
+        &mut self,
+        model: &dyn CausalLm<B>,
+        be: &B,
+        tokens: &[u32],
+        n_batch: usize,
+        mut on_batch: impl FnMut(usize, usize) -> bool,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
+        if self.tokens.len() + tokens.len() > self.n_ctx {
+            return Err(ModelError::ContextFull { tokens: tokens.len(), pos: self.tokens.len(), n_ctx: self.n_ctx });
+        }
+        let mut logits = None;
+        let mut done = 0;
+        for chunk in tokens.chunks(n_batch.max(1)) {
+            logits = Some(model.forward(be, &mut self.kv, chunk, false)?);
+            self.tokens.extend_from_slice(chunk);
+            done += chunk.len();
+            if !on_batch(done, tokens.len()) {
+                return Ok(None);
+            }
+        }
+        Ok(logits)
+    }
+
+    /// Runs one token and returns its logits.
+    pub fn decode(&mut self, model: &dyn CausalLm<B>, be: &B, token: u32) -> Result<Vec<f32>, ModelError> {
+        let logits = model.forward(be, &mut self.kv, &[token], false)?;
+        self.tokens.push(token);
+        Ok(logits)
+    }
+
+    /// Runs `tokens` and returns the logits of every one (`[n, n_vocab]`): perplexity and
+    /// speculative verification.
+    pub fn forward_all(&mut self, model: &dyn CausalLm<B>, be: &B, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let logits = model.forward(be, &mut self.kv, tokens, true)?;
+        self.tokens.extend_from_slice(tokens);
+        Ok(logits)
+    }
+}

@@ -1,0 +1,177 @@
+//! `neagari bench`: prefill and decode throughput like llama-bench (pp = a batch of
+//! random tokens from an empty cache, tg = single-token steps), peak memory, and bytes read
+//! per decoded token as a share of this machine's measured read bandwidth.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use neagari_backend::Backend;
+use serde::Serialize;
+
+use crate::load::Loaded;
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: crate::ModelArgs,
+    /// Prompt tokens for the prefill test (0 skips it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Generated tokens for the decode test (0 skips it).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub reps: usize,
+    /// Skip the memory-bandwidth measurement.
+    #[arg(long)]
+    pub no_bandwidth: bool,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    model: String,
+    file_bytes: u64,
+    backend: String,
+    threads: usize,
+    n_prompt: usize,
+    n_gen: usize,
+    reps: usize,
+    pp_tok_s: Option<f64>,
+    pp_tok_s_sd: Option<f64>,
+    tg_tok_s: Option<f64>,
+    tg_tok_s_sd: Option<f64>,
+    peak_rss_bytes: u64,
+    decode_bytes_per_token: usize,
+    read_bandwidth_bytes_s: Option<f64>,
+    bandwidth_share: Option<f64>,
+}
+
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let m = v.iter().sum::<f64>() / n;
+    let var = if v.len() > 1 { v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    (m, var.sqrt())
+}
+
+/// Deterministic pseudo-random tokens (llama-bench also feeds random ids).
+fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab as u64) as u32
+        })
+        .collect()
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let l = Loaded::open(&args.model, false)?;
+    let info = l.model.info().clone();
+    let n_ctx = (args.n_prompt + args.n_gen + 1).max(16);
+    let vocab = info.n_vocab;
+    let reps = args.reps.max(1);
+    let bos = l.tokenizer.bos().unwrap_or(0);
+
+    let mut pp = Vec::new();
+    let mut tg = Vec::new();
+    // One warm-up of each so page faults and lazy tables are not timed.
+    let mut sess = l.session(n_ctx)?;
+    if args.n_prompt > 0 {
+        let toks = random_tokens(args.n_prompt.min(32), vocab, 1);
+        sess.prefill(l.model.as_ref(), &l.be, &toks, l.n_batch, |_, _| true)?;
+    }
+    for r in 0..reps {
+        if args.n_prompt > 0 {
+            let mut toks = random_tokens(args.n_prompt, vocab, 100 + r as u64);
+            toks[0] = bos;
+            sess.truncate(&l.be, 0)?;
+            let t = Instant::now();
+            sess.prefill(l.model.as_ref(), &l.be, &toks, l.n_batch, |_, _| true)?;
+            pp.push(args.n_prompt as f64 / t.elapsed().as_secs_f64());
+        }
+        if args.n_gen > 0 {
+            let toks = random_tokens(args.n_gen, vocab, 200 + r as u64);
+            sess.truncate(&l.be, 0)?;
+            let t = Instant::now();
+            sess.decode(l.model.as_ref(), &l.be, bos)?;
+            for &tok in &toks[1..] {
+                sess.decode(l.model.as_ref(), &l.be, tok)?;
+            }
+            tg.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    let peak = crate::load::peak_rss_bytes();
+    let bw = if args.no_bandwidth { None } else { Some(measure_read_bandwidth(&l.be)) };
+    let pp_s = (!pp.is_empty()).then(|| mean_sd(&pp));
+    let tg_s = (!tg.is_empty()).then(|| mean_sd(&tg));
+    let share = match (bw, tg_s) {
+        (Some(bw), Some((tg, _))) => Some(info.decode_bytes as f64 * tg / bw),
+        _ => None,
+    };
+    let rep = Report {
+        model: info.name.clone(),
+        file_bytes: l.file_bytes,
+        backend: l.be.name(),
+        threads: l.be.threads(),
+        n_prompt: args.n_prompt,
+        n_gen: args.n_gen,
+        reps,
+        pp_tok_s: pp_s.map(|x| x.0),
+        pp_tok_s_sd: pp_s.map(|x| x.1),
+        tg_tok_s: tg_s.map(|x| x.0),
+        tg_tok_s_sd: tg_s.map(|x| x.1),
+        peak_rss_bytes: peak,
+        decode_bytes_per_token: info.decode_bytes,
+        read_bandwidth_bytes_s: bw,
+        bandwidth_share: share,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&rep)?);
+        return Ok(());
+    }
+    println!("| model | size | backend | test | t/s |");
+    println!("| --- | ---: | --- | --- | ---: |");
+    let size = format!("{:.2} MiB", l.file_bytes as f64 / (1u64 << 20) as f64);
+    if let Some((m, sd)) = pp_s {
+        println!("| {} | {size} | {} | pp{} | {m:.2} ± {sd:.2} |", info.name, rep.backend, args.n_prompt);
+    }
+    if let Some((m, sd)) = tg_s {
+        println!("| {} | {size} | {} | tg{} | {m:.2} ± {sd:.2} |", info.name, rep.backend, args.n_gen);
+    }
+    println!();
+    println!("peak RSS: {:.1} MiB", peak as f64 / (1u64 << 20) as f64);
+    println!("weight bytes read per decoded token: {:.1} MiB", info.decode_bytes as f64 / (1u64 << 20) as f64);
+    if let Some(bw) = bw {
+        println!("measured read bandwidth ({} threads): {:.1} GB/s", l.be.threads(), bw / 1e9);
+    }
+    if let Some(s) = share {
+        println!("decode uses {:.0}% of it", s * 100.0);
+    }
+    Ok(())
+}
+
+/// Streams a 512 MiB buffer with every thread of the pool and returns bytes per second
+/// (best of three passes).
+fn measure_read_bandwidth(be: &neagari_backend::cpu::CpuBackend) -> f64 {
+    const BYTES: usize = 512 << 20;
+    let buf: Vec<f32> = vec![1.0; BYTES / 4];
+    let threads = be.threads();
+    let per = buf.len() / threads;
+    let mut best: f64 = 0.0;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let sums: Vec<std::sync::atomic::AtomicU32> = (0..threads).map(|_| Default::default()).collect();
+        be.pool().run(threads, |i| {
+            let s = neagari_backend::cpu::simd::dot(&buf[i * per..(i + 1) * per], &buf[i * per..(i + 1) * per]);
+            sums[i].store(s.to_bits(), std::sync::atomic::Ordering::Relaxed);
+        });
+        best = best.max((per * threads * 4) as f64 / t.elapsed().as_secs_f64());
+    }
+    best
+}
