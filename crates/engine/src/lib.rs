@@ -1,3 +1,4 @@
 //! The engine: sequences and their caches, the sampler, generation loops.
 
+pub mod loader;
 pub mod session;

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 use neagari_formats::{Array, Value};
 
-use crate::load::{open_gguf, tokenizer_from_gguf};
+use crate::load::open_gguf;
+use neagari_engine::loader::tokenizer_from_gguf;
 
 #[derive(clap::Args, Debug)]
 pub struct InspectArgs {
