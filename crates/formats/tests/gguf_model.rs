@@ -114,6 +114,16 @@ fn matches_gguf_py_reader() {
     ));
 
     compare_tensor_table(&g, &view);
+    // tensor_data is a view into the map, not a copy.
+    for t in g.tensors() {
+        let at = g.tensor_file_offset(t) as usize;
+        assert_eq!(
+            g.tensor_data(t).as_ptr(),
+            g.bytes()[at..].as_ptr(),
+            "{}",
+            t.name
+        );
+    }
     // The tensors tile the data section in order, each at an aligned offset.
     let mut end = 0;
     for t in g.tensors() {

@@ -43,6 +43,13 @@ fn every_value_type_round_trips() {
 }
 
 #[test]
+fn gguf_is_shareable_across_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<Gguf>();
+    shareable::<GgufError>();
+}
+
+#[test]
 fn tensor_geometry_helpers() {
     let (bytes, _) = synthetic_file(32);
     let g = Gguf::from_bytes(bytes).unwrap();
