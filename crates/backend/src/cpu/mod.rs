@@ -4,7 +4,7 @@
 pub mod kernels;
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
+mod avx2_tiles;
 mod tiles;
 
 // Unquantized and legacy 32-weight block formats.

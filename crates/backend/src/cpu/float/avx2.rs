@@ -6,7 +6,7 @@
 // here, and unrolled the same.
 #![allow(clippy::needless_range_loop)]
 
-use crate::cpu::avx2::{available, hsum, run, Operands, TileKernel};
+use crate::cpu::avx2_tiles::{available, hsum, run, Operands, TileKernel};
 use crate::cpu::tiles::check;
 use std::arch::x86_64::*;
 

@@ -1,7 +1,7 @@
 //! Q4_1 blocks for the shared AVX2 unsigned tile: 16 bytes of nibbles → 32 quants 0..=15,
 //! plus the block minimum.
 
-use crate::cpu::avx2::{nibbles, splat_f16, UnsignedBlocks};
+use crate::cpu::avx2_tiles::{nibbles, splat_f16, UnsignedBlocks};
 use std::arch::x86_64::*;
 
 pub(crate) struct Q4_1;

@@ -15,7 +15,7 @@ pub(crate) fn kernel(feats: &CpuFeatures, scalar_only: bool) -> MatKernel {
         return MatKernel {
             act: ActFormat::Q8_1,
             quantize_act: super::q8_1::quantize_act_avx2,
-            gemm: super::avx2::gemm_unsigned::<avx2::Q4_1>,
+            gemm: super::avx2_tiles::gemm_unsigned::<avx2::Q4_1>,
             isa: "avx2",
         };
     }

@@ -2,7 +2,7 @@
 //! 32 quants 0..=31, offset 16 (removed exactly in the i16 pair sums, see
 //! `ActConst::Offset`).
 
-use crate::cpu::avx2::{bits_to_bytes, nibbles, splat_f16, UnsignedBlocks};
+use crate::cpu::avx2_tiles::{bits_to_bytes, nibbles, splat_f16, UnsignedBlocks};
 use std::arch::x86_64::*;
 
 pub(crate) struct Q5_0;

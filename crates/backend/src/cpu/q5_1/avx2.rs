@@ -1,7 +1,7 @@
 //! Q5_1 blocks for the shared AVX2 unsigned tile: nibbles plus the 32 fifth bits of `qh` →
 //! 32 quants 0..=31, plus the block minimum.
 
-use crate::cpu::avx2::{bits_to_bytes, nibbles, splat_f16, UnsignedBlocks};
+use crate::cpu::avx2_tiles::{bits_to_bytes, nibbles, splat_f16, UnsignedBlocks};
 use std::arch::x86_64::*;
 
 pub(crate) struct Q5_1;

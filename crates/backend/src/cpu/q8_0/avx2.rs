@@ -2,7 +2,7 @@
 //! Q8_0 activation quantizer, byte-identical to `quantize_row_q8_0_ref` (tested in
 //! tests/kernels_legacy.rs against the scalar quantizer).
 
-use crate::cpu::avx2::{available, quantize_block_q8, splat_f16, SignedBlocks};
+use crate::cpu::avx2_tiles::{available, quantize_block_q8, splat_f16, SignedBlocks};
 use std::arch::x86_64::*;
 
 pub(crate) struct Q8_0;

@@ -1,7 +1,7 @@
 //! The Q8_1 activation quantizer with AVX2, byte-identical to `quantize_row_q8_1_ref`
 //! (tested in tests/kernels_legacy.rs against the scalar quantizer).
 
-use crate::cpu::avx2::{available, quantize_block_q8};
+use crate::cpu::avx2_tiles::{available, quantize_block_q8};
 use neagari_quant::float::f32_to_f16;
 
 /// `QuantizeActFn`: `x[k]` → `out[k / 32 × 36]` Q8_1 blocks.

@@ -5,7 +5,8 @@
 //!
 //! All functions here are compiled with `avx2,fma,f16c` enabled and must only be reached
 //! after `available()` said yes. (AVX-512 / AVX-VNNI versions of these building blocks would
-//! sit in a sibling `avx512.rs`; this machine has neither, so none is written yet.)
+//! sit in a sibling `avx512_tiles.rs` and per-format `avx512.rs` files, with VNNI `vpdpbusd`
+//! replacing the maddubs + madd pairs; this machine has neither, so none is written yet.)
 
 // Register tiles are indexed [r][c] by constant-bound loops: clearer than iterator chains
 // here, and unrolled the same.
