@@ -4,9 +4,11 @@
 //!     cargo test --release -p neagari-backend --test bench_legacy -- --ignored \
 //!         --nocapture --test-threads 1 [bench_q4_0]
 //!
-//! Times are on-CPU time of the benchmark thread (see `now_secs`). Prints, per type, the decode GEMV (k = 4096, nw = 4096, one activation row) as GB/s of
-//! weight bytes streamed, and a small prefill batch (8 and 32 activation rows) as
-//! weight-GB/s × rows, i.e. how far each loaded weight byte is reused.
+//! Times are on-CPU time of the benchmark thread (see `now_secs`). Prints, per type, the
+//! decode GEMV (k = 4096, nw = 4096, one activation row) as GB/s of weight bytes streamed;
+//! the same over only as many rows as fit in 512 KB (L2-resident: the kernel's own ceiling);
+//! and small prefill batches (8 and 32 activation rows) as weight-GB/s × rows, i.e. how far
+//! each loaded weight byte is reused.
 
 use neagari_backend::cpu::kernels::{kernel_for, CpuFeatures};
 use neagari_quant::{quantize_row, GgmlType};
@@ -88,15 +90,21 @@ fn bench(ty: GgmlType) {
                 println!("{ty:>5} {:>6}: decode {:6.2} GB/s", kern.isa, gb / t1);
                 continue;
             }
+            // The first rows only, few enough to stay in L2 between calls: the kernel's own
+            // ceiling, without the memory system (and other jobs' traffic) in the way.
+            let nw_l2 = (512 * 1024 / wrb).min(NW);
+            let gb_l2 = (nw_l2 * wrb) as f64 / 1e9;
+            let tl2 = median_secs(|| (kern.gemm)(K, &w, nw_l2, &a, 1, &mut out, NW), 20, 0.5);
             let t8 = median_secs(|| (kern.gemm)(K, &w, NW, &a, 8, &mut out, NW), 3, 1.0);
             let t32 = median_secs(|| (kern.gemm)(K, &w, NW, &a, 32, &mut out, NW), 3, 1.5);
             let tq = median_secs(|| (kern.quantize_act)(&acts[..K], &mut a[..arb]), 50, 0.1);
             println!(
-                "{ty:>5} {:>6}: decode {:6.2} GB/s ({:7.1} µs) | 8 rows {:6.2} | 32 rows {:6.2} \
-                 GB/s·rows | quantize_act {:.2} µs",
+                "{ty:>5} {:>6}: decode {:6.2} GB/s ({:7.1} µs), L2-resident {:6.2} GB/s | \
+                 8 rows {:6.2} | 32 rows {:6.2} GB/s·rows | quantize_act {:.2} µs",
                 kern.isa,
                 gb / t1,
                 t1 * 1e6,
+                gb_l2 / tl2,
                 8.0 * gb / t8,
                 32.0 * gb / t32,
                 tq * 1e6

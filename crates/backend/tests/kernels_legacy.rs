@@ -24,14 +24,15 @@ const TYPES: [GgmlType; 8] = [
     GgmlType::Q8_0,
 ];
 
-/// Largest normalized error allowed for a kernel against the reference dot. The integer
-/// formats compute the same exact per-block integer sums and the same f32 block scales as
-/// the reference, so only the order of the f32 accumulation differs; the float formats
-/// are compared with an f64-accumulated reference.
+/// Largest normalized error allowed for a kernel against the reference dot (observed worst
+/// cases on these seeds are 1–6.5e-7). The integer formats compute the same exact per-block
+/// integer sums and the same f32 block scales as the reference, so only the order of the
+/// f32 accumulation differs; Q4_1/Q5_1 add an `m · s` product per block, spread over 8
+/// lanes, which rounds a little more. The float formats meet an f64-accumulated reference.
 fn threshold(ty: GgmlType) -> f64 {
     match ty {
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 2e-6,
-        _ => 2e-6,
+        GgmlType::Q4_1 | GgmlType::Q5_1 => 2e-6,
+        _ => 1e-6,
     }
 }
 
