@@ -7,6 +7,21 @@
 mod types;
 pub use types::{GgmlType, TypeInfo};
 
+pub mod float;
+pub mod q4_0;
+pub mod q4_1;
+pub mod q5_0;
+pub mod q5_1;
+pub mod q8_0;
+pub mod q8_1;
+
+pub use q4_0::BlockQ4_0;
+pub use q4_1::BlockQ4_1;
+pub use q5_0::BlockQ5_0;
+pub use q5_1::BlockQ5_1;
+pub use q8_0::BlockQ8_0;
+pub use q8_1::BlockQ8_1;
+
 #[derive(Debug, thiserror::Error)]
 pub enum QuantError {
     #[error("tensor type {0} is not supported")]
@@ -21,31 +36,106 @@ pub enum QuantError {
     Size { got: usize, want: usize },
 }
 
-/// Dequantize a row of `out.len()` values of type `ty` from its packed bytes.
-pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
-    let want = ty.row_bytes(out.len()).ok_or(QuantError::Ragged {
-        ty: ty.name(),
-        len: out.len(),
-        block: ty.info().block,
+/// Checks that `n` values of `ty` fill whole blocks and take `bytes` bytes.
+fn check_row(ty: GgmlType, n: usize, bytes: usize) -> Result<(), QuantError> {
+    let info = ty.info();
+    let want = ty.row_bytes(n).ok_or(QuantError::Ragged {
+        ty: info.name,
+        len: n,
+        block: info.block,
     })?;
-    if src.len() != want {
-        return Err(QuantError::Size {
-            got: src.len(),
-            want,
-        });
+    if bytes != want {
+        return Err(QuantError::Size { got: bytes, want });
     }
+    Ok(())
+}
+
+/// Views checked bytes as blocks (all block types have alignment 1, so only the length can
+/// fail, and `check_row` has already made it a whole number of blocks).
+fn blocks<T: bytemuck::Pod>(src: &[u8]) -> Result<&[T], QuantError> {
+    bytemuck::try_cast_slice(src).map_err(|_| QuantError::Size {
+        got: src.len(),
+        want: src.len() / std::mem::size_of::<T>() * std::mem::size_of::<T>(),
+    })
+}
+
+fn blocks_mut<T: bytemuck::Pod>(dst: &mut [u8]) -> Result<&mut [T], QuantError> {
+    let len = dst.len();
+    bytemuck::try_cast_slice_mut(dst).map_err(|_| QuantError::Size {
+        got: len,
+        want: len / std::mem::size_of::<T>() * std::mem::size_of::<T>(),
+    })
+}
+
+/// Dequantizes one row: `src` holds `out.len()` values of type `ty` (whole blocks).
+pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
+    check_row(ty, out.len(), src.len())?;
     match ty {
-        GgmlType::F32 => {
-            for (o, b) in out.iter_mut().zip(src.chunks_exact(4)) {
-                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
-        }
-        GgmlType::F16 => {
-            for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
-                *o = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
-            }
-        }
+        // Unquantized and legacy 32-weight block formats.
+        GgmlType::F32 => float::dequantize_f32(src, out),
+        GgmlType::F16 => float::dequantize_f16(src, out),
+        GgmlType::BF16 => float::dequantize_bf16(src, out),
+        GgmlType::Q4_0 => q4_0::dequantize(blocks(src)?, out),
+        GgmlType::Q4_1 => q4_1::dequantize(blocks(src)?, out),
+        GgmlType::Q5_0 => q5_0::dequantize(blocks(src)?, out),
+        GgmlType::Q5_1 => q5_1::dequantize(blocks(src)?, out),
+        GgmlType::Q8_0 => q8_0::dequantize(blocks(src)?, out),
+        GgmlType::Q8_1 => q8_1::dequantize(blocks(src)?, out),
         _ => return Err(QuantError::Unsupported(ty.name().to_string())),
     }
     Ok(())
+}
+
+/// Quantizes one row `x` into `out` (whole blocks of type `ty`) with ggml's reference
+/// (`_ref`) quantizer for that type.
+pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
+    check_row(ty, x.len(), out.len())?;
+    match ty {
+        // Unquantized and legacy 32-weight block formats.
+        GgmlType::F32 => {
+            for (c, v) in out.chunks_exact_mut(4).zip(x) {
+                c.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        GgmlType::F16 => float::quantize_row_f16(x, out),
+        GgmlType::BF16 => float::quantize_row_bf16(x, out),
+        GgmlType::Q4_0 => q4_0::quantize_row(x, blocks_mut(out)?),
+        GgmlType::Q4_1 => q4_1::quantize_row(x, blocks_mut(out)?),
+        GgmlType::Q5_0 => q5_0::quantize_row(x, blocks_mut(out)?),
+        GgmlType::Q5_1 => q5_1::quantize_row(x, blocks_mut(out)?),
+        GgmlType::Q8_0 => q8_0::quantize_row(x, blocks_mut(out)?),
+        GgmlType::Q8_1 => q8_1::quantize_row(x, blocks_mut(out)?),
+        _ => return Err(QuantError::Unsupported(ty.name().to_string())),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_points_reject_bad_shapes() {
+        let mut out = [0f32; 33];
+        assert!(matches!(
+            dequantize_row(GgmlType::Q4_0, &[0; 18], &mut out),
+            Err(QuantError::Ragged { .. })
+        ));
+        let mut out = [0f32; 32];
+        assert!(matches!(
+            dequantize_row(GgmlType::Q4_0, &[0; 17], &mut out),
+            Err(QuantError::Size { got: 17, want: 18 })
+        ));
+        assert!(matches!(
+            dequantize_row(GgmlType::IQ2_XXS, &[0; 18], &mut out),
+            Err(QuantError::Ragged { .. })
+        ));
+        let mut out = [0f32; 256];
+        assert!(matches!(
+            dequantize_row(GgmlType::IQ2_XXS, &[0; 66], &mut out),
+            Err(QuantError::Unsupported(_))
+        ));
+        let mut bytes = [0u8; 17];
+        assert!(quantize_row(GgmlType::Q4_0, &[0.0; 32], &mut bytes).is_err());
+    }
 }

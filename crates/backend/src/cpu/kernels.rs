@@ -91,6 +91,15 @@ impl CpuFeatures {
 /// The fastest kernel this CPU has for weights of type `ty`; `None` if the type has no
 /// matmul on CPU. `scalar_only` forces the portable path (tests, `--cpu-isa scalar`).
 pub fn kernel_for(ty: GgmlType, feats: &CpuFeatures, scalar_only: bool) -> Option<MatKernel> {
-    let _ = (ty, feats, scalar_only);
-    None
+    use super::{float, q4_0, q4_1, q5_0, q5_1, q8_0};
+    match ty {
+        // Unquantized and legacy 32-weight block formats.
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => float::kernel(ty, feats, scalar_only),
+        GgmlType::Q4_0 => Some(q4_0::kernel(feats, scalar_only)),
+        GgmlType::Q4_1 => Some(q4_1::kernel(feats, scalar_only)),
+        GgmlType::Q5_0 => Some(q5_0::kernel(feats, scalar_only)),
+        GgmlType::Q5_1 => Some(q5_1::kernel(feats, scalar_only)),
+        GgmlType::Q8_0 => Some(q8_0::kernel(feats, scalar_only)),
+        _ => None,
+    }
 }

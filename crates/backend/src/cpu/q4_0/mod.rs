@@ -1,0 +1,45 @@
+//! Q4_0 weights × Q8_0 activations: kernel selection and the portable path, which is the
+//! quant crate's reference dot (`neagari_quant::q4_0::dot`) row by row.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+use super::kernels::{ActFormat, CpuFeatures, MatKernel};
+use super::tiles::{check, scalar_gemm};
+use neagari_quant::q4_0;
+
+/// The Q4_0 kernel for this CPU (AVX2 when available and not `scalar_only`).
+pub(crate) fn kernel(feats: &CpuFeatures, scalar_only: bool) -> MatKernel {
+    #[cfg(target_arch = "x86_64")]
+    if feats.has_avx2() && !scalar_only {
+        return MatKernel {
+            act: ActFormat::Q8_0,
+            quantize_act: super::q8_0::quantize_act_avx2,
+            gemm: super::avx2_tiles::gemm_unsigned::<avx2::Q4_0>,
+            isa: "avx2",
+        };
+    }
+    let _ = (feats, scalar_only);
+    MatKernel {
+        act: ActFormat::Q8_0,
+        quantize_act: super::q8_0::quantize_act_scalar,
+        gemm: gemm_scalar,
+        isa: "scalar",
+    }
+}
+
+fn gemm_scalar(
+    k: usize,
+    w: &[u8],
+    nw: usize,
+    a: &[u8],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let nb = k / q4_0::QK;
+    let s = check(k, q4_0::QK, nb * 18, nb * 34, w, nw, a, na, out, out_stride);
+    scalar_gemm(s, w, nw, a, na, out, out_stride, |w, a| {
+        q4_0::dot(bytemuck::cast_slice(w), bytemuck::cast_slice(a))
+    });
+}

@@ -1,0 +1,45 @@
+//! Q5_1 weights × Q8_1 activations: kernel selection and the portable path, which is the
+//! quant crate's reference dot (`neagari_quant::q5_1::dot`) row by row.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+use super::kernels::{ActFormat, CpuFeatures, MatKernel};
+use super::tiles::{check, scalar_gemm};
+use neagari_quant::q5_1;
+
+/// The Q5_1 kernel for this CPU (AVX2 when available and not `scalar_only`).
+pub(crate) fn kernel(feats: &CpuFeatures, scalar_only: bool) -> MatKernel {
+    #[cfg(target_arch = "x86_64")]
+    if feats.has_avx2() && !scalar_only {
+        return MatKernel {
+            act: ActFormat::Q8_1,
+            quantize_act: super::q8_1::quantize_act_avx2,
+            gemm: super::avx2_tiles::gemm_unsigned::<avx2::Q5_1>,
+            isa: "avx2",
+        };
+    }
+    let _ = (feats, scalar_only);
+    MatKernel {
+        act: ActFormat::Q8_1,
+        quantize_act: super::q8_1::quantize_act_scalar,
+        gemm: gemm_scalar,
+        isa: "scalar",
+    }
+}
+
+fn gemm_scalar(
+    k: usize,
+    w: &[u8],
+    nw: usize,
+    a: &[u8],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let nb = k / q5_1::QK;
+    let s = check(k, q5_1::QK, nb * 24, nb * 36, w, nw, a, na, out, out_stride);
+    scalar_gemm(s, w, nw, a, na, out, out_stride, |w, a| {
+        q5_1::dot(bytemuck::cast_slice(w), bytemuck::cast_slice(a))
+    });
+}

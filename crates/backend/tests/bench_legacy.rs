@@ -1,0 +1,129 @@
+//! Micro benchmark of the legacy-format GEMMs on one thread, for tuning only (ignored in the
+//! normal test run):
+//!
+//!     cargo test --release -p neagari-backend --test bench_legacy -- --ignored \
+//!         --nocapture --test-threads 1 [bench_q4_0]
+//!
+//! Times are on-CPU time of the benchmark thread (see `now_secs`). Prints, per type, the
+//! decode GEMV (k = 4096, nw = 4096, one activation row) as GB/s of weight bytes streamed;
+//! the same over only as many rows as fit in 512 KB (L2-resident: the kernel's own ceiling);
+//! and small prefill batches (8 and 32 activation rows) as weight-GB/s × rows, i.e. how far
+//! each loaded weight byte is reused.
+
+use neagari_backend::cpu::kernels::{kernel_for, CpuFeatures};
+use neagari_quant::{quantize_row, GgmlType};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::time::Instant;
+
+const K: usize = 4096;
+const NW: usize = 4096;
+
+/// Seconds this thread has spent on a CPU (`CLOCK_THREAD_CPUTIME_ID`, Linux), else
+/// wall-clock seconds. On-CPU time keeps the numbers usable on a machine shared with other
+/// jobs, where a run of a few ms is usually preempted part-way.
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+fn now_secs() -> f64 {
+    #[repr(C)]
+    struct Timespec {
+        sec: i64,
+        nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+    }
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut ts = Timespec { sec: 0, nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec (two 64-bit fields on 64-bit Linux) to a
+    // valid pointer.
+    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    ts.sec as f64 + ts.nsec as f64 * 1e-9
+}
+
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+fn now_secs() -> f64 {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    ORIGIN.get_or_init(Instant::now).elapsed().as_secs_f64()
+}
+
+fn median_secs(mut f: impl FnMut(), min_runs: usize, budget_s: f64) -> f64 {
+    f(); // warm caches and page in
+    let mut t = Vec::new();
+    let start = Instant::now();
+    while t.len() < min_runs || (start.elapsed().as_secs_f64() < budget_s && t.len() < 200) {
+        let s = now_secs();
+        f();
+        t.push(now_secs() - s);
+    }
+    t.sort_by(|a, b| a.total_cmp(b));
+    t[t.len() / 2]
+}
+
+fn bench(ty: GgmlType) {
+    let feats = CpuFeatures::detect();
+    let mut rng = StdRng::seed_from_u64(7);
+    let x: Vec<f32> = (0..K * NW).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    let acts: Vec<f32> = (0..32 * K).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    {
+        let wrb = ty.row_bytes(K).unwrap();
+        let mut w = vec![0u8; NW * wrb]; // [NW × wrb]
+        for (row, xs) in w.chunks_exact_mut(wrb).zip(x.chunks_exact(K)) {
+            quantize_row(ty, xs, row).unwrap();
+        }
+        // The scalar path is ~20x slower; time it only for the record with a short budget.
+        for scalar_only in [false, true] {
+            let kern = kernel_for(ty, &feats, scalar_only).unwrap();
+            if !scalar_only && kern.isa == "scalar" {
+                println!("{ty}: no AVX2 on this CPU");
+                continue;
+            }
+            let arb = kern.act.row_bytes(K);
+            let mut a = vec![0u8; 32 * arb]; // [32 × arb]
+            for (row, xs) in a.chunks_exact_mut(arb).zip(acts.chunks_exact(K)) {
+                (kern.quantize_act)(xs, row);
+            }
+            let mut out = vec![0f32; 32 * NW]; // [32 × NW]
+            let gb = (NW * wrb) as f64 / 1e9;
+            let t1 = median_secs(|| (kern.gemm)(K, &w, NW, &a, 1, &mut out, NW), 5, 1.0);
+            if scalar_only {
+                println!("{ty:>5} {:>6}: decode {:6.2} GB/s", kern.isa, gb / t1);
+                continue;
+            }
+            // The first rows only, few enough to stay in L2 between calls: the kernel's own
+            // ceiling, without the memory system (and other jobs' traffic) in the way.
+            let nw_l2 = (512 * 1024 / wrb).min(NW);
+            let gb_l2 = (nw_l2 * wrb) as f64 / 1e9;
+            let tl2 = median_secs(|| (kern.gemm)(K, &w, nw_l2, &a, 1, &mut out, NW), 20, 0.5);
+            let t8 = median_secs(|| (kern.gemm)(K, &w, NW, &a, 8, &mut out, NW), 3, 1.0);
+            let t32 = median_secs(|| (kern.gemm)(K, &w, NW, &a, 32, &mut out, NW), 3, 1.5);
+            let tq = median_secs(|| (kern.quantize_act)(&acts[..K], &mut a[..arb]), 50, 0.1);
+            println!(
+                "{ty:>5} {:>6}: decode {:6.2} GB/s ({:7.1} µs), L2-resident {:6.2} GB/s | \
+                 8 rows {:6.2} | 32 rows {:6.2} GB/s·rows | quantize_act {:.2} µs",
+                kern.isa,
+                gb / t1,
+                t1 * 1e6,
+                gb_l2 / tl2,
+                8.0 * gb / t8,
+                32.0 * gb / t32,
+                tq * 1e6
+            );
+        }
+    }
+}
+
+macro_rules! bench_types {
+    ($($name:ident => $ty:ident),*) => {$(
+        #[test]
+        #[ignore = "benchmark; run with --release -- --ignored --nocapture"]
+        fn $name() {
+            bench(GgmlType::$ty);
+        }
+    )*};
+}
+
+bench_types!(
+    bench_f32 => F32, bench_f16 => F16, bench_bf16 => BF16, bench_q4_0 => Q4_0,
+    bench_q4_1 => Q4_1, bench_q5_0 => Q5_0, bench_q5_1 => Q5_1, bench_q8_0 => Q8_0
+);
