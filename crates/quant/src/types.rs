@@ -178,7 +178,7 @@ impl GgmlType {
     /// Bytes of a row of `n` elements, or `None` when `n` is not a whole number of blocks.
     pub fn row_bytes(self, n: usize) -> Option<usize> {
         let i = self.info();
-        if n % i.block != 0 {
+        if !n.is_multiple_of(i.block) {
             return None;
         }
         (n / i.block).checked_mul(i.bytes)
