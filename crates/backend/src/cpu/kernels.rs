@@ -91,6 +91,14 @@ impl CpuFeatures {
 /// The fastest kernel this CPU has for weights of type `ty`; `None` if the type has no
 /// matmul on CPU. `scalar_only` forces the portable path (tests, `--cpu-isa scalar`).
 pub fn kernel_for(ty: GgmlType, feats: &CpuFeatures, scalar_only: bool) -> Option<MatKernel> {
-    let _ = (ty, feats, scalar_only);
-    None
+    use super::{q2_k, q3_k, q4_k, q5_k, q6_k};
+    match ty {
+        // K-quants, dotted with Q8_K activations.
+        GgmlType::Q2_K => Some(q2_k::kernel(feats, scalar_only)),
+        GgmlType::Q3_K => Some(q3_k::kernel(feats, scalar_only)),
+        GgmlType::Q4_K => Some(q4_k::kernel(feats, scalar_only)),
+        GgmlType::Q5_K => Some(q5_k::kernel(feats, scalar_only)),
+        GgmlType::Q6_K => Some(q6_k::kernel(feats, scalar_only)),
+        _ => None,
+    }
 }
