@@ -22,6 +22,21 @@ pub use q5_1::BlockQ5_1;
 pub use q8_0::BlockQ8_0;
 pub use q8_1::BlockQ8_1;
 
+pub mod k_common;
+pub mod q2_k;
+pub mod q3_k;
+pub mod q4_k;
+pub mod q5_k;
+pub mod q6_k;
+pub mod q8_k;
+
+pub use q2_k::BlockQ2_K;
+pub use q3_k::BlockQ3_K;
+pub use q4_k::BlockQ4_K;
+pub use q5_k::BlockQ5_K;
+pub use q6_k::BlockQ6_K;
+pub use q8_k::BlockQ8_K;
+
 #[derive(Debug, thiserror::Error)]
 pub enum QuantError {
     #[error("tensor type {0} is not supported")]
@@ -81,7 +96,12 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), Q
         GgmlType::Q5_1 => q5_1::dequantize(blocks(src)?, out),
         GgmlType::Q8_0 => q8_0::dequantize(blocks(src)?, out),
         GgmlType::Q8_1 => q8_1::dequantize(blocks(src)?, out),
-        _ => return Err(QuantError::Unsupported(ty.name().to_string())),
+        _ => {
+            if let Some(r) = k_common::dequantize_row_k(ty, src, out) {
+                return r;
+            }
+            return Err(QuantError::Unsupported(ty.name().to_string()));
+        }
     }
     Ok(())
 }
@@ -105,7 +125,12 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Quant
         GgmlType::Q5_1 => q5_1::quantize_row(x, blocks_mut(out)?),
         GgmlType::Q8_0 => q8_0::quantize_row(x, blocks_mut(out)?),
         GgmlType::Q8_1 => q8_1::quantize_row(x, blocks_mut(out)?),
-        _ => return Err(QuantError::Unsupported(ty.name().to_string())),
+        _ => {
+            if let Some(r) = k_common::quantize_row_k(ty, x, out) {
+                return r;
+            }
+            return Err(QuantError::Unsupported(ty.name().to_string()));
+        }
     }
     Ok(())
 }

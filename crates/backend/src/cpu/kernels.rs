@@ -91,7 +91,7 @@ impl CpuFeatures {
 /// The fastest kernel this CPU has for weights of type `ty`; `None` if the type has no
 /// matmul on CPU. `scalar_only` forces the portable path (tests, `--cpu-isa scalar`).
 pub fn kernel_for(ty: GgmlType, feats: &CpuFeatures, scalar_only: bool) -> Option<MatKernel> {
-    use super::{float, q4_0, q4_1, q5_0, q5_1, q8_0};
+    use super::{float, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0};
     match ty {
         // Unquantized and legacy 32-weight block formats.
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => float::kernel(ty, feats, scalar_only),
@@ -100,6 +100,12 @@ pub fn kernel_for(ty: GgmlType, feats: &CpuFeatures, scalar_only: bool) -> Optio
         GgmlType::Q5_0 => Some(q5_0::kernel(feats, scalar_only)),
         GgmlType::Q5_1 => Some(q5_1::kernel(feats, scalar_only)),
         GgmlType::Q8_0 => Some(q8_0::kernel(feats, scalar_only)),
+        // K-quants, dotted with Q8_K activations.
+        GgmlType::Q2_K => Some(q2_k::kernel(feats, scalar_only)),
+        GgmlType::Q3_K => Some(q3_k::kernel(feats, scalar_only)),
+        GgmlType::Q4_K => Some(q4_k::kernel(feats, scalar_only)),
+        GgmlType::Q5_K => Some(q5_k::kernel(feats, scalar_only)),
+        GgmlType::Q6_K => Some(q6_k::kernel(feats, scalar_only)),
         _ => None,
     }
 }

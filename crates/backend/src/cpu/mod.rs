@@ -18,6 +18,14 @@ mod q5_1;
 mod q8_0;
 mod q8_1;
 
+// K-quants (256-weight super-blocks) and their Q8_K activations.
+mod q2_k;
+mod q3_k;
+mod q4_k;
+mod q5_k;
+mod q6_k;
+mod q8_k;
+
 pub mod pool;
 pub mod simd;
 

@@ -1,0 +1,65 @@
+//! Q2_K weights × Q8_K activations: the scalar kernel (the quant crate's reference dot)
+//! and the AVX2 one.
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+
+use super::kernels::{ActFormat, CpuFeatures, MatKernel};
+use super::q8_k::tiles::{check, scalar_gemm};
+use neagari_quant::{q2_k, BlockQ2_K, BlockQ8_K};
+
+const BYTES: usize = 84;
+
+fn gemm_scalar(
+    k: usize,
+    w: &[u8],
+    nw: usize,
+    a: &[u8],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let r = check(k, BYTES, w, nw, a, na, out, out_stride);
+    scalar_gemm(r, w, nw, a, na, out, out_stride, |w, a| {
+        q2_k::dot(
+            bytemuck::cast_slice::<u8, BlockQ2_K>(w),
+            bytemuck::cast_slice::<u8, BlockQ8_K>(a),
+        )
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+fn gemm_avx2(
+    k: usize,
+    w: &[u8],
+    nw: usize,
+    a: &[u8],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let r = check(k, BYTES, w, nw, a, na, out, out_stride);
+    // SAFETY: handed out by `kernel` only after AVX2/FMA/F16C were detected; `r` was
+    // checked against these buffers.
+    unsafe { super::q8_k::avx2::gemm::<avx2::Q2K>(r, w, nw, a, na, out, out_stride) }
+}
+
+/// The Q2_K kernel for this CPU.
+pub(crate) fn kernel(feats: &CpuFeatures, scalar_only: bool) -> MatKernel {
+    let (quantize_act, isa) = super::q8_k::quantize_act(feats, scalar_only);
+    #[cfg(target_arch = "x86_64")]
+    if isa == "avx2" {
+        return MatKernel {
+            act: ActFormat::Q8K,
+            quantize_act,
+            gemm: gemm_avx2,
+            isa,
+        };
+    }
+    MatKernel {
+        act: ActFormat::Q8K,
+        quantize_act,
+        gemm: gemm_scalar,
+        isa,
+    }
+}

@@ -1,0 +1,143 @@
+//! Q4_K × Q8_K micro-kernel, AVX2 + FMA + F16C.
+//!
+//! Weight block (144 B): `d, dmin: f16`, `scales[12]` (8 × 6-bit scale, 8 × 6-bit min),
+//! `qs[128]`: chunk c (weights 64c..64c+64) is `qs[32c..32c+32]`, low nibbles = sub-block
+//! 2c, high nibbles = sub-block 2c+1. Activation block (292 B): `d: f32`, `qs[256]: i8`,
+//! `bsums[16]: i16`.
+//!
+//! Per block and row pair: `d_a · (d · Σ_j sc_j Σ q·a − dmin · Σ_j m_j (bsum_2j + bsum_2j+1))`.
+//! `maddubs(q, a)` (u8 × i8 → pairs summed to i16; |sum| ≤ 2·15·127, no saturation) then
+//! `madd` with the sub-block scale broadcast as i16 gives i32 lanes; the mins term is one
+//! `madd` of the bsums with the mins duplicated per 16-group. Tested against the quant
+//! crate's `q4_k::dot` in tests/kernels_k.rs. (AVX-VNNI would fuse each maddubs + madd
+//! pair only if scales were applied later; AVX-512 would take two chunks per instruction.)
+
+use crate::cpu::q8_k::avx2::{hsum_ps, load256, load_f16x2, Micro};
+use std::arch::x86_64::*;
+
+pub(crate) struct Q4K;
+
+/// The 12 scale bytes at `s` as `[sc0..sc7, m0..m7]` (one byte each).
+///
+/// # Safety
+/// `s` must be valid for reading 12 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn scales_mins(s: *const u8) -> __m128i {
+    // SAFETY: 12 readable bytes at s (caller).
+    let (u0, u1, u2) = unsafe {
+        let p = s as *const u32;
+        (
+            p.read_unaligned(),
+            p.add(1).read_unaligned(),
+            p.add(2).read_unaligned(),
+        )
+    };
+    let sc_lo = u0 & 0x3f3f_3f3f;
+    let mn_lo = u1 & 0x3f3f_3f3f;
+    let sc_hi = (u2 & 0x0f0f_0f0f) | (((u0 >> 6) & 0x0303_0303) << 4);
+    let mn_hi = ((u2 >> 4) & 0x0f0f_0f0f) | (((u1 >> 6) & 0x0303_0303) << 4);
+    _mm_setr_epi32(sc_lo as i32, sc_hi as i32, mn_lo as i32, mn_hi as i32)
+}
+
+/// Per weight block: what every activation row needs.
+pub(crate) struct Prep {
+    /// `d` in all lanes.
+    pub d: __m256,
+    /// `dmin` in all lanes.
+    pub dmin: __m256,
+    /// The eight scales as i16, in both 128-bit lanes.
+    pub sc16: __m256i,
+    /// The mins as i16, each twice: `[m0, m0, m1, m1, …, m7, m7]` (one per bsum).
+    pub mins: __m256i,
+}
+
+/// Decodes the header of the Q4_K/Q5_K block at `wb` (d, dmin, scales at bytes 0..16).
+///
+/// # Safety
+/// `wb` must be valid for reading 16 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn prep(wb: *const u8) -> Prep {
+    // SAFETY: 16 readable bytes at wb (caller).
+    let (dm, scm) = unsafe { (load_f16x2(wb), scales_mins(wb.add(4))) };
+    let dup_mins = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    Prep {
+        d: _mm256_broadcastss_ps(dm),
+        dmin: _mm256_broadcastss_ps(_mm_movehdup_ps(dm)),
+        sc16: _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm)),
+        mins: _mm256_cvtepu8_epi16(_mm_shuffle_epi8(scm, dup_mins)),
+    }
+}
+
+/// Byte-shuffle controls that broadcast i16 element `j` (0..8) of a 128-bit lane to the
+/// whole lane. They go through `black_box` so that LLVM keeps one `vpshufb` per use (1 uop)
+/// instead of rewriting the splat as shift + `vpbroadcastw` (2 uops), which costs ~8 % of
+/// the Q4_K block loop.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn scale_selectors() -> [__m256i; 8] {
+    std::hint::black_box(std::array::from_fn(|j| {
+        let lo = (2 * j) as i16;
+        _mm256_set1_epi16(((lo + 1) << 8) | lo)
+    }))
+}
+
+impl Micro for Q4K {
+    const BYTES: usize = 144;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile<const NA: usize>(
+        w: *const u8,
+        a: *const u8,
+        arb: usize,
+        nb: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let m4 = _mm256_set1_epi8(0x0f);
+        let ctrl = scale_selectors();
+        let mut acc = [_mm256_setzero_ps(); NA];
+        for b in 0..nb {
+            // SAFETY (whole block): the weight row and activation rows i < NA are nb blocks
+            // long (trait contract), so every offset below is inside block b of its row.
+            unsafe {
+                let wb = w.add(b * Self::BYTES);
+                let ab: [*const u8; NA] = std::array::from_fn(|i| a.add(i * arb + b * 292));
+                let p = prep(wb);
+                let mut sumi = [_mm256_setzero_si256(); NA];
+                for c in 0..4 {
+                    let qv = load256(wb.add(16 + 32 * c));
+                    let lo = _mm256_and_si256(qv, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4);
+                    let slo = _mm256_shuffle_epi8(p.sc16, ctrl[2 * c]);
+                    let shi = _mm256_shuffle_epi8(p.sc16, ctrl[2 * c + 1]);
+                    for i in 0..NA {
+                        let pl = _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(lo, load256(ab[i].add(4 + 64 * c))),
+                            slo,
+                        );
+                        let ph = _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(hi, load256(ab[i].add(36 + 64 * c))),
+                            shi,
+                        );
+                        sumi[i] = _mm256_add_epi32(sumi[i], _mm256_add_epi32(pl, ph));
+                    }
+                }
+                for i in 0..NA {
+                    let da = _mm256_set1_ps((ab[i] as *const f32).read_unaligned());
+                    let mins =
+                        _mm256_cvtepi32_ps(_mm256_madd_epi16(load256(ab[i].add(260)), p.mins));
+                    let f = _mm256_mul_ps(_mm256_cvtepi32_ps(sumi[i]), p.d);
+                    let f = _mm256_fnmadd_ps(mins, p.dmin, f);
+                    acc[i] = _mm256_fmadd_ps(f, da, acc[i]);
+                }
+            }
+        }
+        for (i, v) in acc.iter().enumerate() {
+            // SAFETY: output cell i is inside the tile (trait contract).
+            unsafe { *out.add(i * stride) = hsum_ps(*v) };
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! Q6_K × Q8_K micro-kernel, AVX2 + FMA + F16C.
+//!
+//! Weight block (210 B): `ql[128]`, `qh[64]`, `scales[16]: i8`, `d: f16`. For half h,
+//! chunk k (weights 128h + 32k .. +32): low 4 bits from `ql[64h + 32(k&1) ..]` (low nibble
+//! for k < 2, high for k ≥ 2), high 2 bits `(qh[32h ..] >> 2k) & 3`; the first 16 weights
+//! of the chunk use scale 8h + 2k, the next 16 scale 8h + 2k + 1.
+//!
+//! Per block and row pair: `d · d_a · (Σ_g s_g Σ q·a − 32 Σ_g s_g bsum_g)` with `q` the
+//! unsigned 6-bit value: `maddubs(q, a)` (|pair| ≤ 2·63·127 < 2¹⁵) then `madd` with the
+//! chunk's two scales (one per 128-bit lane, matching the two 16-weight groups), and the
+//! −32 offset folded into one `madd` of the bsums with 32·scales. Tested against the quant
+//! crate's `q6_k::dot` in tests/kernels_k.rs.
+
+use crate::cpu::q4_k::avx2::scale_selectors;
+use crate::cpu::q8_k::avx2::{hsum_ps, load256, load_f16, Micro};
+use std::arch::x86_64::*;
+
+pub(crate) struct Q6K;
+
+impl Micro for Q6K {
+    const BYTES: usize = 210;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile<const NA: usize>(
+        w: *const u8,
+        a: *const u8,
+        arb: usize,
+        nb: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let m4 = _mm256_set1_epi8(0x0f);
+        let m30 = _mm256_set1_epi8(0x30);
+        // Scales reordered even groups first: after widening, lane 0 holds s0, s2, …, s14
+        // and lane 1 holds s1, s3, …, s15, so one byte shuffle per chunk puts the chunk's
+        // first-group scale in every i16 of lane 0 and its second-group scale in lane 1.
+        let evens_odds = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+        let ctrl = scale_selectors();
+        let mut acc = [_mm256_setzero_ps(); NA];
+        for b in 0..nb {
+            // SAFETY (whole block): the weight row and activation rows i < NA are nb blocks
+            // long (trait contract), so every offset below is inside block b of its row.
+            unsafe {
+                let wb = w.add(b * Self::BYTES);
+                let ab: [*const u8; NA] = std::array::from_fn(|i| a.add(i * arb + b * 292));
+                let raw = _mm_loadu_si128(wb.add(192) as *const __m128i);
+                let d = load_f16(wb.add(208));
+                let sc_pairs = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(raw, evens_odds));
+                let sc32 = _mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 5);
+                let mut sumi = [_mm256_setzero_si256(); NA];
+                for h in 0..2 {
+                    let ql0 = load256(wb.add(64 * h));
+                    let ql1 = load256(wb.add(64 * h + 32));
+                    let qh = load256(wb.add(128 + 32 * h));
+                    // 16-bit shifts move bits across byte boundaries, but each mask keeps
+                    // only bits that came from the same byte.
+                    let q = [
+                        _mm256_or_si256(
+                            _mm256_and_si256(ql0, m4),
+                            _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(ql1, m4),
+                            _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                            _mm256_and_si256(qh, m30),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
+                        ),
+                    ];
+                    for (k, qk) in q.iter().enumerate() {
+                        let s = _mm256_shuffle_epi8(sc_pairs, ctrl[4 * h + k]);
+                        for i in 0..NA {
+                            let av = load256(ab[i].add(4 + 128 * h + 32 * k));
+                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*qk, av), s);
+                            sumi[i] = _mm256_add_epi32(sumi[i], p);
+                        }
+                    }
+                }
+                for i in 0..NA {
+                    let da = (ab[i] as *const f32).read_unaligned();
+                    let s =
+                        _mm256_sub_epi32(sumi[i], _mm256_madd_epi16(load256(ab[i].add(260)), sc32));
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * da), acc[i]);
+                }
+            }
+        }
+        for (i, v) in acc.iter().enumerate() {
+            // SAFETY: output cell i is inside the tile (trait contract).
+            unsafe { *out.add(i * stride) = hsum_ps(*v) };
+        }
+    }
+}

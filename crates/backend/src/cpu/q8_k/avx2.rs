@@ -1,0 +1,242 @@
+//! AVX2 pieces for the Q8_K side: the activation quantizer (bit-identical to the quant
+//! crate's `quantize_row_q8_K_ref` port) and the tile driver that runs a format's
+//! micro-kernel over the output.
+//!
+//! Every function here needs AVX2, FMA and F16C; they are reached only through kernels
+//! that `kernel_for` picked after detecting those features. (An AVX-512 build would widen
+//! the quantizer to 16 lanes; AVX-VNNI / AVX512-VNNI would replace the micro-kernels'
+//! `maddubs` + `madd` pairs with `vpdpbusd`, nothing here.)
+
+use super::tiles::{Rows, ACT_PANEL, Q8K_BYTES};
+use neagari_quant::k_common::QK_K;
+use std::arch::x86_64::*;
+
+/// Sum of the eight lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Two little-endian f16 at `p` as f32 `[p[0..2], p[2..4]]` in lanes 0 and 1.
+///
+/// # Safety
+/// `p` must be valid for reading 4 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn load_f16x2(p: *const u8) -> __m128 {
+    // SAFETY: the caller guarantees 4 readable bytes; read_unaligned has no alignment need.
+    let bits = unsafe { (p as *const i32).read_unaligned() };
+    _mm_cvtph_ps(_mm_cvtsi32_si128(bits))
+}
+
+/// One little-endian f16 at `p` as f32.
+///
+/// # Safety
+/// `p` must be valid for reading 2 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn load_f16(p: *const u8) -> f32 {
+    // SAFETY: the caller guarantees 2 readable bytes.
+    let bits = unsafe { (p as *const u16).read_unaligned() };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// 32 bytes at `p`.
+///
+/// # Safety
+/// `p` must be valid for reading 32 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn load256(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 32 readable bytes; loadu has no alignment need.
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+}
+
+/// `v` shifted left by `s` bits per 16-bit lane (right for negative `s`), |s| < 8. Callers
+/// pass loop indices; once the loop is unrolled the match folds to one shift.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn shift16(v: __m256i, s: i32) -> __m256i {
+    match s {
+        0 => v,
+        1 => _mm256_slli_epi16::<1>(v),
+        2 => _mm256_slli_epi16::<2>(v),
+        3 => _mm256_slli_epi16::<3>(v),
+        4 => _mm256_slli_epi16::<4>(v),
+        5 => _mm256_slli_epi16::<5>(v),
+        6 => _mm256_slli_epi16::<6>(v),
+        7 => _mm256_slli_epi16::<7>(v),
+        -1 => _mm256_srli_epi16::<1>(v),
+        -2 => _mm256_srli_epi16::<2>(v),
+        -3 => _mm256_srli_epi16::<3>(v),
+        -4 => _mm256_srli_epi16::<4>(v),
+        -5 => _mm256_srli_epi16::<5>(v),
+        -6 => _mm256_srli_epi16::<6>(v),
+        _ => _mm256_srli_epi16::<7>(v),
+    }
+}
+
+/// A register-tile micro-kernel of one weight type: dots of one weight row with `NA`
+/// Q8_K activation rows, each unpacked weight block serving all `NA` of them.
+pub(crate) trait Micro {
+    /// Bytes of one weight block.
+    const BYTES: usize;
+
+    /// `out[i * stride] = dot(weight row, activation row i)` for `i < NA`, where the
+    /// weight row starts at `w` and activation row `i` at `a + i * arb`, each `nb` blocks.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available, and every row and output cell named above
+    /// must be valid (the driver derives them from a checked `Rows`).
+    unsafe fn tile<const NA: usize>(
+        w: *const u8,
+        a: *const u8,
+        arb: usize,
+        nb: usize,
+        out: *mut f32,
+        stride: usize,
+    );
+}
+
+/// Activation rows per register tile in prefill: each unpacked weight block serves four
+/// dots (four i32 and four f32 accumulators plus the unpacked block fill the 16 registers).
+pub(crate) const TILE_ROWS: usize = 4;
+
+/// Runs `M`'s micro-kernel over the whole output. Decode (one activation row) streams the
+/// weight rows through the one-row kernel in a tight loop; prefill walks activation panels
+/// of `ACT_PANEL` rows (kept in L2) and, per weight row (kept in L1), tiles of
+/// `TILE_ROWS` activation rows.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available and `r` must come from `tiles::check` on these
+/// very buffers.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn gemm<M: Micro>(
+    r: Rows,
+    w: &[u8],
+    nw: usize,
+    a: &[u8],
+    na: usize,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let (wp, ap, op) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
+    let (wrb, arb, nb) = (r.wrb, r.arb, r.nb);
+    // SAFETY (whole body): every weight row j < nw, activation row i < na and output cell
+    // i * stride + j named below lies inside the buffers `check` measured; the features
+    // are present (caller).
+    unsafe {
+        if na == 1 {
+            for j in 0..nw {
+                M::tile::<1>(wp.add(j * wrb), ap, arb, nb, op.add(j), stride);
+            }
+            return;
+        }
+        for ip in (0..na).step_by(ACT_PANEL) {
+            let pn = ACT_PANEL.min(na - ip);
+            for j in 0..nw {
+                let wj = wp.add(j * wrb);
+                let mut i0 = ip;
+                while i0 < ip + pn {
+                    let cn = TILE_ROWS.min(ip + pn - i0);
+                    let (at, ot) = (ap.add(i0 * arb), op.add(i0 * stride + j));
+                    match cn {
+                        1 => M::tile::<1>(wj, at, arb, nb, ot, stride),
+                        2 => M::tile::<2>(wj, at, arb, nb, ot, stride),
+                        3 => M::tile::<3>(wj, at, arb, nb, ot, stride),
+                        _ => M::tile::<4>(wj, at, arb, nb, ot, stride),
+                    }
+                    i0 += cn;
+                }
+            }
+        }
+    }
+}
+
+/// Quantizes `x[256 n]` into `n` Q8_K blocks at `out[292 n]`, bit-identical to the
+/// reference: `max` = first value of largest magnitude, `q = min(127, rne(x · (−127/max)))`.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `x.len()` is a multiple of 256 and
+/// `out.len() == x.len() / 256 * 292`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) {
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    // packs_epi16 of two packs_epi32 results leaves 4-lane groups in order 0,2,4,6,1,3,5,7.
+    let unshuffle = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (xs, ob) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q8K_BYTES)) {
+        let xp = xs.as_ptr();
+        let op = ob.as_mut_ptr();
+        // SAFETY: xs has 256 floats and ob 292 bytes; all offsets below stay inside them.
+        unsafe {
+            let mut vmax = _mm256_setzero_ps();
+            for c in 0..32 {
+                // NaN lanes lose the max (max_ps returns its second operand on NaN), like the
+                // scalar `>` comparison.
+                vmax = _mm256_max_ps(
+                    _mm256_and_ps(_mm256_loadu_ps(xp.add(8 * c)), abs_mask),
+                    vmax,
+                );
+            }
+            let m = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+            if amax == 0.0 {
+                std::ptr::write_bytes(op, 0, Q8K_BYTES);
+                continue;
+            }
+            // The reference keeps the first value whose magnitude is the maximum.
+            let va = _mm256_set1_ps(amax);
+            let mut max = 0f32;
+            for c in 0..32 {
+                let v = _mm256_and_ps(_mm256_loadu_ps(xp.add(8 * c)), abs_mask);
+                let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(v, va));
+                if hit != 0 {
+                    max = xs[8 * c + hit.trailing_zeros() as usize];
+                    break;
+                }
+            }
+            let iscale = -127.0 / max;
+            let vs = _mm256_set1_ps(iscale);
+            let cap = _mm256_set1_epi32(127);
+            let mut sums = [_mm256_setzero_si256(); 16];
+            for c in 0..8 {
+                let base = xp.add(32 * c);
+                let (q0, q1) = (round8(base, vs, cap), round8(base.add(8), vs, cap));
+                let (q2, q3) = (round8(base.add(16), vs, cap), round8(base.add(24), vs, cap));
+                sums[2 * c] = _mm256_add_epi32(q0, q1);
+                sums[2 * c + 1] = _mm256_add_epi32(q2, q3);
+                let p = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+                let p = _mm256_permutevar8x32_epi32(p, unshuffle);
+                _mm256_storeu_si256(op.add(4 + 32 * c) as *mut __m256i, p);
+            }
+            // Reduce the 16 vectors of partial sums to 16 i32 totals, four at a time.
+            for g in 0..4 {
+                let h01 = _mm256_hadd_epi32(sums[4 * g], sums[4 * g + 1]);
+                let h23 = _mm256_hadd_epi32(sums[4 * g + 2], sums[4 * g + 3]);
+                let h = _mm256_hadd_epi32(h01, h23);
+                let t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                // |sum| ≤ 16 · 127, so the i16 pack never saturates.
+                let t16 = _mm_packs_epi32(t, t);
+                _mm_storel_epi64(op.add(260 + 8 * g) as *mut __m128i, t16);
+            }
+            (op as *mut f32).write_unaligned(1.0 / iscale);
+        }
+    }
+}
+
+/// `min(127, rne(x[0..8] · s))` as i32 lanes.
+///
+/// # Safety
+/// `x` must be valid for reading 8 floats.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn round8(x: *const f32, s: __m256, cap: __m256i) -> __m256i {
+    // SAFETY: the caller guarantees 8 readable floats.
+    let v = unsafe { _mm256_loadu_ps(x) };
+    _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v, s)), cap)
+}
