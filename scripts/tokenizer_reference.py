@@ -150,7 +150,12 @@ def dump(name: str, path: str) -> None:
     print(f"wrote {out} ({out.stat().st_size} bytes, {len(cases)} cases)")
 
 
-PROBE_PRES = ["gpt-2", "llama-bpe", "qwen2", "qwen35", "default", "falcon", "starcoder", "command-r", "laguna"]
+PROBE_PRES = [
+    "gpt-2", "llama-bpe", "qwen2", "qwen35", "default", "falcon", "starcoder", "command-r", "laguna",
+    "deepseek-llm", "deepseek-coder", "deepseek-v3", "spark2_5", "youtu", "gpt-4o", "granite-embed-multi-97m",
+    "tekken", "chameleon", "bloom", "viking", "jais-2", "bailingmoe", "seed-coder", "ufakzeka", "exaone-moe",
+    "minicpm5",
+]
 
 
 def byte_alphabet() -> list[str]:
@@ -182,6 +187,9 @@ def probe_texts() -> list[str]:
         "\u2028\u2029 y", "\u0085z", "\x0b\x0c w", "٣٤٥ ①②", "½¼ ²³", "©®™ ±×÷", "“quoted” ‘x’",
         "a.b,c;d:e!f?g", "--==__**", "#tag @user", "\U0001F600 \U0001F600\U0001F601", "x\U000E0001y",
         "\U00010FFF unassigned \u0378", "\ue000 private", "\u200d\u200c joiners",
+        "HelloWorld ABCdef aBC", "XMLHttpRequest's", "ÄÖÜäöü ÀBc", "かなカナ漢字 한글ㄱ", "！？：；，、",
+        "ｈｅｌｌｏ　ｗｏｒｌｄ", "<sentinel:12>IMGIMGABZ", "a    b  c", "x\r\ny \n", "$1,234.56",
+        "a/b\\c\"d\"", "ab  \t  cd", "x1234567y",
     ]
     texts = []
     for t in short + extra:

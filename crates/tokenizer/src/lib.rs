@@ -8,7 +8,9 @@
 
 mod bpe;
 pub mod hf;
+mod pre_types;
 pub mod pretokenize;
+mod regex_split;
 mod spm;
 pub mod unicode;
 mod unicode_data;
@@ -530,6 +532,12 @@ fn clean_up_spaces(text: Vec<u8>) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokenizer_is_shareable_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Tokenizer>();
+    }
 
     #[test]
     fn stream_holds_back_partial_utf8() {

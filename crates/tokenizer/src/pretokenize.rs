@@ -7,9 +7,12 @@
 //! splitters for the GPT-2, Llama 3, Qwen 2 and Qwen 3.5 patterns — which differ from
 //! the regexes they stand for in a few corners (e.g. a lone space before the end of a
 //! piece) — and `std::regex` for the rest; the simple `std::regex` patterns used by the
-//! `default`, `falcon` and `starcoder` families are written out by hand here.
+//! `default`, `falcon` and `starcoder` families are written out by hand here, the others
+//! go through an emulation of that `std::regex` path ([`crate::regex_split`]).
 
+use crate::regex_split::RegexSplit;
 use crate::unicode::{self, Flags};
+use crate::TokenizerError;
 
 /// One splitting pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,12 +33,14 @@ pub enum Splitter {
     NumberEach,
     /// `[0-9][0-9][0-9]`
     Digits3,
+    /// Any other pattern, run like llama.cpp's `std::regex` fallback.
+    Regex(&'static str),
 }
 
 /// The splitters and output alphabet for one pre-tokenizer type.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct PreTokenizer {
-    pub splitters: Vec<Splitter>,
+    steps: Vec<(Splitter, Option<RegexSplit>)>,
     /// Re-encode words in the GPT-2 byte alphabet (false for SPM-style BPE such as gemma4).
     pub byte_encode: bool,
 }
@@ -65,12 +70,24 @@ impl Words {
 }
 
 impl PreTokenizer {
+    /// Compiles the splitters (regex patterns are translated once here).
+    pub fn new(splitters: &[Splitter], byte_encode: bool) -> Result<PreTokenizer, TokenizerError> {
+        let steps = splitters
+            .iter()
+            .map(|&sp| match sp {
+                Splitter::Regex(p) => Ok((sp, Some(RegexSplit::new(p)?))),
+                _ => Ok((sp, None)),
+            })
+            .collect::<Result<_, TokenizerError>>()?;
+        Ok(PreTokenizer { steps, byte_encode })
+    }
+
     /// Splits `text` into words (each non-empty), re-encoded per `byte_encode`.
     pub fn split(&self, text: &[u8]) -> Words {
         let cpts = unicode::cpts_from_utf8(text);
         let mut pieces = vec![cpts.len()];
-        for sp in &self.splitters {
-            pieces = apply(*sp, &cpts, &pieces);
+        for (sp, re) in &self.steps {
+            pieces = apply(*sp, re.as_ref(), &cpts, &pieces);
         }
         let mut words = Words {
             buf: Vec::with_capacity(text.len() * 2),
@@ -100,7 +117,7 @@ impl PreTokenizer {
 
 /// Applies one splitter to every piece (`pieces` = lengths in code points, summing to
 /// `cpts.len()`); returns the new piece lengths.
-fn apply(sp: Splitter, cpts: &[u32], pieces: &[usize]) -> Vec<usize> {
+fn apply(sp: Splitter, re: Option<&RegexSplit>, cpts: &[u32], pieces: &[usize]) -> Vec<usize> {
     let mut out = Vec::with_capacity(pieces.len() * 2);
     let mut start = 0;
     for &len in pieces {
@@ -111,6 +128,13 @@ fn apply(sp: Splitter, cpts: &[u32], pieces: &[usize]) -> Vec<usize> {
             prev: 0,
         };
         match sp {
+            Splitter::Regex(_) => {
+                if let Some(re) = re {
+                    re.split(piece, |c| {
+                        cuts.cut(c);
+                    });
+                }
+            }
             Splitter::Gpt2 => split_gpt2(piece, &mut cuts),
             Splitter::Llama3 { max_digits, marks } => {
                 split_llama3(piece, max_digits, marks, &mut cuts)
@@ -413,10 +437,7 @@ mod tests {
     use super::*;
 
     fn words(sp: &[Splitter], text: &str) -> Vec<String> {
-        let pt = PreTokenizer {
-            splitters: sp.to_vec(),
-            byte_encode: false,
-        };
+        let pt = PreTokenizer::new(sp, false).unwrap();
         pt.split(text.as_bytes())
             .iter()
             .map(|w| String::from_utf8(w.to_vec()).unwrap())
@@ -461,10 +482,7 @@ mod tests {
 
     #[test]
     fn byte_encoding() {
-        let pt = PreTokenizer {
-            splitters: vec![LLAMA3],
-            byte_encode: true,
-        };
+        let pt = PreTokenizer::new(&[LLAMA3], true).unwrap();
         let w: Vec<_> = pt
             .split(b" hi")
             .iter()

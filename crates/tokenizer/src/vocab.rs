@@ -4,7 +4,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::pretokenize::{PreTokenizer, Splitter};
+use crate::pre_types::pre_settings;
+use crate::pretokenize::PreTokenizer;
 use crate::TokenizerError;
 
 /// Token attribute bits (llama.cpp's `llama_token_attr`).
@@ -97,90 +98,6 @@ pub struct Vocab {
     pub(crate) pre: Option<PreTokenizer>,
     /// BPE merges as given (`left right`), rank = index.
     pub(crate) merges: Vec<String>,
-}
-
-/// Per-`pre` settings for BPE vocabularies (llama.cpp's pre-type table).
-struct PreSettings {
-    splitters: Vec<Splitter>,
-    byte_encode: bool,
-    clean_spaces: bool,
-    ignore_merges: bool,
-    add_bos: bool,
-    escape_whitespaces: bool,
-    clear_bos: bool,
-}
-
-fn pre_settings(pre: &str) -> Option<PreSettings> {
-    use Splitter::*;
-    const LLAMA3: Splitter = Llama3 {
-        max_digits: 3,
-        marks: false,
-    };
-    const QWEN2: Splitter = Llama3 {
-        max_digits: 1,
-        marks: false,
-    };
-    const QWEN35: Splitter = Llama3 {
-        max_digits: 1,
-        marks: true,
-    };
-    let s = |splitters: Vec<Splitter>, clean_spaces: bool| PreSettings {
-        splitters,
-        byte_encode: true,
-        clean_spaces,
-        ignore_merges: false,
-        add_bos: false,
-        escape_whitespaces: false,
-        clear_bos: false,
-    };
-    let settings = match pre {
-        "default" => s(
-            vec![PunctRun { backtick: false }, Gpt2, NumberRun, Digits3],
-            true,
-        ),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-        | "lfm2" | "jina-v5-nano" => PreSettings {
-            ignore_merges: true,
-            add_bos: true,
-            ..s(vec![LLAMA3], true)
-        },
-        "dbrx" | "smaug-bpe" => s(vec![LLAMA3], true),
-        "chatglm-bpe" => PreSettings {
-            clear_bos: true,
-            ..s(vec![LLAMA3], true)
-        },
-        "glm4" | "glm5" => PreSettings {
-            clear_bos: true,
-            ignore_merges: true,
-            ..s(vec![LLAMA3], true)
-        },
-        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "hunyuan" | "solar-open"
-        | "grok-2" => s(vec![QWEN2], false),
-        "stablelm2" | "megrez" => s(vec![QWEN2], true),
-        "qwen35" => s(vec![QWEN35], false),
-        "laguna" => s(vec![Newlines, QWEN2], false),
-        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
-        | "a.x-4.0" | "mellum" | "modern-bert" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe"
-        | "exaone4" | "mpt" | "olmo" | "jais" => s(vec![Gpt2], true),
-        "trillion" | "granite-docling" => s(vec![Gpt2], false),
-        "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => {
-            s(vec![NumberEach, Gpt2], true)
-        }
-        "command-r" | "smollm" => s(vec![NumberEach, Gpt2], false),
-        "falcon" => s(vec![PunctRun { backtick: true }, Gpt2, Digits3], true),
-        "gemma4" | "granite-embed-multi-311m" => PreSettings {
-            byte_encode: false,
-            escape_whitespaces: true,
-            ..s(vec![Newlines], true)
-        },
-        "sarvam-moe" => PreSettings {
-            byte_encode: false,
-            escape_whitespaces: true,
-            ..s(vec![Newlines], false)
-        },
-        _ => return None,
-    };
-    Some(settings)
 }
 
 /// Names that make a token the end-of-turn token when the file names none.
@@ -286,6 +203,7 @@ impl Vocab {
         let mut add_eos = false;
         let (mut ignore_merges, mut clean_spaces, mut escape_whitespaces) = (false, false, true);
         let mut pre = None;
+        let mut force_bos = false;
         let (mut add_bos, mut add_space_prefix);
         match kind {
             VocabType::Spm => {
@@ -310,10 +228,8 @@ impl Vocab {
                 if p.clear_bos {
                     bos = None;
                 }
-                pre = Some(PreTokenizer {
-                    splitters: p.splitters,
-                    byte_encode: p.byte_encode,
-                });
+                force_bos = p.force_bos;
+                pre = Some(PreTokenizer::new(&p.splitters, p.byte_encode)?);
             }
         }
         if let Some(v) = spec.add_space_prefix {
@@ -383,7 +299,7 @@ impl Vocab {
         if let Some(v) = spec.add_eos {
             add_eos = v;
         }
-        if pre.as_ref().is_some_and(|p| !p.byte_encode) {
+        if force_bos {
             // llama.cpp forces BOS on for gemma4-style vocabularies.
             add_bos = true;
         }

@@ -109,7 +109,14 @@ fn gemma3_stream_decoder_holds_back_byte_tokens() {
 
 #[test]
 fn gemma3_encode_20kb_is_fast() {
-    let Some(tok) = tokenizer() else { return };
+    let Some(path) = model() else { return };
+    let spec = common::spec_from_gguf(&path);
+    let t = Instant::now();
+    let tok = Tokenizer::from_spec(spec).expect("build Gemma 3 tokenizer");
+    eprintln!(
+        "gemma3: from_spec {:.1} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
     let text = common::perf_text();
     let _ = tok.encode(&text, true, true);
     let t = Instant::now();
