@@ -1,1 +1,2 @@
 //! neagari-tokenizer
+pub mod chat_template;
