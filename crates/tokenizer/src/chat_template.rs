@@ -424,7 +424,7 @@ fn build_environment(
         };
         strftime::DateTime::from_unix_micros(micros).strftime(&format)
     });
-    env.add_template_owned(TEMPLATE_NAME, source.to_string())
+    env.add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(source))
         .map_err(|e| TemplateError::Syntax(e.to_string()))?;
     Ok(env)
 }
@@ -433,6 +433,43 @@ fn build_environment(
 /// U+001C..U+001F, which Python also counts.
 fn py_isspace(c: char) -> bool {
     c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// transformers' `{% generation %}…{% endgeneration %}` extension (it marks assistant text
+/// for training masks and renders its body unchanged) becomes `{% if true %}…{% endif %}`,
+/// keeping any `-` whitespace control, so MiniJinja parses such templates.
+fn rewrite_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        out.push_str(&rest[..start]);
+        let tag = &rest[start..];
+        let Some(end) = tag.find("%}") else {
+            out.push_str(tag);
+            return out;
+        };
+        let inner = &tag[2..end];
+        let (lead, body) = match inner.strip_prefix('-') {
+            Some(b) => ("-", b),
+            None => ("", inner),
+        };
+        let (body, trail) = match body.strip_suffix('-') {
+            Some(b) => (b, "-"),
+            None => (body, ""),
+        };
+        let replacement = match body.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match replacement {
+            Some(r) => out.push_str(&format!("{{%{lead} {r} {trail}%}}")),
+            None => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// transformers' `tojson(x, ensure_ascii=False, indent=None, separators=None,

@@ -301,3 +301,30 @@ fn strftime_now_matches_python() {
         assert_eq!(got, case["expected"].as_str().unwrap(), "at {micros} µs");
     }
 }
+
+#[test]
+fn chat_template_can_be_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ChatTemplate>();
+    let t = std::sync::Arc::new(
+        ChatTemplate::new(&template_source("Qwen-Qwen3-0.6B"), "", "<|im_end|>").unwrap(),
+    );
+    let outs: Vec<String> = (0..4)
+        .map(|i| {
+            let t = t.clone();
+            std::thread::spawn(move || {
+                let m = vec![serde_json::json!({"role": "user", "content": format!("q{i}")})];
+                t.render(&m, None, true, &Map::new()).unwrap()
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    for (i, o) in outs.iter().enumerate() {
+        assert_eq!(
+            o,
+            &format!("<|im_start|>user\nq{i}<|im_end|>\n<|im_start|>assistant\n")
+        );
+    }
+}
