@@ -1,1 +1,2 @@
 //! neagari-engine
+pub mod sampler;
