@@ -1,4 +1,5 @@
 //! The engine: sequences and their caches, the sampler, generation loops.
 
 pub mod loader;
+pub mod sampler;
 pub mod session;

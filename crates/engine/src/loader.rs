@@ -49,16 +49,17 @@ pub fn tokenizer_from_gguf(g: &Gguf) -> Result<Tokenizer> {
         scores,
         token_types,
         merges,
-        bos: meta_u32(g, "tokenizer.ggml.bos_token_id"),
-        eos: meta_u32(g, "tokenizer.ggml.eos_token_id"),
-        eot: meta_u32(g, "tokenizer.ggml.eot_token_id"),
-        eom: meta_u32(g, "tokenizer.ggml.eom_token_id"),
-        unk: meta_u32(g, "tokenizer.ggml.unknown_token_id"),
-        pad: meta_u32(g, "tokenizer.ggml.padding_token_id"),
+        bos_id: meta_u32(g, "tokenizer.ggml.bos_token_id"),
+        eos_id: meta_u32(g, "tokenizer.ggml.eos_token_id"),
+        eot_id: meta_u32(g, "tokenizer.ggml.eot_token_id"),
+        eom_id: meta_u32(g, "tokenizer.ggml.eom_token_id"),
+        unk_id: meta_u32(g, "tokenizer.ggml.unknown_token_id"),
+        pad_id: meta_u32(g, "tokenizer.ggml.padding_token_id"),
         add_bos: meta_bool(g, "tokenizer.ggml.add_bos_token"),
         add_eos: meta_bool(g, "tokenizer.ggml.add_eos_token"),
         add_space_prefix: meta_bool(g, "tokenizer.ggml.add_space_prefix"),
         general_name: meta_str(g, "general.name"),
+        general_architecture: meta_str(g, "general.architecture"),
         ..Default::default()
     };
     Ok(Tokenizer::from_spec(spec)?)
@@ -76,7 +77,7 @@ pub fn chat_template(g: &Gguf, tok: &Tokenizer) -> Result<(Option<ChatTemplate>,
     }
     let arch = meta_str(g, "general.architecture").unwrap_or_default();
     match neagari_tokenizer::chat_template::detect_builtin(&arch, None) {
-        Some(name) => Ok((Some(ChatTemplate::builtin(name, &bos, &eos)?), true)),
+        Some(format) => Ok((Some(ChatTemplate::from_builtin(format)), true)),
         None => Ok((None, false)),
     }
 }

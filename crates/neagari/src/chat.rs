@@ -5,6 +5,7 @@
 use std::io::{BufRead, Write};
 
 use anyhow::{Context, Result};
+use neagari_backend::Backend;
 use neagari_engine::sampler::Sampler;
 use serde_json::{json, Value};
 

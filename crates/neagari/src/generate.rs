@@ -17,8 +17,9 @@ pub struct SampleArgs {
     /// Temperature; 0 = greedy.
     #[arg(long = "temp", default_value_t = 0.8)]
     pub temp: f32,
+    /// Keep the k most likely tokens (0 = off).
     #[arg(long = "top-k", default_value_t = 40)]
-    pub top_k: usize,
+    pub top_k: i32,
     #[arg(long = "top-p", default_value_t = 0.95)]
     pub top_p: f32,
     #[arg(long = "min-p", default_value_t = 0.05)]
@@ -27,7 +28,7 @@ pub struct SampleArgs {
     pub repeat_penalty: f32,
     /// Tokens the repeat penalty looks back over.
     #[arg(long = "repeat-last-n", default_value_t = 64)]
-    pub repeat_last_n: usize,
+    pub repeat_last_n: i32,
     #[arg(long = "presence-penalty", default_value_t = 0.0)]
     pub presence_penalty: f32,
     #[arg(long = "frequency-penalty", default_value_t = 0.0)]
@@ -48,12 +49,12 @@ impl SampleArgs {
             repeat_last_n: self.repeat_last_n,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
-            seed: self.seed.unwrap_or_else(|| {
+            seed: Some(self.seed.unwrap_or_else(|| {
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_nanos() as u64)
                     .unwrap_or(0)
-            }),
+            })),
         }
     }
 }

@@ -114,7 +114,7 @@ pub fn run(a: &InspectArgs) -> Result<()> {
         None => {
             let arch = g.get("general.architecture").and_then(|v| v.as_str()).unwrap_or("");
             match neagari_tokenizer::chat_template::detect_builtin(arch, None) {
-                Some(name) => println!("  none in the file; the built-in '{name}' format of its architecture applies"),
+                Some(f) => println!("  none in the file; the built-in '{}' format of its architecture applies", f.name()),
                 None => println!("  none in the file, and no built-in format for this architecture"),
             }
         }

@@ -18,7 +18,6 @@ use neagari_tokenizer::Tokenizer;
 use crate::ModelArgs;
 
 pub struct Loaded {
-    pub file: Arc<Gguf>,
     pub file_bytes: u64,
     pub be: CpuBackend,
     pub model: Box<dyn CausalLm<CpuBackend>>,
@@ -58,7 +57,6 @@ impl Loaded {
             Some(n) => n,
         };
         Ok(Loaded {
-            file,
             file_bytes,
             be,
             model,

@@ -15,7 +15,7 @@ mod spm;
 pub mod unicode;
 mod unicode_data;
 pub mod vocab;
-// (chat templates: `pub mod chat_template;` is added by its own branch)
+pub mod chat_template;
 
 use aho_corasick::AhoCorasick;
 
