@@ -86,8 +86,7 @@ pub(crate) fn scale_selectors() -> [__m256i; 8] {
 impl Micro for Q4K {
     const BYTES: usize = 144;
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline(always)]
     unsafe fn tile<const NA: usize>(
         w: *const u8,
         a: *const u8,
