@@ -153,9 +153,10 @@ fn check_against_reference(ty: GgmlType, scalar: &MatKernel, simd: &MatKernel, r
             }
         }
     }
-    // A strided output, and more activation rows than one panel.
+    // A strided output, more activation rows than one panel, every prefill tile width.
     shapes.push((512, 5, 3, 9));
     shapes.push((256, 3, 70, 3));
+    shapes.push((1024, 4, 15, 4));
     let mut worst = 0f64;
     for (k, nw, na, stride) in shapes {
         let w = random_weights(ty, k, nw, rng);
