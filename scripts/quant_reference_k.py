@@ -13,8 +13,8 @@ References, none written here:
   * random block bytes (with sane f16 scales) as a second source of valid blocks that no
     quantizer chose, dequantized by gguf.
   * the real test model (Gemma 3 270M Q4_K_M, $NEAGARI_TEST_MODEL or the default path): for
-    every K-quant tensor, an order-independent fingerprint of gguf's full dequantization
-    (sum of the f32 bit patterns as u64) and a few sample blocks with their values.
+    every K-quant tensor, a fingerprint of gguf's full dequantization (position-weighted
+    wrapping sum of the f32 bit patterns) and a few sample blocks with their values.
 
     pip install gguf numpy llama-cpp-python
     python3 scripts/quant_reference_k.py
@@ -209,9 +209,12 @@ def model_fixture():
         raw = np.asarray(t.data).tobytes()
         n = len(raw) // size * QK_K
         deq = gguf_dequantize(qtype, raw, n)
-        bitsum = int(deq.view(np.uint32).astype(np.uint64).sum())
+        # Position-weighted so a permutation of values inside a block changes it; numpy's
+        # uint64 arithmetic wraps like Rust's wrapping ops.
+        pos = np.arange(1, n + 1, dtype=np.uint64)
+        fingerprint = int((deq.view(np.uint32).astype(np.uint64) * pos).sum(dtype=np.uint64))
         tensors.append(
-            {"name": t.name, "type": name, "ne": [int(v) for v in t.shape], "bitsum": bitsum, "nbytes": len(raw)}
+            {"name": t.name, "type": name, "ne": [int(v) for v in t.shape], "fingerprint": fingerprint, "nbytes": len(raw)}
         )
         if t.name in sample_names:
             row_blocks = ne0 // QK_K
@@ -230,7 +233,7 @@ def model_fixture():
                 )
     return {
         "model": os.path.basename(MODEL),
-        "comment": "bitsum: sum over gguf.quants.dequantize(tensor) of the f32 bit patterns, as u64",
+        "comment": "fingerprint: sum over i of (f32 bits of gguf.quants.dequantize(tensor)[i]) * (i + 1), wrapping u64",
         "tensors": tensors,
         "samples": samples,
     }

@@ -105,14 +105,28 @@ fn dequant_rows(ty: GgmlType, bytes: &[u8], k: usize) -> Vec<f32> {
     out
 }
 
-fn simd_kernel(ty: GgmlType) -> Option<MatKernel> {
-    let feats = CpuFeatures::detect();
-    let k = kernel_for(ty, &feats, false).expect("kernel");
-    if k.isa == "scalar" {
-        eprintln!("{ty}: this CPU has no SIMD kernel (AVX2+FMA+F16C missing): SIMD checks skipped");
-        return None;
+/// Every SIMD kernel this CPU can run for `ty`: the one `kernel_for` picks, and the ones it
+/// would pick with the wider instruction sets masked off.
+fn simd_kernels(ty: GgmlType) -> Vec<MatKernel> {
+    let detected = CpuFeatures::detect();
+    let no_avx512 = CpuFeatures {
+        avx512f: false,
+        avx512bw: false,
+        avx512vl: false,
+        avx512vnni: false,
+        ..detected
+    };
+    let mut out: Vec<MatKernel> = Vec::new();
+    for feats in [detected, no_avx512] {
+        let k = kernel_for(ty, &feats, false).expect("kernel");
+        if k.isa != "scalar" && !out.iter().any(|o| o.isa == k.isa) {
+            out.push(k);
+        }
     }
-    Some(k)
+    if out.is_empty() {
+        eprintln!("{ty}: this CPU has no SIMD kernel (AVX2+FMA+F16C missing): SIMD checks skipped");
+    }
+    out
 }
 
 #[test]
@@ -123,65 +137,70 @@ fn k_quant_gemm_matches_reference() {
         let scalar = kernel_for(ty, &feats, true).expect("scalar kernel");
         assert_eq!(scalar.isa, "scalar");
         assert_eq!(scalar.act, ActFormat::Q8K);
-        let Some(simd) = simd_kernel(ty) else {
-            continue;
-        };
-        let mut shapes = vec![];
-        for k in [256, 512, 2304, 4096] {
-            for nw in [1, 3, 17] {
-                for na in [1, 2, 5] {
-                    shapes.push((k, nw, na, nw));
-                }
-            }
+        for simd in simd_kernels(ty) {
+            check_against_reference(ty, &scalar, &simd, &mut rng);
         }
-        // A strided output, and more activation rows than one panel.
-        shapes.push((512, 5, 3, 9));
-        shapes.push((256, 3, 70, 3));
-        let mut worst = 0f64;
-        for (k, nw, na, stride) in shapes {
-            let w = random_weights(ty, k, nw, &mut rng);
-            let x = random_acts(k, na, &mut rng);
-            let a = quantize_acts(&scalar, &x, k);
-            let mut want = vec![f32::NAN; (na - 1) * stride + nw];
-            let mut got = vec![f32::NAN; (na - 1) * stride + nw];
-            (scalar.gemm)(k, &w, nw, &a, na, &mut want, stride);
-            (simd.gemm)(k, &w, nw, &a, na, &mut got, stride);
-            // Σ|w·a| per output, from the dequantized operands.
-            let wf = dequant_rows(ty, &w, k);
-            let af = dequant_rows(GgmlType::Q8_K, &a, k);
-            for i in 0..na {
-                for j in 0..nw {
-                    let mag: f64 = wf[j * k..(j + 1) * k]
-                        .iter()
-                        .zip(&af[i * k..(i + 1) * k])
-                        .map(|(p, q)| (*p as f64 * *q as f64).abs())
-                        .sum();
-                    let (g, r) = (got[i * stride + j], want[i * stride + j]);
-                    let err = (g as f64 - r as f64).abs() / mag.max(f64::MIN_POSITIVE);
-                    assert!(
-                        err <= threshold(ty) || (g == r),
-                        "{ty} {} k={k} nw={nw} na={na} out[{i},{j}]: simd {g} ref {r} (normalized error {err:e})",
-                        simd.isa
-                    );
-                    worst = worst.max(if g == r { 0.0 } else { err });
-                }
-            }
-            // Cells between rows of a strided output stay untouched.
-            for i in 0..na.saturating_sub(1) {
-                for j in nw..stride {
-                    assert!(
-                        got[i * stride + j].is_nan(),
-                        "{ty}: wrote outside the output rows"
-                    );
-                }
-            }
-        }
-        eprintln!(
-            "{ty} {}: worst normalized error {worst:e} (threshold {:e})",
-            simd.isa,
-            threshold(ty)
-        );
     }
+}
+
+/// One SIMD kernel against the scalar one over the shape grid.
+fn check_against_reference(ty: GgmlType, scalar: &MatKernel, simd: &MatKernel, rng: &mut StdRng) {
+    let mut shapes = vec![];
+    for k in [256, 512, 2304, 4096] {
+        for nw in [1, 3, 17] {
+            for na in [1, 2, 5] {
+                shapes.push((k, nw, na, nw));
+            }
+        }
+    }
+    // A strided output, more activation rows than one panel, every prefill tile width.
+    shapes.push((512, 5, 3, 9));
+    shapes.push((256, 3, 70, 3));
+    shapes.push((1024, 4, 15, 4));
+    let mut worst = 0f64;
+    for (k, nw, na, stride) in shapes {
+        let w = random_weights(ty, k, nw, rng);
+        let x = random_acts(k, na, rng);
+        let a = quantize_acts(scalar, &x, k);
+        let mut want = vec![f32::NAN; (na - 1) * stride + nw];
+        let mut got = vec![f32::NAN; (na - 1) * stride + nw];
+        (scalar.gemm)(k, &w, nw, &a, na, &mut want, stride);
+        (simd.gemm)(k, &w, nw, &a, na, &mut got, stride);
+        // Σ|w·a| per output, from the dequantized operands.
+        let wf = dequant_rows(ty, &w, k);
+        let af = dequant_rows(GgmlType::Q8_K, &a, k);
+        for i in 0..na {
+            for j in 0..nw {
+                let mag: f64 = wf[j * k..(j + 1) * k]
+                    .iter()
+                    .zip(&af[i * k..(i + 1) * k])
+                    .map(|(p, q)| (*p as f64 * *q as f64).abs())
+                    .sum();
+                let (g, r) = (got[i * stride + j], want[i * stride + j]);
+                let err = (g as f64 - r as f64).abs() / mag.max(f64::MIN_POSITIVE);
+                assert!(
+                    err <= threshold(ty) || (g == r),
+                    "{ty} {} k={k} nw={nw} na={na} out[{i},{j}]: simd {g} ref {r} (normalized error {err:e})",
+                    simd.isa
+                );
+                worst = worst.max(if g == r { 0.0 } else { err });
+            }
+        }
+        // Cells between rows of a strided output stay untouched.
+        for i in 0..na.saturating_sub(1) {
+            for j in nw..stride {
+                assert!(
+                    got[i * stride + j].is_nan(),
+                    "{ty}: wrote outside the output rows"
+                );
+            }
+        }
+    }
+    eprintln!(
+        "{ty} {}: worst normalized error {worst:e} (threshold {:e})",
+        simd.isa,
+        threshold(ty)
+    );
 }
 
 #[test]
@@ -198,7 +217,7 @@ fn k_quant_kernels_are_complete() {
 
 #[test]
 fn simd_q8_k_quantizer_is_bit_identical() {
-    let Some(simd) = simd_kernel(GgmlType::Q4_K) else {
+    let Some(simd) = simd_kernels(GgmlType::Q4_K).into_iter().next() else {
         return;
     };
     let scalar = kernel_for(GgmlType::Q4_K, &CpuFeatures::detect(), true).expect("scalar kernel");
@@ -232,7 +251,7 @@ fn simd_q8_k_quantizer_is_bit_identical() {
     }
 }
 
-/// Single-thread throughput of each kernel this CPU picks, printed (not asserted):
+/// Single-thread throughput of each SIMD kernel this CPU can run, printed (not asserted):
 /// `cargo test --release -p neagari-backend --test kernels_k -- --ignored --nocapture`.
 /// Decode (one activation row) streams a weight matrix larger than L3 and reports GB/s of
 /// weight bytes; "hot" repeats a matrix that fits in L2 (the kernel's own ceiling);
@@ -241,7 +260,6 @@ fn simd_q8_k_quantizer_is_bit_identical() {
 #[ignore]
 fn bench_k_quant_gemm() {
     use std::time::Instant;
-    let feats = CpuFeatures::detect();
     let mut rng = StdRng::seed_from_u64(1);
     let types: Vec<GgmlType> = match std::env::var("NEAGARI_BENCH_TYPES") {
         Ok(s) => TYPES
@@ -251,45 +269,45 @@ fn bench_k_quant_gemm() {
         Err(_) => TYPES.to_vec(),
     };
     for ty in types {
-        let kern = kernel_for(ty, &feats, false).expect("kernel");
-        for k in [1024usize, 2048] {
-            let rb = ty.row_bytes(k).expect("rows");
-            // Build one L2-sized block of rows and tile it to the big matrix (quantizing
-            // 100 MB with the reference quantizer would take minutes).
-            let hot_rows = (512 * 1024 / rb).max(1);
-            let hot = random_weights(ty, k, hot_rows, &mut rng);
-            let big_rows = (96 << 20) / rb / hot_rows * hot_rows;
-            let big: Vec<u8> = hot.iter().copied().cycle().take(big_rows * rb).collect();
-            let x = random_acts(k, 64, &mut rng);
-            let a = quantize_acts(&kern, &x, k);
-            let arb = kern.act.row_bytes(k);
-            let mut out = vec![0f32; 64 * big_rows.max(hot_rows)];
-            let time = |w: &[u8], nw: usize, na: usize, reps: usize, out: &mut [f32]| {
-                let mut best = f64::MAX;
-                for _ in 0..reps {
-                    let t = Instant::now();
-                    (kern.gemm)(k, w, nw, &a[..na * arb], na, out, nw);
-                    best = best.min(t.elapsed().as_secs_f64());
-                }
-                best
-            };
-            let t_big = time(&big, big_rows, 1, 5, &mut out);
-            // The machine's plain streaming read of the same bytes, for scale.
-            let mut t_stream = f64::MAX;
-            for _ in 0..5 {
-                let t = Instant::now();
-                let s = big.chunks_exact(32).fold([0u64; 4], |mut acc, c| {
-                    for (a, w) in acc.iter_mut().zip(c.chunks_exact(8)) {
-                        *a = a.wrapping_add(u64::from_le_bytes(w.try_into().expect("8 bytes")));
+        for kern in simd_kernels(ty) {
+            for k in [1024usize, 2048] {
+                let rb = ty.row_bytes(k).expect("rows");
+                // Build one L2-sized block of rows and tile it to the big matrix (quantizing
+                // 100 MB with the reference quantizer would take minutes).
+                let hot_rows = (512 * 1024 / rb).max(1);
+                let hot = random_weights(ty, k, hot_rows, &mut rng);
+                let big_rows = (96 << 20) / rb / hot_rows * hot_rows;
+                let big: Vec<u8> = hot.iter().copied().cycle().take(big_rows * rb).collect();
+                let x = random_acts(k, 64, &mut rng);
+                let a = quantize_acts(&kern, &x, k);
+                let arb = kern.act.row_bytes(k);
+                let mut out = vec![0f32; 64 * big_rows.max(hot_rows)];
+                let time = |w: &[u8], nw: usize, na: usize, reps: usize, out: &mut [f32]| {
+                    let mut best = f64::MAX;
+                    for _ in 0..reps {
+                        let t = Instant::now();
+                        (kern.gemm)(k, w, nw, &a[..na * arb], na, out, nw);
+                        best = best.min(t.elapsed().as_secs_f64());
                     }
-                    acc
-                });
-                std::hint::black_box(s);
-                t_stream = t_stream.min(t.elapsed().as_secs_f64());
-            }
-            let t_hot = time(&hot, hot_rows, 1, 200, &mut out);
-            let t_pre = time(&hot, hot_rows, 64, 10, &mut out);
-            eprintln!(
+                    best
+                };
+                let t_big = time(&big, big_rows, 1, 5, &mut out);
+                // The machine's plain streaming read of the same bytes, for scale.
+                let mut t_stream = f64::MAX;
+                for _ in 0..5 {
+                    let t = Instant::now();
+                    let s = big.chunks_exact(32).fold([0u64; 4], |mut acc, c| {
+                        for (a, w) in acc.iter_mut().zip(c.chunks_exact(8)) {
+                            *a = a.wrapping_add(u64::from_le_bytes(w.try_into().expect("8 bytes")));
+                        }
+                        acc
+                    });
+                    std::hint::black_box(s);
+                    t_stream = t_stream.min(t.elapsed().as_secs_f64());
+                }
+                let t_hot = time(&hot, hot_rows, 1, 200, &mut out);
+                let t_pre = time(&hot, hot_rows, 64, 10, &mut out);
+                eprintln!(
                 "{ty} {} k={k}: decode {:.1} GB/s ({big_rows} rows, {:.0} MB; plain read {:.1} GB/s), hot {:.1} GB/s, prefill(64 rows) {:.1} G mul-add/s",
                 kern.isa,
                 (big_rows * rb) as f64 / t_big / 1e9,
@@ -298,6 +316,7 @@ fn bench_k_quant_gemm() {
                 (hot_rows * rb) as f64 / t_hot / 1e9,
                 (hot_rows * k * 64) as f64 / t_pre / 1e9,
             );
+            }
         }
     }
 }

@@ -281,10 +281,12 @@ fn model_tensors_match_gguf_fingerprints() {
         let n = nbytes / ty.info().bytes * 256;
         let mut out = vec![0f32; n];
         dequantize_row(ty, &raw, &mut out).expect("dequantize");
-        let bitsum: u64 = out.iter().map(|v| v.to_bits() as u64).sum();
+        let fingerprint = out.iter().enumerate().fold(0u64, |acc, (i, v)| {
+            acc.wrapping_add((v.to_bits() as u64).wrapping_mul(i as u64 + 1))
+        });
         assert_eq!(
-            bitsum,
-            t["bitsum"].as_u64().expect("bitsum"),
+            fingerprint,
+            t["fingerprint"].as_u64().expect("fingerprint"),
             "{name}: dequantized values differ from gguf's"
         );
     }

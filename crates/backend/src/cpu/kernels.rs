@@ -58,6 +58,7 @@ pub struct CpuFeatures {
     pub f16c: bool,
     pub avx512f: bool,
     pub avx512bw: bool,
+    pub avx512vl: bool,
     pub avx512vnni: bool,
     pub avxvnni: bool,
 }
@@ -72,6 +73,7 @@ impl CpuFeatures {
                 f16c: std::arch::is_x86_feature_detected!("f16c"),
                 avx512f: std::arch::is_x86_feature_detected!("avx512f"),
                 avx512bw: std::arch::is_x86_feature_detected!("avx512bw"),
+                avx512vl: std::arch::is_x86_feature_detected!("avx512vl"),
                 avx512vnni: std::arch::is_x86_feature_detected!("avx512vnni"),
                 avxvnni: std::arch::is_x86_feature_detected!("avxvnni"),
             }
@@ -85,6 +87,11 @@ impl CpuFeatures {
     /// AVX2 kernels need AVX2, FMA and F16C together.
     pub fn has_avx2(&self) -> bool {
         self.avx2 && self.fma && self.f16c
+    }
+
+    /// AVX-512 with 256-bit (VL) and byte/word (BW) instructions on top of the AVX2 set.
+    pub fn has_avx512vl(&self) -> bool {
+        self.has_avx2() && self.avx512f && self.avx512bw && self.avx512vl
     }
 }
 

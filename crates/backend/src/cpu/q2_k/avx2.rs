@@ -19,8 +19,7 @@ pub(crate) struct Q2K;
 impl Micro for Q2K {
     const BYTES: usize = 84;
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline(always)]
     unsafe fn tile<const NA: usize>(
         w: *const u8,
         a: *const u8,

@@ -47,8 +47,7 @@ unsafe fn scales(s: *const u8) -> __m128i {
 impl Micro for Q3K {
     const BYTES: usize = 110;
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline(always)]
     unsafe fn tile<const NA: usize>(
         w: *const u8,
         a: *const u8,

@@ -4,7 +4,7 @@
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 
-use super::kernels::{ActFormat, CpuFeatures, MatKernel};
+use super::kernels::{ActFormat, CpuFeatures, GemmFn, MatKernel};
 use super::q8_k::tiles::{check, scalar_gemm};
 use neagari_quant::{q3_k, BlockQ3_K, BlockQ8_K};
 
@@ -41,25 +41,42 @@ fn gemm_avx2(
     let r = check(k, BYTES, w, nw, a, na, out, out_stride);
     // SAFETY: handed out by `kernel` only after AVX2/FMA/F16C were detected; `r` was
     // checked against these buffers.
-    unsafe { super::q8_k::avx2::gemm::<avx2::Q3K>(r, w, nw, a, na, out, out_stride) }
+    unsafe { super::q8_k::avx2::gemm_avx2::<avx2::Q3K>(r, w, nw, a, na, out, out_stride) }
 }
 
-/// The Q3_K kernel for this CPU.
+#[cfg(target_arch = "x86_64")]
+fn gemm_avx512vl(
+    k: usize,
+    w: &[u8],
+    nw: usize,
+    a: &[u8],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let r = check(k, BYTES, w, nw, a, na, out, out_stride);
+    // SAFETY: handed out by `kernel` only after AVX2/FMA/F16C and AVX-512F/BW/VL were
+    // detected; `r` was checked against these buffers.
+    unsafe { super::q8_k::avx2::gemm_avx512vl::<avx2::Q3K>(r, w, nw, a, na, out, out_stride) }
+}
+
+/// The Q3_K kernel for this CPU: the AVX-512VL build of the AVX2 kernel where available,
+/// else AVX2, else scalar.
 pub(crate) fn kernel(feats: &CpuFeatures, scalar_only: bool) -> MatKernel {
     let (quantize_act, isa) = super::q8_k::quantize_act(feats, scalar_only);
-    #[cfg(target_arch = "x86_64")]
-    if isa == "avx2" {
-        return MatKernel {
-            act: ActFormat::Q8K,
-            quantize_act,
-            gemm: gemm_avx2,
-            isa,
-        };
-    }
-    MatKernel {
+    let mk = |gemm: GemmFn, isa| MatKernel {
         act: ActFormat::Q8K,
         quantize_act,
-        gemm: gemm_scalar,
+        gemm,
         isa,
+    };
+    #[cfg(target_arch = "x86_64")]
+    if isa == "avx2" {
+        return if feats.has_avx512vl() {
+            mk(gemm_avx512vl, "avx512vl")
+        } else {
+            mk(gemm_avx2, isa)
+        };
     }
+    mk(gemm_scalar, isa)
 }

@@ -9,8 +9,9 @@
 //! `maddubs(q, a)` (u8 × i8 → pairs summed to i16; |sum| ≤ 2·15·127, no saturation) then
 //! `madd` with the sub-block scale broadcast as i16 gives i32 lanes; the mins term is one
 //! `madd` of the bsums with the mins duplicated per 16-group. Tested against the quant
-//! crate's `q4_k::dot` in tests/kernels_k.rs. (AVX-VNNI would fuse each maddubs + madd
-//! pair only if scales were applied later; AVX-512 would take two chunks per instruction.)
+//! crate's `q4_k::dot` in tests/kernels_k.rs. (`vpdpwssd`, AVX512-VNNI / AVX-VNNI, would
+//! fuse each scale `madd` with its `add`; `vpdpbusd` does not fit, as the scales apply to
+//! 32-weight sums.)
 
 use crate::cpu::q8_k::avx2::{hsum_ps, load256, load_f16x2, Micro};
 use std::arch::x86_64::*;
@@ -86,8 +87,7 @@ pub(crate) fn scale_selectors() -> [__m256i; 8] {
 impl Micro for Q4K {
     const BYTES: usize = 144;
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline(always)]
     unsafe fn tile<const NA: usize>(
         w: *const u8,
         a: *const u8,

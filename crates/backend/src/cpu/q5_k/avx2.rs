@@ -17,8 +17,7 @@ pub(crate) struct Q5K;
 impl Micro for Q5K {
     const BYTES: usize = 176;
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline(always)]
     unsafe fn tile<const NA: usize>(
         w: *const u8,
         a: *const u8,

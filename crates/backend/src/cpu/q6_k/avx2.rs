@@ -20,8 +20,7 @@ pub(crate) struct Q6K;
 impl Micro for Q6K {
     const BYTES: usize = 210;
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline(always)]
     unsafe fn tile<const NA: usize>(
         w: *const u8,
         a: *const u8,
