@@ -500,7 +500,8 @@ fn reduce<const R: usize, const C: usize>(acc: [[__m256; C]; R]) -> [[f32; C]; R
     out
 }
 
-/// `GemmFn` of a `SignedBlocks` weight format against Q8_0 activation rows.
+/// `GemmFn` of a `SignedBlocks` weight format against Q8_0 activation rows: row-major tiles
+/// for few activation rows, `avx2_panels` from `PanelFormat::MIN_NA` rows on.
 ///
 /// # Panics
 /// On a broken `GemmFn` shape contract (see `tiles::check`), or if the CPU lacks AVX2/FMA/F16C.
@@ -562,7 +563,8 @@ pub(crate) fn gemm_signed<W: SignedBlocks>(
 }
 
 /// `GemmFn` of an `UnsignedBlocks` weight format against Q8_1 (`HAS_MIN`) or Q8_0
-/// activation rows.
+/// activation rows: row-major tiles for few activation rows, `avx2_panels` from
+/// `PanelFormat::MIN_NA` rows on.
 ///
 /// # Panics
 /// On a broken `GemmFn` shape contract (see `tiles::check`), or if the CPU lacks AVX2/FMA/F16C.
