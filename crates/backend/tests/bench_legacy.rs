@@ -127,3 +127,43 @@ bench_types!(
     bench_f32 => F32, bench_f16 => F16, bench_bf16 => BF16, bench_q4_0 => Q4_0,
     bench_q4_1 => Q4_1, bench_q5_0 => Q5_0, bench_q5_1 => Q5_1, bench_q8_0 => Q8_0
 );
+
+/// Prefill at the shapes Gemma 3 270M multiplies (k = 640; nw = 256 for attn_k/v, 1024 for
+/// attn_q, 2048 for ffn_gate/up) for its two prefill weight types, one thread: GB/s·rows of
+/// weight bytes (see the module doc) and µs per call, plus `na = 1` (decode) as GB/s.
+#[test]
+#[ignore = "benchmark; run with --release -- --ignored --nocapture"]
+fn bench_prefill_shapes() {
+    const K: usize = 640;
+    let feats = CpuFeatures::detect();
+    let mut rng = StdRng::seed_from_u64(11);
+    for ty in [GgmlType::Q5_0, GgmlType::Q8_0] {
+        let kern = kernel_for(ty, &feats, false).unwrap();
+        let wrb = ty.row_bytes(K).unwrap();
+        let arb = kern.act.row_bytes(K);
+        let acts: Vec<f32> = (0..512 * K).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let mut a = vec![0u8; 512 * arb]; // [512 × arb]
+        for (row, xs) in a.chunks_exact_mut(arb).zip(acts.chunks_exact(K)) {
+            (kern.quantize_act)(xs, row);
+        }
+        for nw in [256usize, 1024, 2048] {
+            let x: Vec<f32> = (0..K * nw).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            let mut w = vec![0u8; nw * wrb]; // [nw × wrb]
+            for (row, xs) in w.chunks_exact_mut(wrb).zip(x.chunks_exact(K)) {
+                quantize_row(ty, xs, row).unwrap();
+            }
+            let mut out = vec![0f32; 512 * nw]; // [512 × nw]
+            let gb = (nw * wrb) as f64 / 1e9;
+            let mut line = format!("{ty:>5} {} k={K} nw={nw:>4}:", kern.isa);
+            for na in [1usize, 2, 4, 8, 64, 512] {
+                let t = median_secs(|| (kern.gemm)(K, &w, nw, &a, na, &mut out, nw), 5, 0.5);
+                line += &format!(
+                    " | na={na:<3} {:6.2} GB/s·rows {:8.1} µs",
+                    na as f64 * gb / t,
+                    t * 1e6
+                );
+            }
+            println!("{line}");
+        }
+    }
+}

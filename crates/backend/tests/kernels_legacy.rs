@@ -194,6 +194,12 @@ fn run_type(ty: GgmlType, extra_k: &[usize]) {
         }
         // 64 activation rows and more cross the driver's activation panels.
         worst = worst.max(check_case(ty, kern, &portable, 64, 5, 70, &mut rng));
+        // Row counts around the AVX2 prefill panels: 8-row weight panels unpacked 64 at a
+        // time (70 = 64 + a ragged 6), 4-row activation tiles (every tail), and both sides
+        // of each format's switch from row-major tiles to panels (2 and 8 rows).
+        for na in [3, 4, 7, 8, 9] {
+            worst = worst.max(check_case(ty, kern, &portable, 640, 70, na, &mut rng));
+        }
         eprintln!("{ty} {}: worst normalized error {worst:e}", kern.isa);
     }
 }

@@ -12,6 +12,7 @@
 // here, and unrolled the same.
 #![allow(clippy::needless_range_loop)]
 
+use super::avx2_panels::{PanelFormat, SignedPanel, UnsignedPanel};
 use super::tiles::{for_each_tile, Tile};
 use std::arch::x86_64::*;
 
@@ -499,7 +500,8 @@ fn reduce<const R: usize, const C: usize>(acc: [[__m256; C]; R]) -> [[f32; C]; R
     out
 }
 
-/// `GemmFn` of a `SignedBlocks` weight format against Q8_0 activation rows.
+/// `GemmFn` of a `SignedBlocks` weight format against Q8_0 activation rows: row-major tiles
+/// for few activation rows, `avx2_panels` from `PanelFormat::MIN_NA` rows on.
 ///
 /// # Panics
 /// On a broken `GemmFn` shape contract (see `tiles::check`), or if the CPU lacks AVX2/FMA/F16C.
@@ -529,6 +531,22 @@ pub(crate) fn gemm_signed<W: SignedBlocks>(
         available(),
         "AVX2 kernel called on a CPU without AVX2/FMA/F16C"
     );
+    if na >= SignedPanel::<W>::MIN_NA {
+        // SAFETY: features checked just above; operands checked by tiles::check.
+        unsafe {
+            return super::avx2_panels::gemm::<SignedPanel<W>>(
+                nb,
+                w.as_ptr(),
+                s.wrb,
+                nw,
+                a.as_ptr(),
+                s.arb,
+                na,
+                out,
+                out_stride,
+            );
+        }
+    }
     let d = act_data(a, na, nb, s.arb, ActConst::None);
     let ops = Operands {
         nb,
@@ -545,7 +563,8 @@ pub(crate) fn gemm_signed<W: SignedBlocks>(
 }
 
 /// `GemmFn` of an `UnsignedBlocks` weight format against Q8_1 (`HAS_MIN`) or Q8_0
-/// activation rows.
+/// activation rows: row-major tiles for few activation rows, `avx2_panels` from
+/// `PanelFormat::MIN_NA` rows on.
 ///
 /// # Panics
 /// On a broken `GemmFn` shape contract (see `tiles::check`), or if the CPU lacks AVX2/FMA/F16C.
@@ -580,6 +599,22 @@ pub(crate) fn gemm_unsigned<W: UnsignedBlocks>(
         available(),
         "AVX2 kernel called on a CPU without AVX2/FMA/F16C"
     );
+    if na >= UnsignedPanel::<W>::MIN_NA {
+        // SAFETY: features checked just above; operands checked by tiles::check.
+        unsafe {
+            return super::avx2_panels::gemm::<UnsignedPanel<W>>(
+                nb,
+                w.as_ptr(),
+                s.wrb,
+                nw,
+                a.as_ptr(),
+                s.arb,
+                na,
+                out,
+                out_stride,
+            );
+        }
+    }
     let d = act_data(a, na, nb, s.arb, konst);
     let ops = Operands {
         nb,

@@ -6,6 +6,8 @@ pub mod kernels;
 mod ops;
 
 #[cfg(target_arch = "x86_64")]
+mod avx2_panels;
+#[cfg(target_arch = "x86_64")]
 mod avx2_tiles;
 mod tiles;
 
