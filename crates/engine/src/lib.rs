@@ -1,5 +1,6 @@
 //! The engine: sequences and their caches, the sampler, generation loops.
 
 pub mod loader;
+pub mod perplexity;
 pub mod sampler;
 pub mod session;

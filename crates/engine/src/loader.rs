@@ -11,7 +11,9 @@ fn meta_str(g: &Gguf, key: &str) -> Option<String> {
 }
 
 fn meta_u32(g: &Gguf, key: &str) -> Option<u32> {
-    g.get(key).and_then(|v| v.as_int()).and_then(|i| u32::try_from(i).ok())
+    g.get(key)
+        .and_then(|v| v.as_int())
+        .and_then(|i| u32::try_from(i).ok())
 }
 
 fn meta_bool(g: &Gguf, key: &str) -> Option<bool> {
@@ -33,7 +35,10 @@ pub fn tokenizer_from_gguf(g: &Gguf) -> Result<Tokenizer> {
         Some(Array::I32(s)) => Some(s.iter().map(|&x| x as f32).collect()),
         _ => None,
     };
-    let token_types = match g.get("tokenizer.ggml.token_type").and_then(|v| v.as_array()) {
+    let token_types = match g
+        .get("tokenizer.ggml.token_type")
+        .and_then(|v| v.as_array())
+    {
         Some(Array::I32(s)) => Some(s.clone()),
         Some(Array::U32(s)) => Some(s.iter().map(|&x| x as i32).collect()),
         _ => None,
@@ -68,11 +73,13 @@ pub fn tokenizer_from_gguf(g: &Gguf) -> Result<Tokenizer> {
 /// The file's chat template, or the built-in format of its architecture (then `true`).
 pub fn chat_template(g: &Gguf, tok: &Tokenizer) -> Result<(Option<ChatTemplate>, bool)> {
     let piece = |id: Option<u32>| {
-        id.map(|i| String::from_utf8_lossy(&tok.token_to_piece(i, true)).into_owned()).unwrap_or_default()
+        id.map(|i| String::from_utf8_lossy(&tok.token_to_piece(i, true)).into_owned())
+            .unwrap_or_default()
     };
     let (bos, eos) = (piece(tok.bos()), piece(tok.eos()));
     if let Some(src) = meta_str(g, "tokenizer.chat_template") {
-        let t = ChatTemplate::new(&src, &bos, &eos).context("the file's chat template does not compile")?;
+        let t = ChatTemplate::new(&src, &bos, &eos)
+            .context("the file's chat template does not compile")?;
         return Ok((Some(t), false));
     }
     let arch = meta_str(g, "general.architecture").unwrap_or_default();
@@ -81,4 +88,3 @@ pub fn chat_template(g: &Gguf, tok: &Tokenizer) -> Result<(Option<ChatTemplate>,
         None => Ok((None, false)),
     }
 }
-

@@ -13,8 +13,17 @@ pub struct Session<B: Backend> {
 }
 
 impl<B: Backend> Session<B> {
-    pub fn new(model: &dyn CausalLm<B>, be: &B, n_ctx: usize, kv_type: KvType) -> Result<Self, ModelError> {
-        Ok(Session { kv: model.new_kv(be, n_ctx, kv_type)?, tokens: Vec::new(), n_ctx })
+    pub fn new(
+        model: &dyn CausalLm<B>,
+        be: &B,
+        n_ctx: usize,
+        kv_type: KvType,
+    ) -> Result<Self, ModelError> {
+        Ok(Session {
+            kv: model.new_kv(be, n_ctx, kv_type)?,
+            tokens: Vec::new(),
+            n_ctx,
+        })
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -37,7 +46,12 @@ impl<B: Backend> Session<B> {
     /// Keep the longest common prefix of the cache and `prompt` (at least one token of the
     /// prompt is left to run, so there are logits to sample from) and return its length.
     pub fn reuse_prefix(&mut self, be: &B, prompt: &[u32]) -> Result<usize, ModelError> {
-        let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let common = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
         let keep = common.min(prompt.len().saturating_sub(1));
         self.truncate(be, keep)?;
         Ok(keep)
@@ -54,7 +68,11 @@ impl<B: Backend> Session<B> {
         mut on_batch: impl FnMut(usize, usize) -> bool,
     ) -> Result<Option<Vec<f32>>, ModelError> {
         if self.tokens.len() + tokens.len() > self.n_ctx {
-            return Err(ModelError::ContextFull { tokens: tokens.len(), pos: self.tokens.len(), n_ctx: self.n_ctx });
+            return Err(ModelError::ContextFull {
+                tokens: tokens.len(),
+                pos: self.tokens.len(),
+                n_ctx: self.n_ctx,
+            });
         }
         let mut logits = None;
         let mut done = 0;
@@ -70,7 +88,12 @@ impl<B: Backend> Session<B> {
     }
 
     /// Runs one token and returns its logits.
-    pub fn decode(&mut self, model: &dyn CausalLm<B>, be: &B, token: u32) -> Result<Vec<f32>, ModelError> {
+    pub fn decode(
+        &mut self,
+        model: &dyn CausalLm<B>,
+        be: &B,
+        token: u32,
+    ) -> Result<Vec<f32>, ModelError> {
         let logits = model.forward(be, &mut self.kv, &[token], false)?;
         self.tokens.push(token);
         Ok(logits)
@@ -78,7 +101,12 @@ impl<B: Backend> Session<B> {
 
     /// Runs `tokens` and returns the logits of every one (`[n, n_vocab]`): perplexity and
     /// speculative verification.
-    pub fn forward_all(&mut self, model: &dyn CausalLm<B>, be: &B, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+    pub fn forward_all(
+        &mut self,
+        model: &dyn CausalLm<B>,
+        be: &B,
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, ModelError> {
         let logits = model.forward(be, &mut self.kv, tokens, true)?;
         self.tokens.extend_from_slice(tokens);
         Ok(logits)

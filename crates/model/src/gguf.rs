@@ -34,12 +34,16 @@ impl GgufSource {
 }
 
 fn bad(key: &str, v: &Value, want: &str) -> ModelError {
-    ModelError::BadKey { key: key.to_string(), msg: format!("expected {want}, found {}", v.type_desc()) }
+    ModelError::BadKey {
+        key: key.to_string(),
+        msg: format!("expected {want}, found {}", v.type_desc()),
+    }
 }
 
 impl ModelSource for GgufSource {
     fn architecture(&self) -> Result<String> {
-        self.str_opt("general.architecture")?.ok_or_else(|| ModelError::MissingKey("general.architecture".into()))
+        self.str_opt("general.architecture")?
+            .ok_or_else(|| ModelError::MissingKey("general.architecture".into()))
     }
 
     fn u64_opt(&self, key: &str) -> Result<Option<u64>> {
@@ -57,14 +61,20 @@ impl ModelSource for GgufSource {
             None => Ok(None),
             Some(Value::F32(f)) => Ok(Some(*f)),
             Some(Value::F64(f)) => Ok(Some(*f as f32)),
-            Some(v) => v.as_int().map(|i| Some(i as f32)).ok_or_else(|| bad(key, v, "a number")),
+            Some(v) => v
+                .as_int()
+                .map(|i| Some(i as f32))
+                .ok_or_else(|| bad(key, v, "a number")),
         }
     }
 
     fn str_opt(&self, key: &str) -> Result<Option<String>> {
         match self.file.get(key) {
             None => Ok(None),
-            Some(v) => v.as_str().map(|s| Some(s.to_string())).ok_or_else(|| bad(key, v, "a string")),
+            Some(v) => v
+                .as_str()
+                .map(|s| Some(s.to_string()))
+                .ok_or_else(|| bad(key, v, "a string")),
         }
     }
 
@@ -77,7 +87,9 @@ impl ModelSource for GgufSource {
     }
 
     fn u64_array_opt(&self, key: &str) -> Result<Option<Vec<u64>>> {
-        let Some(v) = self.file.get(key) else { return Ok(None) };
+        let Some(v) = self.file.get(key) else {
+            return Ok(None);
+        };
         let Some(a) = v.as_array() else {
             // A scalar where an array may stand (a pattern length): not an array.
             return Ok(None);
@@ -94,16 +106,26 @@ impl ModelSource for GgufSource {
             Array::I64(x) => x.iter().map(|&x| u64::try_from(x).ok()).collect(),
             _ => None,
         };
-        out.map(Some).ok_or_else(|| bad(key, v, "an array of non-negative integers"))
+        out.map(Some)
+            .ok_or_else(|| bad(key, v, "an array of non-negative integers"))
     }
 
     fn tensor(&self, name: &str) -> Option<HostTensor> {
         let t = self.file.tensor(name)?;
         let start = self.file.data_offset().checked_add(t.offset)?;
         let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(FileBytes(self.file.clone()));
-        let bytes = SharedBytes::new(owner, usize::try_from(start).ok()?, usize::try_from(t.n_bytes).ok()?)?;
+        let bytes = SharedBytes::new(
+            owner,
+            usize::try_from(start).ok()?,
+            usize::try_from(t.n_bytes).ok()?,
+        )?;
         // ggml ne = [in, out, ...]; HF order is the reverse.
         let shape: Vec<usize> = t.dims.iter().rev().map(|&d| d as usize).collect();
-        Some(HostTensor { name: name.to_string(), ty: t.ty, shape, bytes })
+        Some(HostTensor {
+            name: name.to_string(),
+            ty: t.ty,
+            shape,
+            bytes,
+        })
     }
 }

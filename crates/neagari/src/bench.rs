@@ -53,7 +53,11 @@ struct Report {
 fn mean_sd(v: &[f64]) -> (f64, f64) {
     let n = v.len() as f64;
     let m = v.iter().sum::<f64>() / n;
-    let var = if v.len() > 1 { v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    let var = if v.len() > 1 {
+        v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
     (m, var.sqrt())
 }
 
@@ -107,7 +111,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
     }
     let peak = crate::load::peak_rss_bytes();
-    let bw = if args.no_bandwidth { None } else { Some(measure_read_bandwidth(&l.be)) };
+    let bw = if args.no_bandwidth {
+        None
+    } else {
+        Some(measure_read_bandwidth(&l.be))
+    };
     let pp_s = (!pp.is_empty()).then(|| mean_sd(&pp));
     let tg_s = (!tg.is_empty()).then(|| mean_sd(&tg));
     let share = match (bw, tg_s) {
@@ -139,16 +147,29 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     println!("| --- | ---: | --- | --- | ---: |");
     let size = format!("{:.2} MiB", l.file_bytes as f64 / (1u64 << 20) as f64);
     if let Some((m, sd)) = pp_s {
-        println!("| {} | {size} | {} | pp{} | {m:.2} ± {sd:.2} |", info.name, rep.backend, args.n_prompt);
+        println!(
+            "| {} | {size} | {} | pp{} | {m:.2} ± {sd:.2} |",
+            info.name, rep.backend, args.n_prompt
+        );
     }
     if let Some((m, sd)) = tg_s {
-        println!("| {} | {size} | {} | tg{} | {m:.2} ± {sd:.2} |", info.name, rep.backend, args.n_gen);
+        println!(
+            "| {} | {size} | {} | tg{} | {m:.2} ± {sd:.2} |",
+            info.name, rep.backend, args.n_gen
+        );
     }
     println!();
     println!("peak RSS: {:.1} MiB", peak as f64 / (1u64 << 20) as f64);
-    println!("weight bytes read per decoded token: {:.1} MiB", info.decode_bytes as f64 / (1u64 << 20) as f64);
+    println!(
+        "weight bytes read per decoded token: {:.1} MiB",
+        info.decode_bytes as f64 / (1u64 << 20) as f64
+    );
     if let Some(bw) = bw {
-        println!("measured read bandwidth ({} threads): {:.1} GB/s", l.be.threads(), bw / 1e9);
+        println!(
+            "measured read bandwidth ({} threads): {:.1} GB/s",
+            l.be.threads(),
+            bw / 1e9
+        );
     }
     if let Some(s) = share {
         println!("decode uses {:.0}% of it", s * 100.0);
@@ -166,9 +187,13 @@ fn measure_read_bandwidth(be: &neagari_backend::cpu::CpuBackend) -> f64 {
     let mut best: f64 = 0.0;
     for _ in 0..3 {
         let t = Instant::now();
-        let sums: Vec<std::sync::atomic::AtomicU32> = (0..threads).map(|_| Default::default()).collect();
+        let sums: Vec<std::sync::atomic::AtomicU32> =
+            (0..threads).map(|_| Default::default()).collect();
         be.pool().run(threads, |i| {
-            let s = neagari_backend::cpu::simd::dot(&buf[i * per..(i + 1) * per], &buf[i * per..(i + 1) * per]);
+            let s = neagari_backend::cpu::simd::dot(
+                &buf[i * per..(i + 1) * per],
+                &buf[i * per..(i + 1) * per],
+            );
             sums[i].store(s.to_bits(), std::sync::atomic::Ordering::Relaxed);
         });
         best = best.max((per * threads * 4) as f64 / t.elapsed().as_secs_f64());

@@ -30,9 +30,14 @@ const HELP: &str = "commands: /new (forget the conversation), /system TEXT (set 
 
 pub fn run(a: &ChatArgs) -> Result<()> {
     let l = Loaded::open(&a.model, true)?;
-    let template = l.template.as_ref().context("the model has no chat template and no built-in format is known")?;
+    let template = l
+        .template
+        .as_ref()
+        .context("the model has no chat template and no built-in format is known")?;
     if l.template_builtin {
-        eprintln!("neagari: the file has no chat template; using the built-in format of its architecture");
+        eprintln!(
+            "neagari: the file has no chat template; using the built-in format of its architecture"
+        );
     }
     let mut sess = l.session(l.n_ctx)?;
     let mut sampler = Sampler::new(a.sample.config());
@@ -76,8 +81,13 @@ pub fn run(a: &ChatArgs) -> Result<()> {
         }
         msgs.extend(history.iter().cloned());
         let text = template.render(&msgs, None, true, &Default::default())?;
-        let bos = l.tokenizer.bos().map(|b| String::from_utf8_lossy(&l.tokenizer.token_to_piece(b, true)).into_owned());
-        let add_special = !bos.as_deref().is_some_and(|b| !b.is_empty() && text.starts_with(b));
+        let bos = l
+            .tokenizer
+            .bos()
+            .map(|b| String::from_utf8_lossy(&l.tokenizer.token_to_piece(b, true)).into_owned());
+        let add_special = !bos
+            .as_deref()
+            .is_some_and(|b| !b.is_empty() && text.starts_with(b));
         let prompt = l.tokenizer.encode(&text, add_special, true);
         if prompt.len() + 1 >= l.n_ctx {
             eprintln!("(the conversation has {} tokens and no longer fits the context of {}; /new to start over)", prompt.len(), l.n_ctx);

@@ -72,8 +72,16 @@ pub struct Stats {
 impl Stats {
     pub fn line(&self) -> String {
         let pre = self.prompt_tokens - self.cached_tokens;
-        let pp = if self.prefill_s > 0.0 { pre as f64 / self.prefill_s } else { 0.0 };
-        let tg = if self.decode_s > 0.0 { self.gen_tokens.saturating_sub(1) as f64 / self.decode_s } else { 0.0 };
+        let pp = if self.prefill_s > 0.0 {
+            pre as f64 / self.prefill_s
+        } else {
+            0.0
+        };
+        let tg = if self.decode_s > 0.0 {
+            self.gen_tokens.saturating_sub(1) as f64 / self.decode_s
+        } else {
+            0.0
+        };
         format!(
             "prefill {pre} tok ({} cached) {pp:.1} tok/s | decode {} tok {tg:.1} tok/s | stop: {}",
             self.cached_tokens, self.gen_tokens, self.stopped_by
@@ -118,9 +126,16 @@ pub fn generate(
     max_tokens: usize,
     mut emit: impl FnMut(&str),
 ) -> Result<(Vec<u32>, Stats)> {
-    let mut st = Stats { prompt_tokens: prompt.len(), ..Default::default() };
+    let mut st = Stats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
     if prompt.len() >= sess.n_ctx() {
-        anyhow::bail!("the prompt has {} tokens but the context holds {} (raise --ctx-size)", prompt.len(), sess.n_ctx());
+        anyhow::bail!(
+            "the prompt has {} tokens but the context holds {} (raise --ctx-size)",
+            prompt.len(),
+            sess.n_ctx()
+        );
     }
     let t = Instant::now();
     let keep = sess.reuse_prefix(&l.be, prompt)?;
@@ -129,7 +144,13 @@ pub fn generate(
         sampler.accept(tok);
     }
     let mut logits = sess
-        .prefill(l.model.as_ref(), &l.be, &prompt[keep..], l.n_batch, |_, _| true)?
+        .prefill(
+            l.model.as_ref(),
+            &l.be,
+            &prompt[keep..],
+            l.n_batch,
+            |_, _| true,
+        )?
         .unwrap_or_default();
     for &tok in &prompt[keep..] {
         sampler.accept(tok);

@@ -23,7 +23,11 @@ fn short(v: &Value) -> String {
         Value::String(s) => {
             let one_line = s.replace('\n', "\\n");
             if one_line.chars().count() > 80 {
-                format!("\"{}…\" ({} bytes)", one_line.chars().take(77).collect::<String>(), s.len())
+                format!(
+                    "\"{}…\" ({} bytes)",
+                    one_line.chars().take(77).collect::<String>(),
+                    s.len()
+                )
             } else {
                 format!("\"{one_line}\"")
             }
@@ -31,14 +35,43 @@ fn short(v: &Value) -> String {
         Value::Array(a) => {
             let n = array_len(a);
             let head = match a {
-                Array::String(s) => s.iter().take(3).map(|x| format!("{x:?}")).collect::<Vec<_>>().join(", "),
-                Array::F32(x) => x.iter().take(3).map(|x| x.to_string()).collect::<Vec<_>>().join(", "),
-                Array::I32(x) => x.iter().take(3).map(|x| x.to_string()).collect::<Vec<_>>().join(", "),
-                Array::U32(x) => x.iter().take(3).map(|x| x.to_string()).collect::<Vec<_>>().join(", "),
-                Array::Bool(x) => x.iter().take(3).map(|x| x.to_string()).collect::<Vec<_>>().join(", "),
+                Array::String(s) => s
+                    .iter()
+                    .take(3)
+                    .map(|x| format!("{x:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                Array::F32(x) => x
+                    .iter()
+                    .take(3)
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                Array::I32(x) => x
+                    .iter()
+                    .take(3)
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                Array::U32(x) => x
+                    .iter()
+                    .take(3)
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                Array::Bool(x) => x
+                    .iter()
+                    .take(3)
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 _ => String::new(),
             };
-            format!("{} [{n}] [{head}{}]", a.elem_type().name(), if n > 3 { ", …" } else { "" })
+            format!(
+                "{} [{n}] [{head}{}]",
+                a.elem_type().name(),
+                if n > 3 { ", …" } else { "" }
+            )
         }
         Value::F32(f) => f.to_string(),
         Value::F64(f) => f.to_string(),
@@ -82,40 +115,81 @@ pub fn run(a: &InspectArgs) -> Result<()> {
         println!("  {k:<48} {:<10} {}", v.type_desc(), short(v));
     }
     println!("\ntensors:");
-    println!("  {:<40} {:<8} {:<22} {:>12}", "name", "type", "shape (ne)", "bytes");
+    println!(
+        "  {:<40} {:<8} {:<22} {:>12}",
+        "name", "type", "shape (ne)", "bytes"
+    );
     let mut by_type: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
     for (i, t) in g.tensors().iter().enumerate() {
         let e = by_type.entry(t.ty.name()).or_default();
         e.0 += 1;
         e.1 += t.n_bytes;
         if a.all || i < 40 {
-            let shape = t.dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" x ");
-            println!("  {:<40} {:<8} {:<22} {:>12}", t.name, t.ty.name(), shape, t.n_bytes);
+            let shape = t
+                .dims
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(" x ");
+            println!(
+                "  {:<40} {:<8} {:<22} {:>12}",
+                t.name,
+                t.ty.name(),
+                shape,
+                t.n_bytes
+            );
         } else if i == 40 {
             println!("  … {} more (--all lists them)", g.tensors().len() - 40);
         }
     }
     println!("\nby type:");
     for (ty, (n, b)) in &by_type {
-        println!("  {ty:<8} {n:>5} tensors {:>10.2} MiB", *b as f64 / (1u64 << 20) as f64);
+        println!(
+            "  {ty:<8} {n:>5} tensors {:>10.2} MiB",
+            *b as f64 / (1u64 << 20) as f64
+        );
     }
     println!("\ntokenizer:");
     match tokenizer_from_gguf(&g) {
         Ok(t) => {
-            let model = g.get("tokenizer.ggml.model").and_then(|v| v.as_str()).unwrap_or("?");
-            let pre = g.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).unwrap_or("-");
-            println!("  model {model}, pre {pre}, {} tokens, bos {:?}, eos {:?}, eot {:?}", t.n_vocab(), t.bos(), t.eos(), t.eot());
+            let model = g
+                .get("tokenizer.ggml.model")
+                .and_then(|v| v.as_str())
+                .unwrap_or("?");
+            let pre = g
+                .get("tokenizer.ggml.pre")
+                .and_then(|v| v.as_str())
+                .unwrap_or("-");
+            println!(
+                "  model {model}, pre {pre}, {} tokens, bos {:?}, eos {:?}, eot {:?}",
+                t.n_vocab(),
+                t.bos(),
+                t.eos(),
+                t.eot()
+            );
         }
         Err(e) => println!("  unusable: {e:#}"),
     }
     println!("\nchat template:");
     match g.get("tokenizer.chat_template").and_then(|v| v.as_str()) {
-        Some(s) => println!("  {} bytes, first line: {}", s.len(), s.lines().next().unwrap_or("")),
+        Some(s) => println!(
+            "  {} bytes, first line: {}",
+            s.len(),
+            s.lines().next().unwrap_or("")
+        ),
         None => {
-            let arch = g.get("general.architecture").and_then(|v| v.as_str()).unwrap_or("");
+            let arch = g
+                .get("general.architecture")
+                .and_then(|v| v.as_str())
+                .unwrap_or("");
             match neagari_tokenizer::chat_template::detect_builtin(arch, None) {
-                Some(f) => println!("  none in the file; the built-in '{}' format of its architecture applies", f.name()),
-                None => println!("  none in the file, and no built-in format for this architecture"),
+                Some(f) => println!(
+                    "  none in the file; the built-in '{}' format of its architecture applies",
+                    f.name()
+                ),
+                None => {
+                    println!("  none in the file, and no built-in format for this architecture")
+                }
             }
         }
     }

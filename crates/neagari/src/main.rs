@@ -15,7 +15,11 @@ use clap::{Parser, Subcommand};
 use neagari_backend::KvType;
 
 #[derive(Parser)]
-#[command(name = "neagari", version, about = "Inference engine for low-bit LLMs (GGUF)")]
+#[command(
+    name = "neagari",
+    version,
+    about = "Inference engine for low-bit LLMs (GGUF)"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

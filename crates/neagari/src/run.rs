@@ -19,7 +19,12 @@ pub struct RunArgs {
     #[arg(short = 'p', long = "prompt")]
     pub prompt: String,
     /// Tokens to generate at most (-1: until the end of the context).
-    #[arg(short = 'n', long = "n-predict", default_value_t = 256, allow_negative_numbers = true)]
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = 256,
+        allow_negative_numbers = true
+    )]
     pub n_predict: i64,
     /// Apply the model's chat template to the prompt (a user turn).
     #[arg(long)]
@@ -35,7 +40,10 @@ pub struct RunArgs {
 pub fn run(a: &RunArgs) -> Result<()> {
     let l = Loaded::open(&a.model, a.chat)?;
     let text = if a.chat {
-        let t = l.template.as_ref().context("the model has no chat template and no built-in format is known")?;
+        let t = l
+            .template
+            .as_ref()
+            .context("the model has no chat template and no built-in format is known")?;
         if l.template_builtin {
             eprintln!("neagari: the file has no chat template; using the built-in format of its architecture");
         }
@@ -52,9 +60,17 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let add_special = !a.chat || !text.starts_with(&bos_text(&l));
     let prompt = l.tokenizer.encode(&text, add_special, true);
     if prompt.len() >= l.n_ctx {
-        anyhow::bail!("the prompt has {} tokens but the context holds {} (raise --ctx-size)", prompt.len(), l.n_ctx);
+        anyhow::bail!(
+            "the prompt has {} tokens but the context holds {} (raise --ctx-size)",
+            prompt.len(),
+            l.n_ctx
+        );
     }
-    let max = if a.n_predict < 0 { usize::MAX } else { a.n_predict as usize };
+    let max = if a.n_predict < 0 {
+        usize::MAX
+    } else {
+        a.n_predict as usize
+    };
     let mut sess = l.session(l.n_ctx)?;
     let mut sampler = Sampler::new(a.sample.config());
     let mut stdout = std::io::stdout().lock();

@@ -7,6 +7,7 @@
 //! `shared/reference/TOKENIZERS.md`.
 
 mod bpe;
+pub mod chat_template;
 pub mod hf;
 mod pre_types;
 pub mod pretokenize;
@@ -15,7 +16,6 @@ mod spm;
 pub mod unicode;
 mod unicode_data;
 pub mod vocab;
-pub mod chat_template;
 
 use aho_corasick::AhoCorasick;
 

@@ -8,10 +8,11 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// How long a worker spins for the next job before parking.
-const SPIN: Duration = Duration::from_micros(200);
+/// How many times a worker polls for the next job before parking (~100 µs or more:
+/// the next op of a forward pass follows within microseconds).
+const SPIN_POLLS: u32 = 20_000;
 
 type Job = dyn Fn(usize) + Sync + 'static;
 
@@ -139,7 +140,7 @@ fn worker(s: Arc<Shared>) {
     let mut seen = 0u64;
     loop {
         // Wait for a new generation: spin, then park.
-        let start = Instant::now();
+        let mut polls = 0u32;
         loop {
             if s.shutdown.load(Ordering::Acquire) {
                 return;
@@ -149,7 +150,8 @@ fn worker(s: Arc<Shared>) {
                 seen = g;
                 break;
             }
-            if start.elapsed() < SPIN {
+            if polls < SPIN_POLLS {
+                polls += 1;
                 std::hint::spin_loop();
                 continue;
             }
