@@ -215,7 +215,9 @@ def main() -> None:
     ]
     sides = {"llama.cpp": llama_cmd}
     if not args.llama_only:
-        if args.neagari and os.access(args.neagari, os.X_OK):
+        if not args.neagari:
+            print("note: no --neagari binary given; llama.cpp side only", file=sys.stderr)
+        elif os.access(args.neagari, os.X_OK):
             sides["neagari"] = [
                 args.neagari, "bench", "-m", args.model, "-p", str(args.n_prompt),
                 "-n", str(args.n_gen), "-r", "1", "-t", str(args.threads), "--json",
@@ -224,6 +226,9 @@ def main() -> None:
             print(f"note: neagari binary {args.neagari!r} not found/executable; llama.cpp side only",
                   file=sys.stderr)
 
+    # Load average before and after: on a shared machine it tells whether numbers mean anything
+    # (llama.cpp's threads spin at barriers, so tg collapses when the cores are oversubscribed).
+    load0 = os.getloadavg()[0]
     res = {k: {"pp": [], "tg": [], "rss": [], "errors": []} for k in sides}
     names = list(sides)
     for r in range(args.rounds):
@@ -251,9 +256,10 @@ def main() -> None:
                   f" (self-reported {(j.get('peak_rss_bytes') or 0) / 2**20:.0f} MiB)",
                   flush=True)
 
+    load = f"{load0:.1f}->{os.getloadavg()[0]:.1f}"
     print()
     print(f"model {os.path.basename(args.model)}, threads {args.threads}, rounds {args.rounds},"
-          f" llama.cpp flash_attn={args.flash_attn}")
+          f" llama.cpp flash_attn={args.flash_attn}, load avg {load} on {os.cpu_count()} CPUs")
     print(f"{'side':10} {'pp' + str(args.n_prompt) + ' tok/s':>18} {'tg' + str(args.n_gen) + ' tok/s':>16}"
           f" {'peak RSS MiB':>14}")
     for name in names:
@@ -273,17 +279,21 @@ def main() -> None:
         path = Path(args.markdown)
         new = not path.exists() or path.stat().st_size == 0
         l, n = res["llama.cpp"], res.get("neagari", {"pp": [], "tg": [], "rss": []})
+
+        def ratio_s(key: str) -> str:
+            return f"{ratios[key]:.3f}" if key in ratios else "—"
+
         with path.open("a", encoding="utf-8") as f:
             if new:
                 f.write("| date | commit | model | t | rounds | llama.cpp pp | llama.cpp tg | "
-                        "neagari pp | neagari tg | pp ratio | tg ratio | RSS MiB llama.cpp / neagari |\n")
-                f.write("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+                        "neagari pp | neagari tg | pp ratio | tg ratio | RSS MiB llama.cpp / neagari | load |\n")
+                f.write("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
             rss = f"{fmt(l['rss'], 2**20, 0)} / {fmt(n['rss'], 2**20, 0)}"
             f.write(
                 f"| {dt.date.today().isoformat()} | {git_rev()} | {os.path.basename(args.model)} "
                 f"| {args.threads} | {args.rounds} | {fmt(l['pp'])} | {fmt(l['tg'])} | {fmt(n['pp'])} "
-                f"| {fmt(n['tg'])} | {ratios.get('pp', float('nan')):.3f} | {ratios.get('tg', float('nan')):.3f} "
-                f"| {rss} |\n"
+                f"| {fmt(n['tg'])} | {ratio_s('pp')} | {ratio_s('tg')} "
+                f"| {rss} | {load} |\n"
             )
         print(f"appended a row to {path}")
 
