@@ -262,9 +262,10 @@ fn every_legacy_type_has_a_kernel_and_a_matching_activation_format() {
 }
 
 #[test]
-fn activation_quantizers_round_half_away_from_zero() {
-    // Values that land exactly on .5 after scaling by 127/amax: ties must round away from
-    // zero in both quantizers (ggml's roundf), not to even.
+fn activation_quantizers_round_half_to_even() {
+    // Values that land exactly on .5 after scaling by 127/amax: ties round to even in both
+    // quantizers, as llama.cpp's run-time x86 quantize_row_q8_0/q8_1 do (_mm256_round_ps
+    // with _MM_ROUND_NEAREST), unlike ggml's `_ref` (roundf).
     let feats = CpuFeatures::detect();
     let mut x = vec![0f32; 64];
     x[..5].copy_from_slice(&[127.0, 2.5, -0.5, 0.5, -2.5]);
@@ -283,13 +284,13 @@ fn activation_quantizers_round_half_away_from_zero() {
                 &out,
                 64,
             );
-            // amax = 127 in both blocks → d = 1 exactly, so x itself is rounded. Ties to
-            // even would give 2, 0, 0, −2 and 126, −126 here.
-            let want = [127.0, 3.0, -1.0, 1.0, -3.0];
+            // amax = 127 in both blocks → d = 1 exactly, so x itself is rounded. roundf
+            // would give 3, −1, 1, −3 and 127, −127 here.
+            let want = [127.0, 2.0, -0.0, 0.0, -2.0];
             assert_eq!(vals[..5], want, "{ty} {}", k.isa);
             assert_eq!(
                 vals[32..37],
-                [-127.0, 2.0, -2.0, 127.0, -127.0],
+                [-127.0, 2.0, -2.0, 126.0, -126.0],
                 "{ty} {}",
                 k.isa
             );

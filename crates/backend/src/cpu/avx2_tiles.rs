@@ -280,23 +280,18 @@ pub(crate) unsafe fn quantize_block_q8(x: *const f32, q: *mut i8) -> (f32, i32) 
     let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     let m = _mm_max_ss(m, _mm_movehdup_ps(m));
     let amax = _mm_cvtss_f32(m);
+    // llama.cpp's run-time quantizer (quantize_row_q8_0 on x86), not the `_ref` one: the
+    // multiplier is 127 / amax and rounding is to nearest even. Matching it keeps the int8
+    // activations, and so the whole forward pass, closest to llama.cpp's.
     let d = amax / 127.0;
-    let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
-    let half = _mm256_set1_ps(0.5);
-    let one = _mm256_set1_ps(1.0);
+    let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
     let mut iq = [_mm256_setzero_si256(); 4];
     for (o, &xv) in iq.iter_mut().zip(&v) {
         let y = _mm256_mul_ps(xv, id);
-        // roundf: truncate, then step one away from zero when the dropped part is ≥ 0.5.
-        // Every step is exact, so this equals the scalar `f32::round` bit for bit.
-        let t = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-        let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(y, t));
-        let away = _mm256_or_ps(_mm256_and_ps(y, sign), one);
-        let r = _mm256_add_ps(
-            t,
-            _mm256_and_ps(_mm256_cmp_ps(frac, half, _CMP_GE_OQ), away),
-        );
-        *o = _mm256_cvttps_epi32(r);
+        *o = _mm256_cvtps_epi32(_mm256_round_ps(
+            y,
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+        ));
     }
     let sum = _mm256_add_epi32(
         _mm256_add_epi32(iq[0], iq[1]),

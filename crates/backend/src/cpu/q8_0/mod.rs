@@ -49,7 +49,12 @@ fn gemm_scalar(
 /// # Panics
 /// If `x.len()` is not a multiple of 32 or `out` is not `x.len() / 32 * 34` bytes.
 pub(crate) fn quantize_act_scalar(x: &[f32], out: &mut [u8]) {
-    q8_0::quantize_row(x, bytemuck::cast_slice_mut(out));
+    let blocks: &mut [q8_0::BlockQ8_0] = bytemuck::cast_slice_mut(out);
+    assert_eq!(x.len(), blocks.len() * 32, "Q8_0 activation row");
+    for (b, xs) in blocks.iter_mut().zip(x.chunks_exact(32)) {
+        let (d, _) = crate::cpu::q8_1::quantize_block_runtime(xs, &mut b.qs);
+        b.d = neagari_quant::float::f32_to_f16(d);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
