@@ -25,6 +25,7 @@ pub struct Perplexity {
 
 /// Scores `tokens` in `n_chunk` chunks of `sess.n_ctx()` tokens. `bos` replaces each
 /// chunk's first token when the model adds BOS. `on_chunk(i, ppl_so_far)` reports progress.
+#[allow(clippy::too_many_arguments)]
 pub fn perplexity<B: Backend>(
     model: &dyn CausalLm<B>,
     be: &B,

@@ -255,10 +255,10 @@ impl Raw {
     }
     /// Zero padding to a multiple of `a`, then `n` data bytes.
     pub fn pad_data(&mut self, a: usize, n: usize) -> &mut Self {
-        while self.0.len() % a != 0 {
+        while !self.0.len().is_multiple_of(a) {
             self.0.push(0);
         }
-        self.0.extend(std::iter::repeat(0xAB).take(n));
+        self.0.extend(std::iter::repeat_n(0xAB, n));
         self
     }
 }
