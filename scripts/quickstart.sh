@@ -27,7 +27,7 @@ fi
 
 args=("$@")
 if [[ ${#args[@]} -eq 0 ]]; then
-  args=(-p "def fibonacci(n):" -n 64)
+  args=(-p "def fibonacci(n):" -n 64 --temp 0)
 fi
 echo "==> neagari run -m $model ${args[*]}"
 exec target/release/neagari run -m "$model" "${args[@]}"
