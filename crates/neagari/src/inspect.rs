@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use std::fmt::Write as _;
+
 use anyhow::Result;
 use neagari_formats::{Array, Value};
 
@@ -100,8 +102,11 @@ fn array_len(a: &Array) -> usize {
 
 pub fn run(a: &InspectArgs) -> Result<()> {
     let g = open_gguf(&a.file)?;
-    println!("file: {}", a.file.display());
-    println!(
+    // Built whole, then written once: a closed pipe (`| head`) is not an error worth a panic.
+    let mut o = String::new();
+    writeln!(o, "file: {}", a.file.display()).ok();
+    writeln!(
+        o,
         "GGUF v{}, {} metadata keys, {} tensors, alignment {}, data at byte {}, {} bytes",
         g.version(),
         g.metadata().len(),
@@ -109,16 +114,19 @@ pub fn run(a: &InspectArgs) -> Result<()> {
         g.alignment(),
         g.data_offset(),
         g.file_size()
-    );
-    println!("\nmetadata:");
+    )
+    .ok();
+    writeln!(o, "\nmetadata:").ok();
     for (k, v) in g.metadata().iter() {
-        println!("  {k:<48} {:<10} {}", v.type_desc(), short(v));
+        writeln!(o, "  {k:<48} {:<10} {}", v.type_desc(), short(v)).ok();
     }
-    println!("\ntensors:");
-    println!(
+    writeln!(o, "\ntensors:").ok();
+    writeln!(
+        o,
         "  {:<40} {:<8} {:<22} {:>12}",
         "name", "type", "shape (ne)", "bytes"
-    );
+    )
+    .ok();
     let mut by_type: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
     for (i, t) in g.tensors().iter().enumerate() {
         let e = by_type.entry(t.ty.name()).or_default();
@@ -131,25 +139,29 @@ pub fn run(a: &InspectArgs) -> Result<()> {
                 .map(|d| d.to_string())
                 .collect::<Vec<_>>()
                 .join(" x ");
-            println!(
+            writeln!(
+                o,
                 "  {:<40} {:<8} {:<22} {:>12}",
                 t.name,
                 t.ty.name(),
                 shape,
                 t.n_bytes
-            );
+            )
+            .ok();
         } else if i == 40 {
-            println!("  … {} more (--all lists them)", g.tensors().len() - 40);
+            writeln!(o, "  … {} more (--all lists them)", g.tensors().len() - 40).ok();
         }
     }
-    println!("\nby type:");
+    writeln!(o, "\nby type:").ok();
     for (ty, (n, b)) in &by_type {
-        println!(
+        writeln!(
+            o,
             "  {ty:<8} {n:>5} tensors {:>10.2} MiB",
             *b as f64 / (1u64 << 20) as f64
-        );
+        )
+        .ok();
     }
-    println!("\ntokenizer:");
+    writeln!(o, "\ntokenizer:").ok();
     match tokenizer_from_gguf(&g) {
         Ok(t) => {
             let model = g
@@ -160,38 +172,49 @@ pub fn run(a: &InspectArgs) -> Result<()> {
                 .get("tokenizer.ggml.pre")
                 .and_then(|v| v.as_str())
                 .unwrap_or("-");
-            println!(
+            writeln!(
+                o,
                 "  model {model}, pre {pre}, {} tokens, bos {:?}, eos {:?}, eot {:?}",
                 t.n_vocab(),
                 t.bos(),
                 t.eos(),
                 t.eot()
-            );
+            )
+            .ok();
         }
-        Err(e) => println!("  unusable: {e:#}"),
+        Err(e) => {
+            writeln!(o, "  unusable: {e:#}").ok();
+        }
     }
-    println!("\nchat template:");
+    writeln!(o, "\nchat template:").ok();
     match g.get("tokenizer.chat_template").and_then(|v| v.as_str()) {
-        Some(s) => println!(
+        Some(s) => writeln!(
+            o,
             "  {} bytes, first line: {}",
             s.len(),
             s.lines().next().unwrap_or("")
-        ),
+        )
+        .ok(),
         None => {
             let arch = g
                 .get("general.architecture")
                 .and_then(|v| v.as_str())
                 .unwrap_or("");
             match neagari_tokenizer::chat_template::detect_builtin(arch, None) {
-                Some(f) => println!(
+                Some(f) => writeln!(
+                    o,
                     "  none in the file; the built-in '{}' format of its architecture applies",
                     f.name()
-                ),
-                None => {
-                    println!("  none in the file, and no built-in format for this architecture")
-                }
+                )
+                .ok(),
+                None => writeln!(
+                    o,
+                    "  none in the file, and no built-in format for this architecture"
+                )
+                .ok(),
             }
         }
-    }
+    };
+    let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), o.as_bytes());
     Ok(())
 }
