@@ -9,6 +9,8 @@ mod ops;
 mod avx2_panels;
 #[cfg(target_arch = "x86_64")]
 mod avx2_tiles;
+#[cfg(target_arch = "x86_64")]
+mod avx512_tiles;
 mod tiles;
 
 // Unquantized and legacy 32-weight block formats.
@@ -132,7 +134,8 @@ impl CpuMat {
         &self.bytes.as_slice()[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
-    /// Which kernel implementation multiplies this matrix ("avx2", "scalar", or "none").
+    /// Which kernel implementation multiplies this matrix ("avx512vnni", "avx2", "scalar", or
+    /// "none").
     pub fn isa(&self) -> &'static str {
         self.kernel.map(|k| k.isa).unwrap_or("none")
     }
@@ -168,6 +171,9 @@ impl Backend for CpuBackend {
     fn name(&self) -> String {
         let isa = if self.scalar_only {
             "scalar"
+        } else if self.feats.has_avx512vnni() {
+            // Decode GEMVs of the legacy formats; everything else runs the AVX2 kernels.
+            "avx2+avx512vnni"
         } else if self.feats.has_avx2() {
             "avx2"
         } else {
@@ -353,7 +359,7 @@ impl Backend for CpuBackend {
 
     fn rms_norm_inplace(&self, x: &mut CpuBuf, w: &Vec<f32>, eps: f32) -> Result<()> {
         let g = w.len();
-        if g == 0 || x.cols % g != 0 {
+        if g == 0 || !x.cols.is_multiple_of(g) {
             return Err(shape_err(
                 "rms_norm",
                 format!("{} cols, weight of {g}", x.cols),
@@ -422,7 +428,11 @@ impl Backend for CpuBackend {
         rope: &Rope,
         freq_factors: Option<&Vec<f32>>,
     ) -> Result<()> {
-        if head_dim == 0 || x.cols % head_dim != 0 || rope.dims > head_dim || rope.dims % 2 != 0 {
+        if head_dim == 0
+            || !x.cols.is_multiple_of(head_dim)
+            || rope.dims > head_dim
+            || !rope.dims.is_multiple_of(2)
+        {
             return Err(shape_err(
                 "rope",
                 format!("{} cols, head_dim {head_dim}, dims {}", x.cols, rope.dims),
@@ -452,7 +462,7 @@ impl Backend for CpuBackend {
         let vec_bytes = match s.ty {
             KvType::F16 => s.head_dim * 2,
             KvType::Q8_0 => {
-                if s.head_dim % 32 != 0 {
+                if !s.head_dim.is_multiple_of(32) {
                     return Err(shape_err(
                         "kv_alloc",
                         format!("q8_0 KV needs head_dim % 32 == 0, got {}", s.head_dim),
