@@ -6,8 +6,8 @@
 //! Per weight row and pair of blocks: one zmm of 64 unsigned quants `q` (block `b` in bytes
 //! 0..32, block `b + 1` in 32..64) meets the activation's 64 signed quants `a` in one
 //! `vpdpbusd` (u8 × i8, four products summed per i32 lane). Every format is written as
-//! `x = (q − o) · d [+ m]` with `q` unsigned — Q8_0 flips its sign bits (`o` = 128), Q4_0 /
-//! Q5_0 are stored that way (`o` = 8 / 16) — so `Σ(q − o)·a = Σq·a − o·Σa`, and `−o·Σa` per
+//! `x = (q − o) · d [+ m]` with `q` unsigned: Q8_0 flips its sign bits (`o` = 128), Q5_0 is
+//! stored that way (`o` = 16), so `Σ(q − o)·a = Σq·a − o·Σa`, and `−o·Σa` per
 //! i32 lane depends only on the activation: it is computed once per call and is the
 //! accumulator `vpdpbusd` starts from. The lane sums stay exact (|Σ| ≤ 4·255·128 + 4·128·128).
 //!
