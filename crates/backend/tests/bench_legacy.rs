@@ -167,3 +167,83 @@ fn bench_prefill_shapes() {
         }
     }
 }
+
+/// Decode GEMV at the shape of Gemma 3 270M's tied output head (k = 640, 262 144 rows;
+/// 178 MB of Q8_0, far beyond the L3), one thread, for every integer legacy type: weight
+/// GB/s from DRAM for the AVX2 kernel and the AVX-512 VNNI one (when the CPU has it), with
+/// 1 to 4 activation rows (GB/s·rows above one).
+#[test]
+#[ignore = "benchmark; run with --release -- --ignored --nocapture"]
+fn bench_decode_head() {
+    const K: usize = 640;
+    const NW: usize = 262_144;
+    let feats = CpuFeatures::detect();
+    let avx2_only = CpuFeatures {
+        avx512f: false,
+        avx512vnni: false,
+        ..feats
+    };
+    let mut rng = StdRng::seed_from_u64(13);
+    // NEAGARI_BENCH_TYPES=Q8_0,Q5_0 picks types (default: all five).
+    let pick = std::env::var("NEAGARI_BENCH_TYPES").unwrap_or_default();
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_1,
+    ] {
+        if !pick.is_empty() && !pick.split(',').any(|p| p == ty.to_string()) {
+            continue;
+        }
+        let wrb = ty.row_bytes(K).unwrap();
+        let mut w = vec![0u8; NW * wrb]; // [NW × wrb]
+        let mut x = vec![0f32; K];
+        for row in w.chunks_exact_mut(wrb) {
+            x.iter_mut().for_each(|v| *v = rng.gen_range(-1.0f32..1.0));
+            quantize_row(ty, &x, row).unwrap();
+        }
+        let acts: Vec<f32> = (0..4 * K).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let mut out = vec![0f32; 4 * NW]; // [4 × NW]
+        let gb = (NW * wrb) as f64 / 1e9;
+        // What one thread streams from DRAM with no compute: the ceiling of the lines below.
+        let words: &[u64] = bytemuck::cast_slice(&w[..w.len() / 8 * 8]);
+        let t = median_secs(
+            || {
+                std::hint::black_box(words.iter().fold(0u64, |s, &v| s.wrapping_add(v)));
+            },
+            5,
+            1.0,
+        );
+        println!("{ty:>5} plain read of the same bytes: {:6.2} GB/s", gb / t);
+        for f in [avx2_only, feats] {
+            let kern = kernel_for(ty, &f, false).unwrap();
+            if f.avx512vnni && kern.isa != "avx512vnni" {
+                println!("{ty}: no AVX-512 VNNI kernel on this CPU");
+                continue;
+            }
+            let arb = kern.act.row_bytes(K);
+            let mut a = vec![0u8; 4 * arb]; // [4 × arb]
+            for (row, xs) in a.chunks_exact_mut(arb).zip(acts.chunks_exact(K)) {
+                (kern.quantize_act)(xs, row);
+            }
+            let mut line = format!("{ty:>5} {:>10} k={K} nw={NW} ({gb:.3} GB):", kern.isa);
+            for na in 1..=4usize {
+                let t = median_secs(|| (kern.gemm)(K, &w, NW, &a, na, &mut out, NW), 5, 1.0);
+                line += &format!(
+                    " | na={na} {:6.2} GB/s {:7.2} ms",
+                    na as f64 * gb / t,
+                    t * 1e3
+                );
+            }
+            // The first rows only, few enough to stay in L2: the kernel's own ceiling.
+            let nw_l2 = 512 * 1024 / wrb;
+            let t = median_secs(|| (kern.gemm)(K, &w, nw_l2, &a, 1, &mut out, NW), 20, 0.5);
+            line += &format!(
+                " | L2-resident na=1 {:6.2} GB/s",
+                (nw_l2 * wrb) as f64 / 1e9 / t
+            );
+            println!("{line}");
+        }
+    }
+}

@@ -129,7 +129,7 @@ fn check_case(
         let x = random_row(rng, k);
         (kern.quantize_act)(&x, row);
         (portable.quantize_act)(&x, &mut a_portable);
-        // The AVX2 activation quantizers round exactly like ggml's roundf: no ±1 slack.
+        // The SIMD activation quantizers round exactly like ggml's roundf: no ±1 slack.
         assert_eq!(
             row,
             &a_portable[..],
@@ -174,12 +174,28 @@ fn run_type(ty: GgmlType, extra_k: &[usize]) {
     let portable = kernel_for(ty, &feats, true).expect("portable kernel");
     assert_eq!(portable.isa, "scalar");
     let mut kernels = vec![portable];
-    match kernel_for(ty, &feats, false) {
+    // The AVX2 kernels, also on a CPU that would pick AVX-512 for this type.
+    let avx2_only = CpuFeatures {
+        avx512f: false,
+        avx512vnni: false,
+        ..feats
+    };
+    match kernel_for(ty, &avx2_only, false) {
         Some(k) if k.isa == "avx2" => kernels.push(k),
         Some(k) if k.isa == "scalar" => {
             eprintln!("note: {ty}: CPU lacks AVX2/FMA/F16C, only the portable kernel is tested")
         }
         Some(k) => panic!("{ty}: unexpected kernel {}", k.isa),
+        None => panic!("{ty}: no kernel"),
+    }
+    match kernel_for(ty, &feats, false) {
+        Some(k) if k.isa == "avx512vnni" => kernels.push(k),
+        Some(k) if is_integer_legacy(ty) => eprintln!(
+            "note: {ty}: CPU lacks AVX-512 F/BW/VL/VNNI ({} picked), the VNNI kernel is not \
+             tested here",
+            k.isa
+        ),
+        Some(_) => {}
         None => panic!("{ty}: no kernel"),
     }
     let mut rng = StdRng::seed_from_u64(0x5eed ^ ty.id() as u64);
@@ -200,8 +216,29 @@ fn run_type(ty: GgmlType, extra_k: &[usize]) {
         for na in [3, 4, 7, 8, 9] {
             worst = worst.max(check_case(ty, kern, &portable, 640, 70, na, &mut rng));
         }
+        // Decode at Gemma 3 270M's k = 640 (20 blocks: a full and a partial 16-block scale
+        // group of the VNNI tile), with every 4-row weight tile tail and 1..=5 activation
+        // rows (both sides of the VNNI kernels' switch back to AVX2).
+        for nw in [1, 7, 70, 4096] {
+            for na in 1..=5 {
+                worst = worst.max(check_case(ty, kern, &portable, 640, nw, na, &mut rng));
+            }
+        }
+        // Odd block counts (a lone last block) and exactly one full scale group.
+        for k in [160, 512, 544, 608] {
+            worst = worst.max(check_case(ty, kern, &portable, k, 9, 1, &mut rng));
+        }
         eprintln!("{ty} {}: worst normalized error {worst:e}", kern.isa);
     }
+}
+
+/// The formats with AVX-512 VNNI decode kernels (Q4_0's measured slower than its AVX2 one,
+/// see docs/BENCHMARKS.md).
+fn is_integer_legacy(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
+    )
 }
 
 #[test]

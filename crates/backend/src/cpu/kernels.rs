@@ -93,6 +93,11 @@ impl CpuFeatures {
     pub fn has_avx512vl(&self) -> bool {
         self.has_avx2() && self.avx512f && self.avx512bw && self.avx512vl
     }
+
+    /// AVX-512 F/BW/VL with VNNI (`vpdpbusd` on zmm) on top of the AVX2 set.
+    pub fn has_avx512vnni(&self) -> bool {
+        self.has_avx512vl() && self.avx512vnni
+    }
 }
 
 /// The fastest kernel this CPU has for weights of type `ty`; `None` if the type has no

@@ -9,6 +9,8 @@ mod ops;
 mod avx2_panels;
 #[cfg(target_arch = "x86_64")]
 mod avx2_tiles;
+#[cfg(target_arch = "x86_64")]
+mod avx512_tiles;
 mod tiles;
 
 // Unquantized and legacy 32-weight block formats.
@@ -132,7 +134,8 @@ impl CpuMat {
         &self.bytes.as_slice()[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
-    /// Which kernel implementation multiplies this matrix ("avx2", "scalar", or "none").
+    /// Which kernel implementation multiplies this matrix ("avx512vnni", "avx2", "scalar", or
+    /// "none").
     pub fn isa(&self) -> &'static str {
         self.kernel.map(|k| k.isa).unwrap_or("none")
     }
@@ -168,6 +171,9 @@ impl Backend for CpuBackend {
     fn name(&self) -> String {
         let isa = if self.scalar_only {
             "scalar"
+        } else if self.feats.has_avx512vnni() {
+            // Decode GEMVs of the legacy formats; everything else runs the AVX2 kernels.
+            "avx2+avx512vnni"
         } else if self.feats.has_avx2() {
             "avx2"
         } else {

@@ -3,13 +3,24 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 use super::kernels::{ActFormat, CpuFeatures, MatKernel};
 use super::tiles::{check, scalar_gemm};
 use neagari_quant::q5_0;
 
-/// The Q5_0 kernel for this CPU (AVX2 when available and not `scalar_only`).
+/// The Q5_0 kernel for this CPU (AVX-512 VNNI for decode, else AVX2, when available and not `scalar_only`).
 pub(crate) fn kernel(feats: &CpuFeatures, scalar_only: bool) -> MatKernel {
+    #[cfg(target_arch = "x86_64")]
+    if feats.has_avx512vnni() && !scalar_only {
+        return MatKernel {
+            act: ActFormat::Q8_0,
+            quantize_act: super::q8_0::quantize_act_avx2,
+            gemm: super::avx512_tiles::gemm::<avx512::Q5_0>,
+            isa: "avx512vnni",
+        };
+    }
     #[cfg(target_arch = "x86_64")]
     if feats.has_avx2() && !scalar_only {
         return MatKernel {

@@ -1,0 +1,392 @@
+//! Decode GEMV (one to four activation rows) of the legacy 32-weight block formats with
+//! AVX-512 VNNI: the run-time feature check, the register tile shared by every format, and
+//! the `GemmFn` driver. A format only says how two of its blocks unpack to 64 unsigned
+//! bytes (its `avx512.rs`); prefill (more activation rows) stays on the AVX2 panels.
+//!
+//! Per weight row and pair of blocks: one zmm of 64 unsigned quants `q` (block `b` in bytes
+//! 0..32, block `b + 1` in 32..64) meets the activation's 64 signed quants `a` in one
+//! `vpdpbusd` (u8 × i8, four products summed per i32 lane). Every format is written as
+//! `x = (q − o) · d [+ m]` with `q` unsigned: Q8_0 flips its sign bits (`o` = 128), Q5_0 is
+//! stored that way (`o` = 16), so `Σ(q − o)·a = Σq·a − o·Σa`, and `−o·Σa` per
+//! i32 lane depends only on the activation: it is computed once per call and is the
+//! accumulator `vpdpbusd` starts from. The lane sums stay exact (|Σ| ≤ 4·255·128 + 4·128·128).
+//!
+//! Block scales: the f16 `d` (and `m`) of 16 blocks of a row come in with one gather and one
+//! `vcvtph2ps`, are multiplied by the 16 activation scales (converted once per call), and a
+//! `vpermps` spreads the pair's two scales over their 8 lanes each before one FMA per pair.
+//! The `m · s` terms of Q4_1 / Q5_1 are one FMA per 16 blocks.
+//!
+//! All functions here are compiled with AVX-512 F/BW/VL/VNNI (plus the AVX2 set) enabled and
+//! must only be reached after `available()` said yes.
+
+// Register tiles are indexed [r][c] by constant-bound loops: clearer than iterator chains
+// here, and unrolled the same.
+#![allow(clippy::needless_range_loop)]
+
+use super::tiles::{check, for_each_tile, Tile};
+use std::arch::x86_64::*;
+
+/// AVX-512 F/BW/VL/VNNI with the AVX2 set (std caches the CPUID answer).
+#[inline]
+pub(crate) fn available() -> bool {
+    super::avx2_tiles::available()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+/// A legacy block format as the VNNI tile sees it: `x = (q − OFFSET) · d [+ m]` with
+/// unsigned byte quants `q`, `d` (f16) at byte 0 of a block and `m` (f16) at byte 2.
+pub(crate) trait VnniBlocks {
+    /// Bytes per 32-weight block.
+    const BYTES: usize;
+    /// `o` in `(q − o) · d`.
+    const OFFSET: i32;
+    /// `x = q · d + m` against Q8_1 activations (else Q8_0 activations).
+    const HAS_MIN: bool;
+    /// Activation rows up to which `gemm` uses these tiles; from there on the AVX2 driver
+    /// (row-major tiles or panels) takes over.
+    const MAX_NA: usize;
+    /// The AVX2 `GemmFn` of the format, for the activation counts above `MAX_NA`.
+    const AVX2_GEMM: super::kernels::GemmFn;
+    /// 64 unsigned quants: the block at `p` in bytes 0..32, the block at `p + BYTES` in
+    /// bytes 32..64, each in weight order.
+    ///
+    /// # Safety
+    /// The features of `available()` are present and `p..p + 2·BYTES` is readable.
+    unsafe fn pair(p: *const u8) -> __m512i;
+    /// The block at `p` in bytes 0..32; bytes 32..64 anything finite (they meet zero
+    /// activations).
+    ///
+    /// # Safety
+    /// The features of `available()` are present and `p..p + BYTES` is readable.
+    unsafe fn single(p: *const u8) -> __m512i;
+}
+
+/// Two blocks' 16 bytes of packed nibbles at `p0` and `p1` → 64 bytes 0..=15: per block,
+/// 16 low nibbles then 16 high nibbles (the weight order of Q4_0/Q4_1/Q5_0/Q5_1).
+///
+/// # Safety
+/// The features of `available()` are present; `p0..p0+16` and `p1..p1+16` are readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn nibbles_pair(p0: *const u8, p1: *const u8) -> __m512i {
+    // SAFETY: 16 readable bytes at each pointer per the caller; no alignment needed.
+    let v = unsafe {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128(p0 as _))),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(p1 as _)),
+        )
+    };
+    // Shift the upper copy of each block down by 4: one variable shift for both blocks.
+    let v = _mm512_srlv_epi64(v, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+    _mm512_and_si512(v, _mm512_set1_epi8(0x0f))
+}
+
+/// Adds 16 to byte `j` of `q` where bit `j` of the little-endian u32 at `h0` (bytes 0..32)
+/// or at `h1` (bytes 32..64) is set: the fifth bits of Q5_0/Q5_1.
+///
+/// # Safety
+/// The features of `available()` are present; `h0..h0+4` and `h1..h1+4` are readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn fifth_bits(q: __m512i, h0: *const u8, h1: *const u8) -> __m512i {
+    // SAFETY: four readable bytes at each pointer per the caller.
+    let (lo, hi) = unsafe {
+        (
+            (h0 as *const u32).read_unaligned(),
+            (h1 as *const u32).read_unaligned(),
+        )
+    };
+    let k: __mmask64 = lo as u64 | (hi as u64) << 32;
+    _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(16))
+}
+
+/// 64 bytes, aligned for `vmovdqa64`.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Z([u8; 64]);
+
+const ZERO: Z = Z([0; 64]);
+
+/// Blocks whose scales are gathered at once (the 16 lanes of a zmm).
+const GROUP: usize = 16;
+
+/// Activation-side operands of one call, reshaped for the tile.
+struct Acts {
+    /// Blocks per row, pairs per row (`⌈nb/2⌉`), scale groups per row (`⌈nb/16⌉`).
+    nb: usize,
+    np: usize,
+    ng: usize,
+    /// `q[na × np]`: the signed quants of blocks `2p` and `2p + 1` (zero past `nb`).
+    q: Vec<Z>,
+    /// `init[na × np]`: per i32 lane `l`, `−OFFSET · Σ q[4l..4l+4]` (as i32).
+    init: Vec<Z>,
+    /// `d[na × ng]`: the activation block scales as f32, zero past `nb`.
+    d: Vec<Z>,
+    /// `s[na × ng]`: the Q8_1 `s` of each block as f32 (`HAS_MIN` formats only).
+    s: Vec<Z>,
+}
+
+fn acts<W: VnniBlocks>(a: &[u8], na: usize, nb: usize, arb: usize) -> Acts {
+    use neagari_quant::float::f16_to_f32;
+    let bb = arb / nb.max(1);
+    let qoff = if W::HAS_MIN { 4 } else { 2 };
+    let (np, ng) = (nb.div_ceil(2), nb.div_ceil(GROUP));
+    let mut x = Acts {
+        nb,
+        np,
+        ng,
+        q: vec![ZERO; na * np],
+        init: vec![ZERO; na * np],
+        d: vec![ZERO; na * ng],
+        s: vec![ZERO; if W::HAS_MIN { na * ng } else { 0 }],
+    };
+    for i in 0..na {
+        for b in 0..nb {
+            let blk = &a[i * arb + b * bb..i * arb + (b + 1) * bb];
+            let (p, half) = (i * np + b / 2, 32 * (b % 2));
+            x.q[p].0[half..half + 32].copy_from_slice(&blk[qoff..qoff + 32]);
+            for l in 0..8 {
+                let sum: i32 = blk[qoff + 4 * l..qoff + 4 * l + 4]
+                    .iter()
+                    .map(|&v| v as i8 as i32)
+                    .sum();
+                let at = 4 * (half / 4 + l);
+                x.init[p].0[at..at + 4].copy_from_slice(&(-W::OFFSET * sum).to_le_bytes());
+            }
+            let (g, at) = (i * ng + b / GROUP, 4 * (b % GROUP));
+            x.d[g].0[at..at + 4].copy_from_slice(&f16_to_f32([blk[0], blk[1]]).to_le_bytes());
+            if W::HAS_MIN {
+                let s = f16_to_f32([blk[2], blk[3]]);
+                x.s[g].0[at..at + 4].copy_from_slice(&s.to_le_bytes());
+            }
+        }
+    }
+    x
+}
+
+/// `[r][c] = dot(weight row j0 + r, activation row i0 + c)`.
+///
+/// # Safety
+/// The features of `available()` are present; `w` points at `R` consecutive rows of `wrb`
+/// bytes holding `x.nb` blocks each; `i0 + C` activation rows exist in `x`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile<W: VnniBlocks, const R: usize, const C: usize>(
+    x: &Acts,
+    w: *const u8,
+    wrb: usize,
+    i0: usize,
+) -> [[f32; C]; R] {
+    let (nb, np, ng) = (x.nb, x.np, x.ng);
+    // Prefetch the tile PF_TILES ahead into L2, one line at a time. The hardware
+    // prefetchers lose track of R interleaved row streams (measured: the AVX2 4-row tile
+    // reads 5.6 GB/s from DRAM against 30 GB/s from L2); into L2 rather than L1 so the few
+    // L1 miss buffers stay free for the tile's own loads (T0 measured 2.5 GB/s slower).
+    let ahead = w.wrapping_add(PF_TILES * R * wrb);
+    let mut off = 0;
+    while off < R * wrb {
+        _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(off) as *const i8);
+        off += 64;
+    }
+    let bytes = W::BYTES as i32;
+    // Byte offsets of the 16 blocks of a group, for the scale gather.
+    let offs = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(bytes),
+    );
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    let mut accm = [[_mm512_setzero_ps(); C]; R];
+    for g in 0..ng {
+        let b0 = g * GROUP;
+        let nbg = GROUP.min(nb - b0);
+        let mask: __mmask16 = ((1u32 << nbg) - 1) as __mmask16;
+        // s[r][c]: d_w · d_a of the group's 16 blocks.
+        let mut s = [[_mm512_setzero_ps(); C]; R];
+        for r in 0..R {
+            // SAFETY: lanes < nbg read 4 bytes at the start of block b0 + lane < nb of row
+            // r (every block has ≥ 4 bytes: d plus quants or m); masked lanes read nothing.
+            let raw = unsafe {
+                _mm512_mask_i32gather_epi32::<1>(
+                    _mm512_setzero_si512(),
+                    mask,
+                    offs,
+                    w.add(r * wrb + b0 * W::BYTES) as *const i32,
+                )
+            };
+            let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
+            let mw = if W::HAS_MIN {
+                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(raw)))
+            } else {
+                dw
+            };
+            for c in 0..C {
+                // SAFETY: row i0 + c < na and group g < ng index inside x.d / x.s.
+                let da = unsafe { _mm512_load_ps(x.d.as_ptr().add((i0 + c) * ng + g) as _) };
+                s[r][c] = _mm512_mul_ps(dw, da);
+                if W::HAS_MIN {
+                    let sa = unsafe { _mm512_load_ps(x.s.as_ptr().add((i0 + c) * ng + g) as _) };
+                    accm[r][c] = _mm512_fmadd_ps(mw, sa, accm[r][c]);
+                }
+            }
+        }
+        for p in 0..nbg.div_ceil(2) {
+            let b = b0 + 2 * p;
+            let pi = b / 2;
+            // Lanes 0..8 take block 2p's scale, lanes 8..16 block 2p + 1's.
+            let idx = _mm512_add_epi32(
+                _mm512_set1_epi32(2 * p as i32),
+                _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+            );
+            let mut q = [_mm512_setzero_si512(); R];
+            for r in 0..R {
+                // SAFETY: blocks b (and b + 1 when it exists) of row r are inside the row.
+                q[r] = unsafe {
+                    let pb = w.add(r * wrb + b * W::BYTES);
+                    if b + 1 < nb {
+                        W::pair(pb)
+                    } else {
+                        W::single(pb)
+                    }
+                };
+            }
+            for c in 0..C {
+                // SAFETY: pair pi < np of activation row i0 + c < na.
+                let (av, init) = unsafe {
+                    let at = (i0 + c) * np + pi;
+                    (
+                        _mm512_load_si512(x.q.as_ptr().add(at) as _),
+                        if W::OFFSET != 0 {
+                            _mm512_load_si512(x.init.as_ptr().add(at) as _)
+                        } else {
+                            _mm512_setzero_si512()
+                        },
+                    )
+                };
+                for r in 0..R {
+                    let isum = _mm512_dpbusd_epi32(init, q[r], av);
+                    let sc = _mm512_permutexvar_ps(idx, s[r][c]);
+                    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, acc[r][c]);
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; C]; R];
+    for r in 0..R {
+        for c in 0..C {
+            let v = if W::HAS_MIN {
+                _mm512_add_ps(acc[r][c], accm[r][c])
+            } else {
+                acc[r][c]
+            };
+            out[r][c] = _mm512_reduce_add_ps(v);
+        }
+    }
+    out
+}
+
+/// Tiles of weight rows prefetched ahead: 2 to 16 measured within noise of each other at
+/// k = 640; 8 (≈ 22 KB of Q8_0) leaves room for slower DRAM.
+const PF_TILES: usize = 8;
+
+/// Weight rows per tile: 4 keeps 4 row streams and ≤ 16 accumulators in flight.
+const R_TILE: usize = 4;
+/// Activation rows per tile (the most `MAX_NA` asks for).
+const C_TILE: usize = 4;
+
+/// Runs every tile of the output.
+///
+/// # Safety
+/// The features of `available()` are present and the operands passed `tiles::check` with
+/// these sizes; `na ≤ 64` is not required (tiles walk activation panels).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn run<W: VnniBlocks>(
+    x: &Acts,
+    w: *const u8,
+    wrb: usize,
+    nw: usize,
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    macro_rules! go {
+        ($t:expr, $($r:literal, $c:literal);*) => {
+            match ($t.rn, $t.cn) {
+                $(($r, $c) => store(
+                    out,
+                    out_stride,
+                    $t,
+                    // SAFETY: for_each_tile keeps j0 + rn <= nw and i0 + cn <= na.
+                    unsafe { tile::<W, $r, $c>(x, w.add($t.j0 * wrb), wrb, $t.i0) },
+                ),)*
+                _ => unreachable!("tile shapes are bounded by R_TILE × C_TILE"),
+            }
+        };
+    }
+    for_each_tile(nw, na, R_TILE, (R_TILE, C_TILE), |t: Tile| {
+        go!(t, 4, 1; 3, 1; 2, 1; 1, 1; 4, 2; 3, 2; 2, 2; 1, 2;
+               4, 3; 3, 3; 2, 3; 1, 3; 4, 4; 3, 4; 2, 4; 1, 4)
+    });
+}
+
+#[inline(always)]
+fn store<const R: usize, const C: usize>(
+    out: &mut [f32],
+    out_stride: usize,
+    t: Tile,
+    v: [[f32; C]; R],
+) {
+    for (r, row) in v.iter().enumerate() {
+        for (c, &x) in row.iter().enumerate() {
+            out[(t.i0 + c) * out_stride + t.j0 + r] = x;
+        }
+    }
+}
+
+/// `GemmFn` of a `VnniBlocks` format: the VNNI tiles up to `W::MAX_NA` activation rows,
+/// the format's AVX2 driver above.
+///
+/// # Panics
+/// On a broken `GemmFn` shape contract (see `tiles::check`), or if the CPU lacks the
+/// features of `available()`.
+pub(crate) fn gemm<W: VnniBlocks>(
+    k: usize,
+    w: &[u8],
+    nw: usize,
+    a: &[u8],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    if na > W::MAX_NA {
+        return (W::AVX2_GEMM)(k, w, nw, a, na, out, out_stride);
+    }
+    let nb = k / 32;
+    let abytes = if W::HAS_MIN { 36 } else { 34 };
+    let s = check(
+        k,
+        32,
+        nb * W::BYTES,
+        nb * abytes,
+        w,
+        nw,
+        a,
+        na,
+        out,
+        out_stride,
+    );
+    assert!(
+        available(),
+        "AVX-512 VNNI kernel called on a CPU without AVX-512 F/BW/VL/VNNI"
+    );
+    if nb == 0 || nw == 0 || na == 0 {
+        for i in 0..na {
+            out[i * out_stride..i * out_stride + nw].fill(0.0);
+        }
+        return;
+    }
+    let x = acts::<W>(a, na, nb, s.arb);
+    // SAFETY: features checked just above; operands checked by tiles::check.
+    unsafe { run::<W>(&x, w.as_ptr(), s.wrb, nw, na, out, out_stride) }
+}

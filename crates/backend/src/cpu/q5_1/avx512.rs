@@ -1,0 +1,32 @@
+//! Q5_1 blocks for the shared AVX-512 VNNI tile: nibbles plus the 32 fifth bits of `qh` →
+//! quants 0..=31, plus the block minimum.
+
+use crate::cpu::avx512_tiles::{fifth_bits, nibbles_pair, VnniBlocks};
+use std::arch::x86_64::*;
+
+pub(crate) struct Q5_1;
+
+impl VnniBlocks for Q5_1 {
+    const BYTES: usize = 24;
+    const OFFSET: i32 = 0;
+    const HAS_MIN: bool = true;
+    const MAX_NA: usize = 1;
+    const AVX2_GEMM: crate::cpu::kernels::GemmFn =
+        crate::cpu::avx2_tiles::gemm_unsigned::<super::avx2::Q5_1>;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn pair(p: *const u8) -> __m512i {
+        let p1 = p.wrapping_add(Self::BYTES);
+        // SAFETY: both blocks' 48 bytes (d, m, qh[4], qs[16] each) are readable per the
+        // trait contract.
+        unsafe { fifth_bits(nibbles_pair(p.add(8), p1.add(8)), p.add(4), p1.add(4)) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn single(p: *const u8) -> __m512i {
+        // SAFETY: the block's 24 bytes are readable per the trait contract.
+        unsafe { fifth_bits(nibbles_pair(p.add(8), p.add(8)), p.add(4), p.add(4)) }
+    }
+}
