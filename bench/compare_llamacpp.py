@@ -220,7 +220,7 @@ def main() -> None:
         elif os.access(args.neagari, os.X_OK):
             sides["neagari"] = [
                 args.neagari, "bench", "-m", args.model, "-p", str(args.n_prompt),
-                "-n", str(args.n_gen), "-r", "1", "-t", str(args.threads), "--json",
+                "-n", str(args.n_gen), "-r", "1", "-t", str(args.threads), "--json", "--no-bandwidth",
             ]
         else:
             print(f"note: neagari binary {args.neagari!r} not found/executable; llama.cpp side only",

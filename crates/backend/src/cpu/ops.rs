@@ -4,7 +4,7 @@
 
 use std::sync::OnceLock;
 
-use half::f16;
+use half::{f16, slice::HalfFloatSliceExt};
 
 use super::simd;
 use crate::{Attn, KvType, Rope};
@@ -112,11 +112,14 @@ pub fn rope_apply(x: &mut [f32], cache: &[f32], n_dims: usize, neox: bool) {
 /// Store one head vector in the cache's element type.
 pub fn kv_store(ty: KvType, src: &[f32], dst: &mut [u8]) {
     match ty {
-        KvType::F16 => {
-            for (v, d) in src.iter().zip(dst.chunks_exact_mut(2)) {
-                d.copy_from_slice(&f16::from_f32(*v).to_bits().to_le_bytes());
+        KvType::F16 => match bytemuck::try_cast_slice_mut::<u8, f16>(dst) {
+            Ok(halves) => halves.convert_from_f32_slice(&src[..halves.len()]),
+            Err(_) => {
+                for (v, d) in src.iter().zip(dst.chunks_exact_mut(2)) {
+                    d.copy_from_slice(&f16::from_f32(*v).to_bits().to_le_bytes());
+                }
             }
-        }
+        },
         KvType::Q8_0 => {
             for (blk, d) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
                 let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -135,8 +138,15 @@ pub fn kv_store(ty: KvType, src: &[f32], dst: &mut [u8]) {
 pub fn kv_load(ty: KvType, src: &[u8], dst: &mut [f32]) {
     match ty {
         KvType::F16 => {
-            for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                *d = f16::from_bits(u16::from_le_bytes([s[0], s[1]])).to_f32();
+            // Bulk conversion (F16C eight at a time where the CPU has it); the cache's byte
+            // buffers come from the allocator, so the 2-byte view is aligned in practice.
+            match bytemuck::try_cast_slice::<u8, f16>(src) {
+                Ok(halves) => halves.convert_to_f32_slice(&mut dst[..halves.len()]),
+                Err(_) => {
+                    for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                        *d = f16::from_bits(u16::from_le_bytes([s[0], s[1]])).to_f32();
+                    }
+                }
             }
         }
         KvType::Q8_0 => {
@@ -164,8 +174,11 @@ pub fn attend(
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    for x in q.iter_mut() {
-        *x = f16::from_f32(*x).to_f32();
+    let mut qh = [f16::ZERO; 512];
+    for chunk in q.chunks_mut(512) {
+        let h = &mut qh[..chunk.len()];
+        h.convert_from_f32_slice(chunk);
+        h.convert_to_f32_slice(chunk);
     }
     let mut max = f32::NEG_INFINITY;
     for t in lo..=hi {

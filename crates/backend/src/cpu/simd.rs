@@ -3,6 +3,20 @@
 
 use std::sync::OnceLock;
 
+fn has_avx512() -> bool {
+    static AVX512: OnceLock<bool> = OnceLock::new();
+    *AVX512.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx512f")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
 fn has_avx2() -> bool {
     static AVX2: OnceLock<bool> = OnceLock::new();
     *AVX2.get_or_init(|| {
@@ -21,6 +35,11 @@ fn has_avx2() -> bool {
 /// `Σ a[i]·b[i]` over the common length.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: AVX-512F was detected at run time; both slices hold `n` values.
+        return unsafe { avx512::dot(&a[..n], &b[..n]) };
+    }
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: AVX2 and FMA were detected at run time; both slices hold `n` values.
@@ -48,6 +67,12 @@ pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
 /// `y[i] += alpha · x[i]`.
 pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
     let n = y.len().min(x.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: AVX-512F was detected at run time; both slices hold `n` values.
+        unsafe { avx512::axpy(&mut y[..n], alpha, &x[..n]) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: AVX2 and FMA were detected at run time; both slices hold `n` values.
@@ -129,6 +154,80 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len();
+        let mut acc0 = _mm512_setzero_ps();
+        let mut acc1 = _mm512_setzero_ps();
+        let mut i = 0;
+        // SAFETY (loads): i + 32 <= n, i + 16 <= n and the masked tail keep every lane in bounds.
+        unsafe {
+            while i + 32 <= n {
+                acc0 = _mm512_fmadd_ps(
+                    _mm512_loadu_ps(a.as_ptr().add(i)),
+                    _mm512_loadu_ps(b.as_ptr().add(i)),
+                    acc0,
+                );
+                acc1 = _mm512_fmadd_ps(
+                    _mm512_loadu_ps(a.as_ptr().add(i + 16)),
+                    _mm512_loadu_ps(b.as_ptr().add(i + 16)),
+                    acc1,
+                );
+                i += 32;
+            }
+            if i + 16 <= n {
+                acc0 = _mm512_fmadd_ps(
+                    _mm512_loadu_ps(a.as_ptr().add(i)),
+                    _mm512_loadu_ps(b.as_ptr().add(i)),
+                    acc0,
+                );
+                i += 16;
+            }
+            if i < n {
+                let m: __mmask16 = (1u32 << (n - i)) as u16 - 1;
+                acc1 = _mm512_fmadd_ps(
+                    _mm512_maskz_loadu_ps(m, a.as_ptr().add(i)),
+                    _mm512_maskz_loadu_ps(m, b.as_ptr().add(i)),
+                    acc1,
+                );
+            }
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+        let n = y.len();
+        let va = _mm512_set1_ps(alpha);
+        let mut i = 0;
+        // SAFETY (loads/stores): i + 16 <= n, and the masked tail touches only lanes < n.
+        unsafe {
+            while i + 16 <= n {
+                let py = y.as_mut_ptr().add(i);
+                _mm512_storeu_ps(
+                    py,
+                    _mm512_fmadd_ps(va, _mm512_loadu_ps(x.as_ptr().add(i)), _mm512_loadu_ps(py)),
+                );
+                i += 16;
+            }
+            if i < n {
+                let m: __mmask16 = (1u32 << (n - i)) as u16 - 1;
+                let py = y.as_mut_ptr().add(i);
+                let v = _mm512_fmadd_ps(
+                    va,
+                    _mm512_maskz_loadu_ps(m, x.as_ptr().add(i)),
+                    _mm512_maskz_loadu_ps(m, py),
+                );
+                _mm512_mask_storeu_ps(py, m, v);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +241,15 @@ mod tests {
             let b: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
             assert!((dot(&a, &b) as f64 - exact).abs() < 1e-4, "n={n}");
+            assert!((dot_scalar(&a, &b) as f64 - exact).abs() < 1e-4, "n={n}");
+            #[cfg(target_arch = "x86_64")]
+            if has_avx2() {
+                // SAFETY: AVX2+FMA detected.
+                assert!(
+                    (unsafe { avx2::dot(&a, &b) } as f64 - exact).abs() < 1e-4,
+                    "avx2 n={n}"
+                );
+            }
             let mut y1 = b.clone();
             axpy(&mut y1, 0.5, &a);
             for i in 0..n {
