@@ -25,7 +25,10 @@ fn raw_scaling() {
                 s.spawn(|| black_box(work(20_000_000 / threads)));
             }
         });
-        println!("raw scaling, {threads} threads: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+        println!(
+            "raw scaling, {threads} threads: {:.1} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        );
     }
 }
 
@@ -34,7 +37,10 @@ fn main() {
     let jobs = 5000;
     for threads in [1usize, 2] {
         let pool = ThreadPool::new(threads);
-        let rpool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("rayon pool");
+        let rpool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("rayon pool");
         for per_task in [0usize, 2000, 20000] {
             let t = Instant::now();
             for _ in 0..jobs {

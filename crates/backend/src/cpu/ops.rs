@@ -161,7 +161,8 @@ pub fn kv_load(ty: KvType, src: &[u8], dst: &mut [f32]) {
 }
 
 /// One query head over positions `lo..=hi` of `k`/`v` (`[n_pos, hd]` f32):
-/// `out = softmax(scale · q·kᵀ) · v`. `q` is rounded to f16 first, as ggml does.
+/// `out = softmax(scale · q·kᵀ) · v`. `q` and the softmax weights are rounded to f16, as
+/// ggml does against an f16 cache.
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     q: &mut [f32],
@@ -197,7 +198,10 @@ pub fn attend(
     let inv = 1.0 / sum;
     out.iter_mut().for_each(|o| *o = 0.0);
     for t in lo..=hi {
-        simd::axpy(out, scores[t] * inv, &v[t * hd..(t + 1) * hd]);
+        // The weights meet the f16 values as f16, as in ggml's attention (KQ · V with V in
+        // f16 converts the f32 softmax to f16 first).
+        let p = f16::from_f32(scores[t] * inv).to_f32();
+        simd::axpy(out, p, &v[t * hd..(t + 1) * hd]);
     }
 }
 
