@@ -196,3 +196,45 @@ fn scalar_kernels_agree_too() {
     check("qwen3", F32_TOL, true);
     check("llama_q8", Q8_TOL, true);
 }
+
+/// The q8_0 KV cache (`--kv-type q8_0`): every position's logits stay within 5% of the
+/// logit scale of llama.cpp's f16-cache logits, and the argmax agrees at nearly every
+/// position (a q8_0 cache rounds keys and values to 8 bits per 32-value block).
+#[test]
+fn q8_0_kv_cache_stays_close() {
+    let refs = reference();
+    let m = model_ref(&refs, "qwen3");
+    let file = Arc::new(Gguf::open(tiny().join(m["file"].as_str().unwrap())).expect("open"));
+    let be = backend(false);
+    let model = neagari_model::load(&be, &GgufSource::new(file)).expect("load");
+    let model: &dyn CausalLm<CpuBackend> = model.as_ref();
+    let n_vocab = m["n_vocab"].as_u64().unwrap() as usize;
+    let prompt = ids(&m["ids"]);
+    let want = read_f32(&tiny().join(m["logits_file"].as_str().unwrap()));
+    let mut sess = Session::new(model, &be, 64, KvType::Q8_0).expect("session");
+    let got = sess.forward_all(model, &be, &prompt).expect("forward_all");
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let max_d = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    let agree = got
+        .chunks_exact(n_vocab)
+        .zip(want.chunks_exact(n_vocab))
+        .filter(|(a, b)| argmax(a) == argmax(b))
+        .count();
+    eprintln!(
+        "q8_0 KV: max |Δ| {max_d:.4} of scale {scale:.2}; argmax agrees at {agree}/{}",
+        prompt.len()
+    );
+    assert!(
+        max_d < 0.05 * scale,
+        "q8_0 KV max |Δ| {max_d} against scale {scale}"
+    );
+    assert!(
+        agree * 10 >= prompt.len() * 9,
+        "argmax agrees at only {agree}/{}",
+        prompt.len()
+    );
+}
