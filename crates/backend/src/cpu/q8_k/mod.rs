@@ -7,7 +7,7 @@ pub(crate) mod tiles;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 
-use super::kernels::{CpuFeatures, QuantizeActFn};
+use super::kernels::{ActFormat, CpuFeatures, GemmFn, MatKernel, QuantizeActFn};
 
 /// Portable path: the quant crate's port of ggml's `quantize_row_q8_K_ref`.
 fn quantize_scalar(x: &[f32], out: &mut [u8]) {
@@ -38,4 +38,82 @@ pub(crate) fn quantize_act(
     }
     let _ = (feats, scalar_only);
     (quantize_scalar, "scalar")
+}
+
+/// One K-quant weight type, as the shared kernels below need it.
+pub(crate) trait KFormat {
+    /// Bytes of one 256-weight block.
+    const BYTES: usize;
+    /// Reference dot of one packed weight row with one Q8_K activation row (the quant
+    /// crate's scalar code: the truth the SIMD kernels are tested against).
+    fn dot(w: &[u8], a: &[u8]) -> f32;
+    /// The format's AVX2 micro-kernel.
+    #[cfg(target_arch = "x86_64")]
+    type Micro: avx2::Micro;
+}
+
+fn gemm_scalar<F: KFormat>(
+    k: usize,
+    w: &[u8],
+    nw: usize,
+    a: &[u8],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let r = tiles::check(k, F::BYTES, w, nw, a, na, out, out_stride);
+    tiles::scalar_gemm(r, w, nw, a, na, out, out_stride, F::dot);
+}
+
+#[cfg(target_arch = "x86_64")]
+fn gemm_avx2<F: KFormat>(
+    k: usize,
+    w: &[u8],
+    nw: usize,
+    a: &[u8],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let r = tiles::check(k, F::BYTES, w, nw, a, na, out, out_stride);
+    // SAFETY: handed out by `kernel` only after AVX2/FMA/F16C were detected; `r` was
+    // checked against these buffers.
+    unsafe { avx2::gemm_avx2::<F::Micro>(r, w, nw, a, na, out, out_stride) }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn gemm_avx512vl<F: KFormat>(
+    k: usize,
+    w: &[u8],
+    nw: usize,
+    a: &[u8],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let r = tiles::check(k, F::BYTES, w, nw, a, na, out, out_stride);
+    // SAFETY: handed out by `kernel` only after AVX2/FMA/F16C and AVX-512F/BW/VL were
+    // detected; `r` was checked against these buffers.
+    unsafe { avx2::gemm_avx512vl::<F::Micro>(r, w, nw, a, na, out, out_stride) }
+}
+
+/// The kernel of K-quant `F` for this CPU: the AVX-512VL build of the AVX2 kernel where
+/// available, else AVX2, else scalar.
+pub(crate) fn kernel<F: KFormat>(feats: &CpuFeatures, scalar_only: bool) -> MatKernel {
+    let (quantize_act, isa) = quantize_act(feats, scalar_only);
+    let mk = |gemm: GemmFn, isa| MatKernel {
+        act: ActFormat::Q8K,
+        quantize_act,
+        gemm,
+        isa,
+    };
+    #[cfg(target_arch = "x86_64")]
+    if isa == "avx2" {
+        return if feats.has_avx512vl() {
+            mk(gemm_avx512vl::<F>, "avx512vl")
+        } else {
+            mk(gemm_avx2::<F>, isa)
+        };
+    }
+    mk(gemm_scalar::<F>, isa)
 }
