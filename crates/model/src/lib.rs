@@ -92,3 +92,38 @@ pub(crate) fn check_room(pos: usize, tokens: usize, n_ctx: usize) -> Result<()> 
     }
     Ok(())
 }
+
+/// The output head shared by the families: the final RMSNorm and the vocabulary projection
+/// (optionally soft-capped) of the last row of `x` (`[n, H]`), or of every row when
+/// `all_logits`; returns the logits `[rows, n_vocab]` on the host.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn output_logits<B: Backend>(
+    be: &B,
+    x: &B::Buf,
+    norm: &B::Vector,
+    eps: f32,
+    head: &B::Mat,
+    n_vocab: usize,
+    softcap: Option<f32>,
+    all_logits: bool,
+) -> Result<Vec<f32>> {
+    let (n, h) = be.buf_shape(x);
+    let mut xn = be.buf(n, h)?; // [rows, H]
+    let rows = if all_logits {
+        be.rms_norm(x, norm, eps, &mut xn)?;
+        n
+    } else {
+        let mut last = be.buf(1, h)?; // [1, H]
+        be.copy_row(x, n - 1, &mut last)?;
+        be.rms_norm(&last, norm, eps, &mut xn)?;
+        1
+    };
+    let mut logits = be.buf(rows, n_vocab)?; // [rows, vocab]
+    be.matmul(head, &xn, &mut logits)?;
+    if let Some(cap) = softcap {
+        be.softcap(&mut logits, cap)?;
+    }
+    let mut host = vec![0f32; rows * n_vocab];
+    be.read(&logits, 0, rows, &mut host)?;
+    Ok(host)
+}

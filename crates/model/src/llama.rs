@@ -6,7 +6,7 @@
 use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, Rope};
 
 use crate::source::{ModelSource, SourceExt};
-use crate::{check_room, CausalLm, ModelError, ModelInfo, Result};
+use crate::{check_room, output_logits, CausalLm, ModelError, ModelInfo, Result};
 
 /// Hyper-parameters, from `{arch}.*` metadata.
 #[derive(Clone, Debug)]
@@ -265,23 +265,15 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
             be.add(&mut x, &o)?;
         }
         be.kv_commit(kv, pos0 + n)?;
-
-        let rows = if all_logits {
-            be.rms_norm(&x, &self.output_norm, c.eps, &mut xn)?;
-            n
-        } else {
-            be.copy_row(&x, n - 1, &mut o)?;
-            be.rms_norm(&o, &self.output_norm, c.eps, &mut xn)?;
-            1
-        };
-        let mut logits = be.buf(rows, c.n_vocab)?; // [rows, vocab]
-        be.matmul(
+        output_logits(
+            be,
+            &x,
+            &self.output_norm,
+            c.eps,
             self.output.as_ref().unwrap_or(&self.tok_embd),
-            &xn,
-            &mut logits,
-        )?;
-        let mut host = vec![0f32; rows * c.n_vocab];
-        be.read(&logits, 0, rows, &mut host)?;
-        Ok(host)
+            c.n_vocab,
+            None,
+            all_logits,
+        )
     }
 }
