@@ -49,8 +49,7 @@ fn probe_vocab(texts: &[String]) -> (Vec<String>, Vec<String>) {
     (tokens, merges)
 }
 
-#[test]
-fn pre_tokenizer_word_boundaries_match_llama_cpp() {
+fn load_probe() -> (Value, Vec<String>) {
     let fx: Value = serde_json::from_str(
         &std::fs::read_to_string(common::fixtures_dir().join("split_probe.json"))
             .expect("read split_probe.json"),
@@ -62,6 +61,12 @@ fn pre_tokenizer_word_boundaries_match_llama_cpp() {
         .iter()
         .map(|h| String::from_utf8(hex(h.as_str().unwrap())).unwrap())
         .collect();
+    (fx, texts)
+}
+
+#[test]
+fn pre_tokenizer_word_boundaries_match_llama_cpp() {
+    let (fx, texts) = load_probe();
     let (tokens, merges) = probe_vocab(&texts);
     assert_eq!(
         tokens.len() as u64,
@@ -103,4 +108,71 @@ fn pre_tokenizer_word_boundaries_match_llama_cpp() {
         }
     }
     common::report("split_probe", &fails);
+}
+
+/// The same probe through the HF loader: a `tokenizer.json` carrying the probe vocabulary
+/// and each family's split regex must give llama.cpp's ids for the matching `pre`.
+#[test]
+fn hf_tokenizer_json_pre_tokenizers_match_llama_cpp() {
+    let (fx, texts) = load_probe();
+    let (tokens, merges) = probe_vocab(&texts);
+    let vocab: serde_json::Map<String, Value> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), Value::from(i)))
+        .collect();
+    let contractions = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)";
+    let families = [
+        (
+            "llama-bpe",
+            format!(
+                r"{contractions}|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|\p{{N}}{{1,3}}| ?[^\s\p{{L}}\p{{N}}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+            ),
+        ),
+        (
+            "qwen2",
+            format!(
+                r"{contractions}|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|\p{{N}}| ?[^\s\p{{L}}\p{{N}}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+            ),
+        ),
+        (
+            "qwen35",
+            format!(
+                r"{contractions}|[^\r\n\p{{L}}\p{{N}}]?[\p{{L}}\p{{M}}]+|\p{{N}}| ?[^\s\p{{L}}\p{{M}}\p{{N}}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+            ),
+        ),
+    ];
+    let mut fails = Vec::new();
+    let mut check = |pre: &str, pre_tokenizer: Value| {
+        let json = serde_json::json!({
+            "normalizer": null,
+            "pre_tokenizer": pre_tokenizer,
+            "added_tokens": [],
+            "model": {"type": "BPE", "vocab": vocab, "merges": merges},
+        });
+        let tok = Tokenizer::from_hf_json(&json.to_string(), None)
+            .unwrap_or_else(|e| panic!("{pre}: {e}"));
+        for (text, want) in texts.iter().zip(fx["ids"][pre].as_array().unwrap()) {
+            let want: Vec<u32> = want
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            if tok.encode(text, false, false) != want {
+                fails.push(format!("{pre} {text:?}"));
+            }
+        }
+    };
+    for (pre, regex) in families {
+        let split = serde_json::json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]});
+        check(pre, split);
+    }
+    check(
+        "gpt-2",
+        serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}),
+    );
+    common::report("hf probe", &fails);
 }
