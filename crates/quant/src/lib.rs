@@ -37,6 +37,26 @@ pub use q5_k::BlockQ5_K;
 pub use q6_k::BlockQ6_K;
 pub use q8_k::BlockQ8_K;
 
+pub mod iq4_nl;
+pub mod iq4_xs;
+mod iq_dispatch;
+mod lowbit;
+pub mod pq2_0;
+pub mod ptq1_0;
+pub mod q1_0;
+pub mod q2_0;
+pub mod tq1_0;
+pub mod tq2_0;
+
+pub use iq4_nl::BlockIQ4_NL;
+pub use iq4_xs::BlockIQ4_XS;
+pub use pq2_0::BlockPQ2_0;
+pub use ptq1_0::BlockPTQ1_0;
+pub use q1_0::BlockQ1_0;
+pub use q2_0::BlockQ2_0;
+pub use tq1_0::BlockTQ1_0;
+pub use tq2_0::BlockTQ2_0;
+
 #[derive(Debug, thiserror::Error)]
 pub enum QuantError {
     #[error("tensor type {0} is not supported")]
@@ -100,6 +120,9 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), Q
             if let Some(r) = k_common::dequantize_row_k(ty, src, out) {
                 return r;
             }
+            if let Some(r) = lowbit::dequantize_row(ty, src, out) {
+                return r;
+            }
             return Err(QuantError::Unsupported(ty.name().to_string()));
         }
     }
@@ -127,6 +150,9 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Quant
         GgmlType::Q8_1 => q8_1::quantize_row(x, blocks_mut(out)?),
         _ => {
             if let Some(r) = k_common::quantize_row_k(ty, x, out) {
+                return r;
+            }
+            if let Some(r) = lowbit::quantize_row(ty, x, out) {
                 return r;
             }
             return Err(QuantError::Unsupported(ty.name().to_string()));

@@ -38,6 +38,10 @@ pub enum GgmlType {
     MXFP4,
     Q1_0,
     Q2_0,
+    /// PrismML fork only: Q2_0's codec at group 128.
+    PQ2_0,
+    /// PrismML fork only: TQ1_0's codec at group 128.
+    PTQ1_0,
 }
 
 /// Geometry of one type: `block` weights are stored in `bytes` bytes.
@@ -86,6 +90,8 @@ impl GgmlType {
             39 => MXFP4,
             41 => Q1_0,
             42 => Q2_0,
+            142 => PQ2_0,
+            143 => PTQ1_0,
             _ => return None,
         })
     }
@@ -127,6 +133,8 @@ impl GgmlType {
             MXFP4 => 39,
             Q1_0 => 41,
             Q2_0 => 42,
+            PQ2_0 => 142,
+            PTQ1_0 => 143,
         }
     }
 
@@ -167,6 +175,8 @@ impl GgmlType {
             MXFP4 => ("MXFP4", 32, 17),
             Q1_0 => ("Q1_0", 128, 18),
             Q2_0 => ("Q2_0", 64, 18),
+            PQ2_0 => ("PQ2_0", 128, 34),
+            PTQ1_0 => ("PTQ1_0", 128, 28),
         };
         TypeInfo { name, block, bytes }
     }
@@ -196,7 +206,7 @@ mod tests {
     use super::*;
     #[test]
     fn ids_round_trip() {
-        for id in 0..64 {
+        for id in 0..256 {
             if let Some(t) = GgmlType::from_id(id) {
                 assert_eq!(t.id(), id);
             }
