@@ -5,7 +5,6 @@
 //! gguf-py's TQ1_0 (see its doc).
 
 use neagari_quant::{dequantize_row, quantize_row, GgmlType};
-use neagari_quant::{BlockQ8_0, BlockQ8_K};
 use serde_json::Value;
 
 fn fixture(name: &str) -> Value {
