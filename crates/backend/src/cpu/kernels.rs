@@ -118,6 +118,8 @@ pub fn kernel_for(ty: GgmlType, feats: &CpuFeatures, scalar_only: bool) -> Optio
         GgmlType::Q4_K => Some(q4_k::kernel(feats, scalar_only)),
         GgmlType::Q5_K => Some(q5_k::kernel(feats, scalar_only)),
         GgmlType::Q6_K => Some(q6_k::kernel(feats, scalar_only)),
+        // Low-bit formats.
+        GgmlType::Q1_0 => Some(super::q1_0::kernel(feats, scalar_only)),
         _ => None,
     }
 }

@@ -30,6 +30,10 @@ mod q5_k;
 mod q6_k;
 mod q8_k;
 
+// Low-bit formats (issue 5).
+mod q1_0;
+mod q8_0_wide;
+
 pub mod pool;
 pub mod simd;
 

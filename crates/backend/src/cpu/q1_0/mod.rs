@@ -1,0 +1,56 @@
+//! Q1_0 weights (128 sign bits + one f16 scale per block) × Q8_0 activations: the format's
+//! hooks for the wide-block driver in `q8_0_wide` (scalar = the quant crate's reference
+//! dot; micro-kernels in `avx2.rs` and `avx512.rs`).
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+
+use super::kernels::{ActFormat, CpuFeatures, MatKernel};
+use super::q8_0_wide::{gemm_scalar, Perm, WideFormat};
+use neagari_quant::{q1_0, BlockQ1_0, BlockQ8_0};
+
+pub(crate) struct Format;
+
+impl WideFormat for Format {
+    const BLOCK: usize = 128;
+    const BYTES: usize = 18;
+    const PERM: Perm = Perm::Identity;
+
+    fn dot(w: &[u8], a: &[u8]) -> f32 {
+        q1_0::dot(
+            bytemuck::cast_slice::<u8, BlockQ1_0>(w),
+            bytemuck::cast_slice::<u8, BlockQ8_0>(a),
+        )
+    }
+}
+
+/// The Q1_0 kernel for this CPU: AVX-512 VNNI, else AVX2, else scalar.
+pub(crate) fn kernel(feats: &CpuFeatures, scalar_only: bool) -> MatKernel {
+    #[cfg(target_arch = "x86_64")]
+    if !scalar_only && feats.has_avx512vnni() {
+        return MatKernel {
+            act: ActFormat::Q8_0,
+            quantize_act: super::q8_0::quantize_act_avx2,
+            gemm: super::q8_0_wide::x86::gemm_avx512vnni::<Format, avx512::Q1_0>,
+            isa: "avx512vnni",
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if !scalar_only && feats.has_avx2() {
+        return MatKernel {
+            act: ActFormat::Q8_0,
+            quantize_act: super::q8_0::quantize_act_avx2,
+            gemm: super::q8_0_wide::x86::gemm_avx2::<Format, avx2::Q1_0>,
+            isa: "avx2",
+        };
+    }
+    let _ = (feats, scalar_only);
+    MatKernel {
+        act: ActFormat::Q8_0,
+        quantize_act: super::q8_0::quantize_act_scalar,
+        gemm: gemm_scalar::<Format>,
+        isa: "scalar",
+    }
+}

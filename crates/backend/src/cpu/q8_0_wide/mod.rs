@@ -1,0 +1,126 @@
+//! The GEMM driver for weight formats whose blocks meet Q8_0 activations but are not 32
+//! weights of one scale: Q1_0 and PQ2_0 / PTQ1_0 (128 weights, four activation blocks per
+//! weight block), Q2_0 (64), IQ4_NL (32, non-linear table). A format gives its block
+//! geometry, its reference dot and a micro-kernel per instruction set; this module owns the
+//! shape contract, the activation repack and the walk over the output.
+//!
+//! Activation repack (once per call, L1/L2-resident; the weights stream past it): the Q8_0
+//! rows are split into `qs[na × k]` (the signed quants, optionally reordered inside each
+//! 32-block, see `Perm`), `dl[na × k/4]` (the block's f32 scale once per four quants, so a
+//! micro-kernel's i32 lane `l` meets its scale at lane `l` of one load) and
+//! `sa[na × k/4]` (the sum of each four quants, for formats whose codes carry an offset:
+//! `Σ(c − o)·a = Σc·a − o·Σa`).
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86;
+
+use super::tiles::{check, scalar_gemm};
+use neagari_quant::float::f16_to_f32;
+
+/// Bytes of one Q8_0 activation block.
+const Q8_0_BYTES: usize = 34;
+
+/// How the quants of each 32-block are laid out in the repacked activation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Perm {
+    /// As they are.
+    Identity,
+    /// `a'[8p + i] = a[4i + p]`: the order in which 2-bit codes packed four to a byte
+    /// (weight `4i + p` in bits `2p` of byte `i`) come out of four shifts of one u64.
+    Stride4,
+}
+
+/// One weight format as this driver needs it.
+pub(crate) trait WideFormat {
+    /// Weights per block (a multiple of 32).
+    const BLOCK: usize;
+    /// Bytes per block.
+    const BYTES: usize;
+    /// Activation order the micro-kernels expect.
+    const PERM: Perm;
+    /// Reference dot of one packed weight row with one Q8_0 row (the quant crate's scalar
+    /// code: the truth the SIMD kernels are tested against).
+    fn dot(w: &[u8], a: &[u8]) -> f32;
+}
+
+/// The repacked activation rows of one call (see the module doc).
+pub(crate) struct WideActs {
+    /// `qs[na × k]`, 64-byte aligned rows when `k` is a multiple of 64.
+    pub qs: Vec<i8>,
+    /// `dl[na × k/4]`.
+    pub dl: Vec<f32>,
+    /// `sa[na × k/4]`.
+    pub sa: Vec<i32>,
+    pub k: usize,
+}
+
+impl WideActs {
+    pub(crate) fn new(a: &[u8], na: usize, k: usize, perm: Perm) -> Self {
+        let nb = k / 32;
+        let mut x = WideActs {
+            qs: vec![0; na * k],
+            dl: vec![0.0; na * k / 4],
+            sa: vec![0; na * k / 4],
+            k,
+        };
+        for i in 0..na {
+            for b in 0..nb {
+                let at = (i * nb + b) * Q8_0_BYTES;
+                let blk = &a[at..at + Q8_0_BYTES];
+                let d = f16_to_f32([blk[0], blk[1]]);
+                let q = &mut x.qs[i * k + 32 * b..i * k + 32 * b + 32];
+                for (j, v) in q.iter_mut().enumerate() {
+                    let src = match perm {
+                        Perm::Identity => j,
+                        Perm::Stride4 => 4 * (j % 8) + j / 8,
+                    };
+                    *v = blk[2 + src] as i8;
+                }
+                for l in 0..8 {
+                    let o = i * k / 4 + 8 * b + l;
+                    x.dl[o] = d;
+                    x.sa[o] = q[4 * l..4 * l + 4].iter().map(|&v| v as i32).sum();
+                }
+            }
+        }
+        x
+    }
+}
+
+/// Portable `GemmFn` body: the format's reference dot row by row.
+pub(crate) fn gemm_scalar<F: WideFormat>(
+    k: usize,
+    w: &[u8],
+    nw: usize,
+    a: &[u8],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let s = shape::<F>(k, w, nw, a, na, out, out_stride);
+    scalar_gemm(s, w, nw, a, na, out, out_stride, F::dot);
+}
+
+/// Checks the `GemmFn` contract for format `F`.
+fn shape<F: WideFormat>(
+    k: usize,
+    w: &[u8],
+    nw: usize,
+    a: &[u8],
+    na: usize,
+    out: &[f32],
+    out_stride: usize,
+) -> super::tiles::Shape {
+    check(
+        k,
+        F::BLOCK,
+        k / F::BLOCK * F::BYTES,
+        k / 32 * Q8_0_BYTES,
+        w,
+        nw,
+        a,
+        na,
+        out,
+        out_stride,
+    )
+}
