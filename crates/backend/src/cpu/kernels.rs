@@ -120,6 +120,7 @@ pub fn kernel_for(ty: GgmlType, feats: &CpuFeatures, scalar_only: bool) -> Optio
         GgmlType::Q6_K => Some(q6_k::kernel(feats, scalar_only)),
         // Low-bit formats.
         GgmlType::Q1_0 => Some(super::q1_0::kernel(feats, scalar_only)),
+        GgmlType::TQ2_0 => Some(super::tq2_0::kernel(feats, scalar_only)),
         _ => None,
     }
 }

@@ -33,6 +33,7 @@ mod q8_k;
 // Low-bit formats (issue 5).
 mod q1_0;
 mod q8_0_wide;
+mod tq2_0;
 
 pub mod pool;
 pub mod simd;
