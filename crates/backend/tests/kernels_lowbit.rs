@@ -9,7 +9,12 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// The low-bit types with a CPU kernel so far.
-const TYPES: [GgmlType; 2] = [GgmlType::Q1_0, GgmlType::TQ2_0];
+const TYPES: [GgmlType; 4] = [
+    GgmlType::Q1_0,
+    GgmlType::TQ2_0,
+    GgmlType::Q2_0,
+    GgmlType::PQ2_0,
+];
 
 /// Both paths compute the same exact integer sums per activation block; only the f32
 /// accumulation order differs, so a few ulps of Σ|w·a| is the budget.

@@ -121,6 +121,8 @@ pub fn kernel_for(ty: GgmlType, feats: &CpuFeatures, scalar_only: bool) -> Optio
         // Low-bit formats.
         GgmlType::Q1_0 => Some(super::q1_0::kernel(feats, scalar_only)),
         GgmlType::TQ2_0 => Some(super::tq2_0::kernel(feats, scalar_only)),
+        GgmlType::Q2_0 => Some(super::q2_0::kernel_q2_0(feats, scalar_only)),
+        GgmlType::PQ2_0 => Some(super::q2_0::kernel_pq2_0(feats, scalar_only)),
         _ => None,
     }
 }

@@ -32,6 +32,7 @@ mod q8_k;
 
 // Low-bit formats (issue 5).
 mod q1_0;
+mod q2_0;
 mod q8_0_wide;
 mod tq2_0;
 

@@ -53,11 +53,8 @@ impl Micro for TQ2_0 {
                     let asum = _mm256_madd_epi16(load256(ab[i].add(260)), ones16);
                     let isum = _mm256_sub_epi32(sumi[i], asum);
                     let da = (ab[i] as *const f32).read_unaligned();
-                    acc[i] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(isum),
-                        _mm256_set1_ps(da * dw),
-                        acc[i],
-                    );
+                    acc[i] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(da * dw), acc[i]);
                 }
             }
             for (i, v) in acc.iter().enumerate() {
