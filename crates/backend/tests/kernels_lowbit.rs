@@ -9,11 +9,15 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// The low-bit types with a CPU kernel so far.
-const TYPES: [GgmlType; 4] = [
+const TYPES: [GgmlType; 8] = [
     GgmlType::Q1_0,
     GgmlType::TQ2_0,
     GgmlType::Q2_0,
     GgmlType::PQ2_0,
+    GgmlType::IQ4_NL,
+    GgmlType::PTQ1_0,
+    GgmlType::TQ1_0,
+    GgmlType::IQ4_XS,
 ];
 
 /// Both paths compute the same exact integer sums per activation block; only the f32
@@ -124,7 +128,7 @@ fn simd_kernels(ty: GgmlType) -> Vec<MatKernel> {
         }
     }
     if out.is_empty() {
-        eprintln!("{ty}: this CPU has no SIMD kernel: SIMD checks skipped");
+        eprintln!("{ty}: no SIMD kernel (for this type or on this CPU): SIMD checks skipped");
     }
     out
 }

@@ -31,6 +31,8 @@ mod q6_k;
 mod q8_k;
 
 // Low-bit formats (issue 5).
+mod iq4_nl;
+mod lowbit_ref;
 mod q1_0;
 mod q2_0;
 mod q8_0_wide;
