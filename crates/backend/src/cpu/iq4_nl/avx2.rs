@@ -5,6 +5,9 @@
 //! entries, both lanes); the signed × signed product goes through `maddubs(|v|, sign(a, v))`
 //! and `madd`. Tested against the quant crate's `iq4_nl::dot` in tests/kernels_lowbit.rs.
 
+// Per-activation-row accumulators are indexed by row inside unrolled constant loops.
+#![allow(clippy::needless_range_loop)]
+
 use crate::cpu::q8_0_wide::x86::WideMicro;
 use crate::cpu::q8_k::avx2::{hsum_ps, load256, load_f16};
 use neagari_quant::iq4_nl::KVALUES;

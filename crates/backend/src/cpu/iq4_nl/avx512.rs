@@ -6,6 +6,9 @@
 //! the weight scale of the lane's block. An odd last block runs alone in the low half.
 //! Tested against the quant crate's `iq4_nl::dot` in tests/kernels_lowbit.rs.
 
+// Per-activation-row accumulators are indexed by row inside unrolled constant loops.
+#![allow(clippy::needless_range_loop)]
+
 use crate::cpu::q8_0_wide::x86::WideMicro;
 use crate::cpu::q8_k::avx2::load_f16;
 use neagari_quant::iq4_nl::KVALUES;

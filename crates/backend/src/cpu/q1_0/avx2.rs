@@ -6,6 +6,9 @@
 //! by the activation block's scale and, per 128-weight block, by the weight scale.
 //! Tested against the quant crate's `q1_0::dot` in tests/kernels_lowbit.rs.
 
+// Per-activation-row accumulators are indexed by row inside unrolled constant loops.
+#![allow(clippy::needless_range_loop)]
+
 use crate::cpu::q8_0_wide::x86::WideMicro;
 use crate::cpu::q8_k::avx2::{hsum_ps, load256, load_f16};
 use std::arch::x86_64::*;

@@ -8,6 +8,9 @@
 //! so the negation never wraps. Tested against the quant crate's `q1_0::dot` in
 //! tests/kernels_lowbit.rs.
 
+// Per-activation-row accumulators are indexed by row inside unrolled constant loops.
+#![allow(clippy::needless_range_loop)]
+
 use crate::cpu::q8_0_wide::x86::WideMicro;
 use crate::cpu::q8_k::avx2::load_f16;
 use std::arch::x86_64::*;

@@ -7,6 +7,9 @@
 //! eight i32 lanes; the code offset is `−Σa` per lane from the driver's lane sums.
 //! Tested against the quant crate's `q2_0::dot` / `pq2_0::dot` in tests/kernels_lowbit.rs.
 
+// Per-activation-row accumulators are indexed by row inside unrolled constant loops.
+#![allow(clippy::needless_range_loop)]
+
 use crate::cpu::q8_0_wide::x86::WideMicro;
 use crate::cpu::q8_k::avx2::{hsum_ps, load256, load_f16};
 use std::arch::x86_64::*;

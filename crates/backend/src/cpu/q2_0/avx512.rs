@@ -5,6 +5,9 @@
 //! 64 weights, minus the driver's lane sums for the code offset. Tested against the quant
 //! crate's `q2_0::dot` / `pq2_0::dot` in tests/kernels_lowbit.rs.
 
+// Per-activation-row accumulators are indexed by row inside unrolled constant loops.
+#![allow(clippy::needless_range_loop)]
+
 use crate::cpu::q8_0_wide::x86::WideMicro;
 use crate::cpu::q8_k::avx2::load_f16;
 use std::arch::x86_64::*;

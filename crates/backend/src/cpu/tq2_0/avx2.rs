@@ -7,6 +7,9 @@
 //! `Σ(code − 1)·a = Σ code·a − Σ a`, and `Σ a` is the Q8_K block's bsums summed by one
 //! `madd`. Tested against the quant crate's `tq2_0::dot` in tests/kernels_lowbit.rs.
 
+// Per-activation-row accumulators are indexed by row inside unrolled constant loops.
+#![allow(clippy::needless_range_loop)]
+
 use crate::cpu::q8_k::avx2::{hsum_ps, load256, load_f16, shift16, Micro};
 use std::arch::x86_64::*;
 
