@@ -37,9 +37,17 @@ pub use q5_k::BlockQ5_K;
 pub use q6_k::BlockQ6_K;
 pub use q8_k::BlockQ8_K;
 
+pub mod iq1_m;
+pub mod iq1_s;
+pub mod iq2_s;
+pub mod iq2_xs;
+pub mod iq2_xxs;
+pub mod iq3_s;
+pub mod iq3_xxs;
 pub mod iq4_nl;
 pub mod iq4_xs;
 mod iq_dispatch;
+pub mod iq_grids;
 mod lowbit;
 pub mod pq2_0;
 pub mod ptq1_0;
@@ -48,6 +56,13 @@ pub mod q2_0;
 pub mod tq1_0;
 pub mod tq2_0;
 
+pub use iq1_m::BlockIQ1_M;
+pub use iq1_s::BlockIQ1_S;
+pub use iq2_s::BlockIQ2_S;
+pub use iq2_xs::BlockIQ2_XS;
+pub use iq2_xxs::BlockIQ2_XXS;
+pub use iq3_s::BlockIQ3_S;
+pub use iq3_xxs::BlockIQ3_XXS;
 pub use iq4_nl::BlockIQ4_NL;
 pub use iq4_xs::BlockIQ4_XS;
 pub use pq2_0::BlockPQ2_0;
@@ -181,9 +196,9 @@ mod tests {
             dequantize_row(GgmlType::IQ2_XXS, &[0; 18], &mut out),
             Err(QuantError::Ragged { .. })
         ));
-        let mut out = [0f32; 256];
+        let mut out = [0f32; 32];
         assert!(matches!(
-            dequantize_row(GgmlType::IQ2_XXS, &[0; 66], &mut out),
+            dequantize_row(GgmlType::MXFP4, &[0; 17], &mut out),
             Err(QuantError::Unsupported(_))
         ));
         let mut bytes = [0u8; 17];

@@ -43,13 +43,20 @@ fn check_dequant(ty: GgmlType, bytes: &[u8], want: &[f32], what: &str) {
 }
 
 /// Types with a full fixture (ggml and/or gguf-py know them).
-const TYPES: [GgmlType; 6] = [
+const TYPES: [GgmlType; 13] = [
     GgmlType::Q1_0,
     GgmlType::Q2_0,
     GgmlType::TQ1_0,
     GgmlType::TQ2_0,
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
 ];
 
 /// True when the type meets Q8_0 activations (else Q8_K).
@@ -75,6 +82,13 @@ fn dot(ty: GgmlType, w: &[u8], a: &[u8]) -> f32 {
         GgmlType::TQ1_0 => tq1_0::dot(c(w), ak()),
         GgmlType::TQ2_0 => tq2_0::dot(c(w), ak()),
         GgmlType::IQ4_XS => iq4_xs::dot(c(w), ak()),
+        GgmlType::IQ2_XXS => iq2_xxs::dot(c(w), ak()),
+        GgmlType::IQ2_XS => iq2_xs::dot(c(w), ak()),
+        GgmlType::IQ2_S => iq2_s::dot(c(w), ak()),
+        GgmlType::IQ3_XXS => iq3_xxs::dot(c(w), ak()),
+        GgmlType::IQ3_S => iq3_s::dot(c(w), ak()),
+        GgmlType::IQ1_S => iq1_s::dot(c(w), ak()),
+        GgmlType::IQ1_M => iq1_m::dot(c(w), ak()),
         _ => unreachable!("{ty}"),
     }
 }

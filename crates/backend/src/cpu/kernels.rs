@@ -128,6 +128,13 @@ pub fn kernel_for(ty: GgmlType, feats: &CpuFeatures, scalar_only: bool) -> Optio
         GgmlType::PTQ1_0 => Some(lowbit_ref::kernel::<lowbit_ref::Ptq1_0>(feats, scalar_only)),
         GgmlType::TQ1_0 => Some(lowbit_ref::kernel::<lowbit_ref::Tq1_0>(feats, scalar_only)),
         GgmlType::IQ4_XS => Some(lowbit_ref::kernel::<lowbit_ref::Iq4Xs>(feats, scalar_only)),
+        GgmlType::IQ2_XXS => Some(lowbit_ref::kernel::<lowbit_ref::Iq2Xxs>(feats, scalar_only)),
+        GgmlType::IQ2_XS => Some(lowbit_ref::kernel::<lowbit_ref::Iq2Xs>(feats, scalar_only)),
+        GgmlType::IQ2_S => Some(lowbit_ref::kernel::<lowbit_ref::Iq2S>(feats, scalar_only)),
+        GgmlType::IQ3_XXS => Some(lowbit_ref::kernel::<lowbit_ref::Iq3Xxs>(feats, scalar_only)),
+        GgmlType::IQ3_S => Some(lowbit_ref::kernel::<lowbit_ref::Iq3S>(feats, scalar_only)),
+        GgmlType::IQ1_S => Some(lowbit_ref::kernel::<lowbit_ref::Iq1S>(feats, scalar_only)),
+        GgmlType::IQ1_M => Some(lowbit_ref::kernel::<lowbit_ref::Iq1M>(feats, scalar_only)),
         _ => None,
     }
 }

@@ -109,3 +109,66 @@ ref_format!(
     BlockIQ4_XS,
     BlockQ8_K
 );
+ref_format!(
+    Iq2Xxs,
+    256,
+    66,
+    ActFormat::Q8K,
+    iq2_xxs::dot,
+    BlockIQ2_XXS,
+    BlockQ8_K
+);
+ref_format!(
+    Iq2Xs,
+    256,
+    74,
+    ActFormat::Q8K,
+    iq2_xs::dot,
+    BlockIQ2_XS,
+    BlockQ8_K
+);
+ref_format!(
+    Iq2S,
+    256,
+    82,
+    ActFormat::Q8K,
+    iq2_s::dot,
+    BlockIQ2_S,
+    BlockQ8_K
+);
+ref_format!(
+    Iq3Xxs,
+    256,
+    98,
+    ActFormat::Q8K,
+    iq3_xxs::dot,
+    BlockIQ3_XXS,
+    BlockQ8_K
+);
+ref_format!(
+    Iq3S,
+    256,
+    110,
+    ActFormat::Q8K,
+    iq3_s::dot,
+    BlockIQ3_S,
+    BlockQ8_K
+);
+ref_format!(
+    Iq1S,
+    256,
+    50,
+    ActFormat::Q8K,
+    iq1_s::dot,
+    BlockIQ1_S,
+    BlockQ8_K
+);
+ref_format!(
+    Iq1M,
+    256,
+    56,
+    ActFormat::Q8K,
+    iq1_m::dot,
+    BlockIQ1_M,
+    BlockQ8_K
+);
