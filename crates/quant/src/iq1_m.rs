@@ -50,7 +50,7 @@ fn scale(b: &BlockIQ1_M, ib: usize, h: usize) -> i32 {
 #[inline]
 fn entry(b: &BlockIQ1_M, ib: usize, l: usize) -> (usize, bool) {
     let q = b.qh[2 * ib + l / 2] as usize;
-    let nib = if l % 2 == 0 { q & 15 } else { q >> 4 };
+    let nib = if l.is_multiple_of(2) { q & 15 } else { q >> 4 };
     (b.qs[4 * ib + l] as usize | ((nib & 7) << 8), nib & 8 != 0)
 }
 
