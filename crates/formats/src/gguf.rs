@@ -9,6 +9,7 @@
 //! is used, so no input can make the reader allocate beyond a small multiple of the file
 //! size, index out of bounds or panic.
 
+mod q2_0_layout;
 mod writer;
 
 use std::collections::HashMap;
@@ -156,6 +157,7 @@ impl GgufHeader {
 
         let data_offset =
             align_up(r.offset(), alignment).ok_or(GgufError::BadAlignment(alignment))?;
+        q2_0_layout::resolve(&mut tensors, file_size.saturating_sub(data_offset));
         for t in &tensors {
             let start = u128::from(data_offset) + u128::from(t.offset);
             let end = start + u128::from(t.n_bytes);
