@@ -9,7 +9,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// The low-bit types with a CPU kernel so far.
-const TYPES: [GgmlType; 8] = [
+const TYPES: [GgmlType; 15] = [
     GgmlType::Q1_0,
     GgmlType::TQ2_0,
     GgmlType::Q2_0,
@@ -18,6 +18,13 @@ const TYPES: [GgmlType; 8] = [
     GgmlType::PTQ1_0,
     GgmlType::TQ1_0,
     GgmlType::IQ4_XS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
 ];
 
 /// Both paths compute the same exact integer sums per activation block; only the f32

@@ -129,7 +129,7 @@ pub fn kernel_for(ty: GgmlType, feats: &CpuFeatures, scalar_only: bool) -> Optio
         GgmlType::TQ1_0 => Some(lowbit_ref::kernel::<lowbit_ref::Tq1_0>(feats, scalar_only)),
         GgmlType::IQ4_XS => Some(lowbit_ref::kernel::<lowbit_ref::Iq4Xs>(feats, scalar_only)),
         GgmlType::IQ2_XXS => Some(lowbit_ref::kernel::<lowbit_ref::Iq2Xxs>(feats, scalar_only)),
-        GgmlType::IQ2_XS => Some(lowbit_ref::kernel::<lowbit_ref::Iq2Xs>(feats, scalar_only)),
+        GgmlType::IQ2_XS => Some(super::iq2_xs::kernel(feats, scalar_only)),
         GgmlType::IQ2_S => Some(lowbit_ref::kernel::<lowbit_ref::Iq2S>(feats, scalar_only)),
         GgmlType::IQ3_XXS => Some(lowbit_ref::kernel::<lowbit_ref::Iq3Xxs>(feats, scalar_only)),
         GgmlType::IQ3_S => Some(lowbit_ref::kernel::<lowbit_ref::Iq3S>(feats, scalar_only)),

@@ -119,15 +119,6 @@ ref_format!(
     BlockQ8_K
 );
 ref_format!(
-    Iq2Xs,
-    256,
-    74,
-    ActFormat::Q8K,
-    iq2_xs::dot,
-    BlockIQ2_XS,
-    BlockQ8_K
-);
-ref_format!(
     Iq2S,
     256,
     82,

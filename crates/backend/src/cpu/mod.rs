@@ -31,6 +31,7 @@ mod q6_k;
 mod q8_k;
 
 // Low-bit formats (issue 5).
+mod iq2_xs;
 mod iq4_nl;
 mod lowbit_ref;
 mod q1_0;
