@@ -92,15 +92,6 @@ ref_format!(
     BlockQ8_0
 );
 ref_format!(
-    Tq1_0,
-    256,
-    54,
-    ActFormat::Q8K,
-    tq1_0::dot,
-    BlockTQ1_0,
-    BlockQ8_K
-);
-ref_format!(
     Iq4Xs,
     256,
     136,

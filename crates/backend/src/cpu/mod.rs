@@ -37,6 +37,7 @@ mod lowbit_ref;
 mod q1_0;
 mod q2_0;
 mod q8_0_wide;
+mod tq1_0;
 mod tq2_0;
 
 pub mod pool;
