@@ -127,7 +127,7 @@ pub fn kernel_for(ty: GgmlType, feats: &CpuFeatures, scalar_only: bool) -> Optio
         GgmlType::IQ4_NL => Some(super::iq4_nl::kernel(feats, scalar_only)),
         GgmlType::PTQ1_0 => Some(lowbit_ref::kernel::<lowbit_ref::Ptq1_0>(feats, scalar_only)),
         GgmlType::TQ1_0 => Some(super::tq1_0::kernel(feats, scalar_only)),
-        GgmlType::IQ4_XS => Some(lowbit_ref::kernel::<lowbit_ref::Iq4Xs>(feats, scalar_only)),
+        GgmlType::IQ4_XS => Some(super::iq4_xs::kernel(feats, scalar_only)),
         GgmlType::IQ2_XXS => Some(lowbit_ref::kernel::<lowbit_ref::Iq2Xxs>(feats, scalar_only)),
         GgmlType::IQ2_XS => Some(super::iq2_xs::kernel(feats, scalar_only)),
         GgmlType::IQ2_S => Some(lowbit_ref::kernel::<lowbit_ref::Iq2S>(feats, scalar_only)),

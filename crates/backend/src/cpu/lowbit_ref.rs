@@ -1,5 +1,5 @@
-//! Portable kernels for the low-bit formats that have no SIMD micro-kernel yet (PTQ1_0,
-//! TQ1_0, IQ4_XS and the grid i-quants): the quant crate's reference dot row by row, with
+//! Portable kernels for the low-bit formats that have no SIMD micro-kernel yet (PTQ1_0
+//! and the grid i-quants but IQ2_XS): the quant crate's reference dot row by row, with
 //! the activation format ggml dots the type with. Correct everywhere, slow; a format moves
 //! off this list when it gets its own `cpu/<fmt>/` kernels.
 
@@ -90,15 +90,6 @@ ref_format!(
     ptq1_0::dot,
     BlockPTQ1_0,
     BlockQ8_0
-);
-ref_format!(
-    Iq4Xs,
-    256,
-    136,
-    ActFormat::Q8K,
-    iq4_xs::dot,
-    BlockIQ4_XS,
-    BlockQ8_K
 );
 ref_format!(
     Iq2Xxs,

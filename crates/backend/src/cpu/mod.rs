@@ -33,6 +33,7 @@ mod q8_k;
 // Low-bit formats (issue 5).
 mod iq2_xs;
 mod iq4_nl;
+mod iq4_xs;
 mod lowbit_ref;
 mod q1_0;
 mod q2_0;

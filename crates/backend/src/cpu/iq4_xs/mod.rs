@@ -1,0 +1,30 @@
+//! IQ4_XS weights × Q8_K activations: the format's hooks for the shared K-quant kernels in
+//! `q8_k` (scalar = the quant crate's reference dot; AVX2 micro-kernel in `avx2.rs`).
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+
+use super::kernels::{CpuFeatures, MatKernel};
+use super::q8_k::KFormat;
+use neagari_quant::{iq4_xs, BlockIQ4_XS, BlockQ8_K};
+
+struct Format;
+
+impl KFormat for Format {
+    const BYTES: usize = 136;
+
+    fn dot(w: &[u8], a: &[u8]) -> f32 {
+        iq4_xs::dot(
+            bytemuck::cast_slice::<u8, BlockIQ4_XS>(w),
+            bytemuck::cast_slice::<u8, BlockQ8_K>(a),
+        )
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    type Micro = avx2::Iq4Xs;
+}
+
+/// The IQ4_XS kernel for this CPU.
+pub(crate) fn kernel(feats: &CpuFeatures, scalar_only: bool) -> MatKernel {
+    super::q8_k::kernel::<Format>(feats, scalar_only)
+}
