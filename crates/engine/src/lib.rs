@@ -2,5 +2,6 @@
 
 pub mod loader;
 pub mod perplexity;
+pub mod quantize;
 pub mod sampler;
 pub mod session;

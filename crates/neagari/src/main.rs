@@ -6,6 +6,7 @@ mod generate;
 mod inspect;
 mod load;
 mod measure;
+mod quantize;
 mod run;
 
 use std::path::PathBuf;
@@ -37,6 +38,8 @@ enum Cmd {
     Inspect(inspect::InspectArgs),
     /// Perplexity of the model over a text file.
     Measure(measure::MeasureArgs),
+    /// Rewrite a GGUF with another quantization type (llama.cpp's mixtures).
+    Quantize(quantize::QuantizeArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Inspect(a) => inspect::run(a),
         Cmd::Measure(a) => measure::run(a),
+        Cmd::Quantize(a) => quantize::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
