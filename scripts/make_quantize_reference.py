@@ -42,7 +42,7 @@ import llama_cpp as L
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_ref import LlamaRef, Settings, quiet_logs  # noqa: E402
-from make_tiny_llama_family import vocab  # noqa: E402
+from make_tiny_llama_family import numpy_forward, vocab  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures", "quantize")
@@ -313,9 +313,23 @@ def main():
                 case["logits_shape"] = list(logits.shape)
                 srt = np.sort(logits, axis=1)
                 case["min_position_margin"] = float((srt[:, -1] - srt[:, -2]).min())
+                # How far apart two exact engines land when one rounds the softmax weights
+                # to f16 before multiplying with V (llama.cpp's non-flash CPU path) and the
+                # other keeps them f32 (neagari): an independent float64 NumPy pass over the
+                # dequantized weights, activations requantized to Q8_0 blocks before every
+                # matmul (which is what amplifies the rounding: a value that moves across a
+                # rounding boundary moves by a whole step). The Rust test bounds neagari's
+                # distance from llama.cpp by this.
+                arch = "qwen2" if "tied" in inp else "llama"
+                a = numpy_forward(dst, arch, ids, q8_acts=True, f16_softmax=True)
+                b = numpy_forward(dst, arch, ids, q8_acts=True, f16_softmax=False)
+                case["f16_softmax_effect"] = float(np.abs(a - b).max())
+                case["numpy_vs_llama_cpp"] = float(np.abs(a - logits).max())
             out["cases"].append(case)
             types = sorted({t["type"] for t in case["tensors"]})
-            print(f"{cname}: {', '.join(types)}")
+            print(f"{cname}: {', '.join(types)}" + (
+                f"; f16-softmax effect {case['f16_softmax_effect']:.3e}, NumPy vs llama.cpp "
+                f"{case['numpy_vs_llama_cpp']:.3e}" if keep_logits else ""))
         # llama.cpp refuses Q2_K_S without an importance matrix; so must we.
         rc = llama_quantize(os.path.join(OUT, "tiny_f16.gguf"), os.path.join(tmp, "x.gguf"),
                             "Q2_K_S", {})

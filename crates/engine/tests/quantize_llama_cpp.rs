@@ -153,18 +153,37 @@ fn quantized_files_run_like_llama_cpp() {
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
         assert_eq!(got.len(), want.len());
+        let n_vocab = refs["n_vocab"].as_u64().unwrap() as usize;
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         let max_d = got
             .iter()
             .zip(&want)
             .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        eprintln!("{name}: max |Δlogit| {max_d:.2e} of max |logit| {scale:.2}");
-        // The engines differ in rounding only (f16 softmax weights in llama.cpp, summation
-        // order); on the f32 tiny models that stays under 1% of the logit scale
-        // (llama_family_llama_cpp.rs), and the same bound holds with quantized weights
-        // because both engines quantize activations to the same Q8 blocks.
-        assert!(max_d <= 0.01 * scale, "{name}: max |Δlogit| {max_d}");
+        let effect = case["f16_softmax_effect"].as_f64().unwrap() as f32;
+        eprintln!(
+            "{name}: max |Δlogit| {max_d:.2e} of max |logit| {scale:.2}; f16-softmax effect {effect:.2e}"
+        );
+        // The engines differ in rounding: llama.cpp rounds the softmax weights to f16 before
+        // multiplying with V, neagari keeps them f32. The script measured how far that alone
+        // moves the logits of this very file (NumPy, float64, activations requantized to Q8
+        // blocks as both engines do: a value crossing a rounding boundary moves a whole
+        // step); we allow 25% more plus 1e-3 of the scale for summation order.
+        let tol = 1.25 * effect + 1e-3 * scale;
+        assert!(max_d <= tol, "{name}: max |Δlogit| {max_d} > {tol}");
+        // Wherever llama.cpp's top two are further apart than twice the bound, the argmax
+        // cannot differ; check it anyway as the visible symptom.
+        for (p, (g, w)) in got.chunks_exact(n_vocab).zip(want.chunks_exact(n_vocab)).enumerate() {
+            let mut s: Vec<f32> = w.to_vec();
+            s.sort_by(|a, b| b.total_cmp(a));
+            if s[0] - s[1] > 2.0 * tol {
+                assert_eq!(argmax(g), argmax(w), "{name}: argmax at position {p}");
+            }
+        }
     }
+}
+
+fn argmax(l: &[f32]) -> usize {
+    (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b })
 }
 
 #[test]
