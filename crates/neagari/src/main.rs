@@ -6,6 +6,7 @@ mod generate;
 mod inspect;
 mod load;
 mod measure;
+mod measure_kld;
 mod quantize;
 mod run;
 
@@ -36,7 +37,7 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Metadata, tensor table, tokenizer and template summary of a GGUF file.
     Inspect(inspect::InspectArgs),
-    /// Perplexity of the model over a text file.
+    /// Perplexity over a text file; with --kld-base, KL divergence from a reference model.
     Measure(measure::MeasureArgs),
     /// Rewrite a GGUF with another quantization type (llama.cpp's mixtures).
     Quantize(quantize::QuantizeArgs),
