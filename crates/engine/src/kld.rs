@@ -118,7 +118,7 @@ pub fn summarize(pos: &[KldPosition], chunks: usize) -> KldSummary {
     let var = mean(&|p| p.kld * p.kld) - mean_kld * mean_kld;
     let mut k: Vec<f64> = pos.iter().map(|p| p.kld).collect();
     k.sort_by(f64::total_cmp);
-    let median = if n % 2 == 0 {
+    let median = if n.is_multiple_of(2) {
         0.5 * (k[n / 2] + k[n / 2 - 1])
     } else {
         k[n / 2]

@@ -1,7 +1,7 @@
 //! The engine: sequences and their caches, the sampler, generation loops.
 
-pub mod loader;
 pub mod kld;
+pub mod loader;
 pub mod perplexity;
 pub mod quantize;
 pub mod sampler;

@@ -40,9 +40,7 @@ pub enum QuantizeError {
         #[source]
         source: QuantError,
     },
-    #[error(
-        "no quantizer for {ty} in this build (tensor {tensor}); types with one: {available}"
-    )]
+    #[error("no quantizer for {ty} in this build (tensor {tensor}); types with one: {available}")]
     NoQuantizer {
         ty: GgmlType,
         tensor: String,
@@ -257,11 +255,8 @@ pub fn plan(input: &QuantizeInput, params: &QuantizeParams) -> Result<Plan, Quan
     let mut order: Vec<usize> = (0..input.tensors.len()).collect();
     order.sort_by(|&a, &b| rules::llama_cpp_order(&input.tensors[a].name, &input.tensors[b].name));
 
-    let mut chooser = rules::TypeChooser::new(
-        &facts,
-        tp,
-        input.tensors.iter().map(|t| t.name.as_str()),
-    );
+    let mut chooser =
+        rules::TypeChooser::new(&facts, tp, input.tensors.iter().map(|t| t.name.as_str()));
     let metadata = output_metadata(&input.metadata, tp.ftype)?;
     let mut writer = GgufWriter::new();
     for (k, v) in metadata.iter() {
@@ -272,10 +267,9 @@ pub fn plan(input: &QuantizeInput, params: &QuantizeParams) -> Result<Plan, Quan
     for i in order {
         let t = &input.tensors[i];
         let to = chooser.choose(&t.name, &t.dims, t.ty);
-        let want = t
-            .ty
-            .row_bytes(t.row_len())
-            .map(|b| b as u64 * t.rows() as u64);
+        let want =
+            t.ty.row_bytes(t.row_len())
+                .map(|b| b as u64 * t.rows() as u64);
         if want != Some(t.data.len() as u64) {
             return Err(QuantizeError::BadTensor {
                 tensor: t.name.clone(),
@@ -424,7 +418,8 @@ fn quantize_rows(
     // At least ~16k values per chunk (llama.cpp's min_chunk_size) so a chunk is worth a
     // trip to the queue.
     let chunk_rows = (16384 / n.max(1)).max(1);
-    let chunks: Vec<(usize, &mut [u8])> = dst.chunks_mut(chunk_rows * dst_row).enumerate().collect();
+    let chunks: Vec<(usize, &mut [u8])> =
+        dst.chunks_mut(chunk_rows * dst_row).enumerate().collect();
     let workers = threads.clamp(1, chunks.len().max(1));
     let queue = Mutex::new(chunks.into_iter());
     let failed = Mutex::new(None::<QuantizeError>);

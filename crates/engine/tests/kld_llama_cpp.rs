@@ -147,14 +147,18 @@ fn kl_divergence_matches_llama_cpp() {
         f(k, "ppl_base"),
         f(k, "ppl_model"),
     );
-    assert!(mean_d <= 2.0 * self_mean, "per-position mean |ΔKLD| {mean_d}");
+    assert!(
+        mean_d <= 2.0 * self_mean,
+        "per-position mean |ΔKLD| {mean_d}"
+    );
     assert!(max_d <= 2.0 * self_max, "per-position max |ΔKLD| {max_d}");
     // |mean(a) − mean(b)| ≤ mean |a − b|.
     assert!((s.mean_kld - f(k, "mean_kld")).abs() <= 2.0 * self_mean);
     assert!(flips <= 2 * self_flips.max(1), "{flips} argmax flips");
     // Log-perplexities: twice llama.cpp's own movement, plus a floor for f64 vs f32 sums.
     let dl = |a: f64, b: f64| (a / b).ln().abs();
-    let self_ppl = dl(f(fa, "ppl_base"), f(k, "ppl_base")).max(dl(f(fa, "ppl_model"), f(k, "ppl_model")));
+    let self_ppl =
+        dl(f(fa, "ppl_base"), f(k, "ppl_base")).max(dl(f(fa, "ppl_model"), f(k, "ppl_model")));
     assert!(dl(s.ppl_base, f(k, "ppl_base")) <= 2.0 * self_ppl + 1e-4);
     assert!(dl(s.ppl, f(k, "ppl_model")) <= 2.0 * self_ppl + 1e-4);
     // The median is an order statistic of values each within max_d.

@@ -85,7 +85,12 @@ fn tensors_equal_llama_cpp_bytes() {
         // Same tensors in the same (llama.cpp's) order.
         for (t, w) in g.tensors().iter().zip(want) {
             assert_eq!(t.name, w["name"].as_str().unwrap(), "{name}: order");
-            assert_eq!(t.ty.name(), w["type"].as_str().unwrap(), "{name}: {}", t.name);
+            assert_eq!(
+                t.ty.name(),
+                w["type"].as_str().unwrap(),
+                "{name}: {}",
+                t.name
+            );
             let dims: Vec<u64> = w["dims"]
                 .as_array()
                 .unwrap()
@@ -172,7 +177,11 @@ fn quantized_files_run_like_llama_cpp() {
         assert!(max_d <= tol, "{name}: max |Δlogit| {max_d} > {tol}");
         // Wherever llama.cpp's top two are further apart than twice the bound, the argmax
         // cannot differ; check it anyway as the visible symptom.
-        for (p, (g, w)) in got.chunks_exact(n_vocab).zip(want.chunks_exact(n_vocab)).enumerate() {
+        for (p, (g, w)) in got
+            .chunks_exact(n_vocab)
+            .zip(want.chunks_exact(n_vocab))
+            .enumerate()
+        {
             let mut s: Vec<f32> = w.to_vec();
             s.sort_by(|a, b| b.total_cmp(a));
             if s[0] - s[1] > 2.0 * tol {
@@ -203,7 +212,10 @@ fn refuses_what_it_cannot_make() {
     // llama.cpp refuses Q2_K_S without an importance matrix (recorded by the script).
     assert_eq!(reference()["q2_k_s_refused"], true);
     let e = quantize::plan(&input, &p).unwrap_err();
-    assert!(matches!(e, quantize::QuantizeError::NeedsImatrix { .. }), "{e}");
+    assert!(
+        matches!(e, quantize::QuantizeError::NeedsImatrix { .. }),
+        "{e}"
+    );
 
     // A type whose quantizer this build lacks is named in the error, before any work.
     for ft in [FileType::TQ2_0, FileType::IQ4_XS, FileType::Q1_0] {
@@ -224,7 +236,10 @@ fn refuses_what_it_cannot_make() {
     let input = QuantizeInput::from_gguf(&q8);
     p.types.ftype = FileType::Q4_0;
     let e = quantize::plan(&input, &p).unwrap_err();
-    assert!(matches!(e, quantize::QuantizeError::Requantize { .. }), "{e}");
+    assert!(
+        matches!(e, quantize::QuantizeError::Requantize { .. }),
+        "{e}"
+    );
     p.allow_requantize = true;
     assert!(quantize::plan(&input, &p).is_ok());
 }

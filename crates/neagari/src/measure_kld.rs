@@ -107,7 +107,11 @@ pub fn run(a: &MeasureArgs, base_path: &Path, text_path: &Path) -> Result<()> {
         l.n_batch,
         |c, p| {
             let s = summarize(p, c + 1);
-            bar.set_message(format!("KLD {:.5}, same top {:.2}%", s.mean_kld, 100.0 * s.same_top));
+            bar.set_message(format!(
+                "KLD {:.5}, same top {:.2}%",
+                s.mean_kld,
+                100.0 * s.same_top
+            ));
             bar.inc(1);
         },
     )?;

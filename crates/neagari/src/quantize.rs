@@ -75,7 +75,12 @@ pub fn run(a: &QuantizeArgs) -> Result<()> {
         bail!("input and output are the same file");
     }
     let keep = a.keep_output.as_deref().map(ggml_type).transpose()?;
-    let output_type = a.output_type.as_deref().map(ggml_type).transpose()?.or(keep);
+    let output_type = a
+        .output_type
+        .as_deref()
+        .map(ggml_type)
+        .transpose()?
+        .or(keep);
     let embd_type = a.embd_type.as_deref().map(ggml_type).transpose()?.or(keep);
     let threads = a
         .threads
@@ -136,10 +141,8 @@ pub fn run(a: &QuantizeArgs) -> Result<()> {
     let file = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     let bar = ProgressBar::new(plan.bytes_in());
     bar.set_style(
-        ProgressStyle::with_template(
-            "{bar:30} {bytes}/{total_bytes} {msg:36} [{elapsed} < {eta}]",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {msg:36} [{elapsed} < {eta}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let t0 = Instant::now();
     let expected = plan.file_bytes;

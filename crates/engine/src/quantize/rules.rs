@@ -98,10 +98,7 @@ const ALIASES: &[(&str, FileType)] = &[
 impl FileType {
     fn row(self) -> &'static (&'static str, FileType, u32, GgmlType) {
         // Every variant has exactly one row (checked by a test).
-        TABLE
-            .iter()
-            .find(|r| r.1 == self)
-            .unwrap_or(&TABLE[0])
+        TABLE.iter().find(|r| r.1 == self).unwrap_or(&TABLE[0])
     }
 
     /// Parses a name as llama-quantize spells it (case-insensitive), aliases included.
@@ -156,11 +153,7 @@ pub struct ModelFacts {
 
 impl ModelFacts {
     fn n_gqa(&self) -> usize {
-        if self.n_head_kv == 0 {
-            0
-        } else {
-            self.n_head / self.n_head_kv
-        }
+        self.n_head.checked_div(self.n_head_kv).unwrap_or(0)
     }
 
     /// llama.cpp's LLM_TYPE_70B: an 80-layer llama with grouped KV heads.
@@ -422,8 +415,9 @@ impl<'a> TypeChooser<'a> {
         let ft = self.params.ftype;
         let f = self.facts;
         let mut t = default;
-        let use_more_bits =
-            |i: usize, n: usize| i < n / 8 || i >= 7 * n / 8 || (i as i64 - (n / 8) as i64) % 3 == 2;
+        let use_more_bits = |i: usize, n: usize| {
+            i < n / 8 || i >= 7 * n / 8 || (i as i64 - (n / 8) as i64) % 3 == 2
+        };
         let n_layer = f.n_layer;
         let iq_low = matches!(
             ft,
@@ -522,11 +516,7 @@ impl<'a> TypeChooser<'a> {
             let falcon = f.is_falcon();
             match ft {
                 F::Q2_K => t = G::Q3_K,
-                F::Q2_K_S => {
-                    if il < n / 8 {
-                        t = G::Q4_K
-                    }
-                }
+                F::Q2_K_S if il < n / 8 => t = G::Q4_K,
                 F::IQ3_XXS => t = if il < n / 8 { G::Q4_K } else { G::Q3_K },
                 F::Q3_K_M => {
                     t = if il < n / 16 {
@@ -537,9 +527,7 @@ impl<'a> TypeChooser<'a> {
                         G::Q3_K
                     }
                 }
-                F::IQ3_M if il < n / 8 || (f.n_expert == 8 && use_more_bits(il, n)) => {
-                    t = G::Q4_K
-                }
+                F::IQ3_M if il < n / 8 || (f.n_expert == 8 && use_more_bits(il, n)) => t = G::Q4_K,
                 F::Q3_K_L => t = if falcon { G::Q4_K } else { G::Q5_K },
                 F::Q4_K_M => {
                     if falcon {
@@ -678,8 +666,23 @@ mod tests {
 
     #[test]
     fn order_puts_globals_first_then_layers_numerically() {
-        let mut v = vec!["blk.10.a", "output.weight", "blk.2.b", "blk.2.a", "token_embd.weight"];
+        let mut v = vec![
+            "blk.10.a",
+            "output.weight",
+            "blk.2.b",
+            "blk.2.a",
+            "token_embd.weight",
+        ];
         v.sort_by(|a, b| llama_cpp_order(a, b));
-        assert_eq!(v, ["output.weight", "token_embd.weight", "blk.2.a", "blk.2.b", "blk.10.a"]);
+        assert_eq!(
+            v,
+            [
+                "output.weight",
+                "token_embd.weight",
+                "blk.2.a",
+                "blk.2.b",
+                "blk.10.a"
+            ]
+        );
     }
 }
