@@ -18,6 +18,7 @@ use std::sync::Arc;
 use neagari_backend::cpu::{CpuBackend, CpuOptions};
 use neagari_backend::KvType;
 use neagari_engine::kld::{kl_divergence, summarize, Side};
+use neagari_engine::perplexity::perplexity;
 use neagari_engine::loader::tokenizer_from_gguf;
 use neagari_engine::quantize::{self, FileType, QuantizeInput, QuantizeParams, TypeParams};
 use neagari_engine::session::Session;
@@ -163,4 +164,50 @@ fn kl_divergence_matches_llama_cpp() {
     assert!(dl(s.ppl, f(k, "ppl_model")) <= 2.0 * self_ppl + 1e-4);
     // The median is an order statistic of values each within max_d.
     assert!((s.median_kld - f(k, "median_kld")).abs() <= 2.0 * self_max);
+}
+
+/// A model against itself: every divergence is zero and every argmax agrees; and the
+/// base perplexity KLD reports is the one `perplexity` computes over the same windows.
+#[test]
+fn self_divergence_is_zero_and_perplexity_agrees() {
+    let file = Arc::new(Gguf::open(dir().join("tiny_f16.gguf")).unwrap());
+    let be = CpuBackend::new(&CpuOptions {
+        threads: 2,
+        scalar_only: false,
+    });
+    let m = neagari_model::load(&be, &GgufSource::new(file.clone())).unwrap();
+    let tok = tokenizer_from_gguf(&file).unwrap();
+    let text = std::fs::read_to_string(dir().join("kld_text.txt")).unwrap();
+    let tokens = tok.encode(text.trim_end_matches('\n'), true, false);
+    let n_ctx = 64;
+    let mut s1 = Session::new(m.as_ref(), &be, n_ctx, KvType::F16).unwrap();
+    let mut s2 = Session::new(m.as_ref(), &be, n_ctx, KvType::F16).unwrap();
+    let pos = kl_divergence(
+        &be,
+        Side {
+            model: m.as_ref(),
+            sess: &mut s1,
+        },
+        Side {
+            model: m.as_ref(),
+            sess: &mut s2,
+        },
+        &tokens,
+        4,
+        None,
+        512,
+        |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(pos.len(), 4 * (n_ctx - 1 - n_ctx / 2));
+    assert!(pos.iter().all(|p| p.kld.abs() < 1e-12 && p.same_top && p.p_diff == 0.0));
+    let s = summarize(&pos, 4);
+    let ppl = perplexity(m.as_ref(), &be, &mut s1, &tokens, 4, None, 512, |_, _| {}).unwrap();
+    assert_eq!(ppl.tokens_scored, pos.len());
+    assert!(
+        ((s.ppl_base / ppl.ppl).ln()).abs() < 1e-6,
+        "{} vs {}",
+        s.ppl_base,
+        ppl.ppl
+    );
 }

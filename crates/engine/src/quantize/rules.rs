@@ -304,7 +304,9 @@ pub fn fallback(ncols: u64, target: GgmlType) -> (GgmlType, bool) {
         Q4_K => Q5_0,
         Q5_K => Q5_1,
         Q6_K => Q8_0,
-        // Other types: 32-wide ones (and the rest) go straight to the F16 check below.
+        // 32-wide types go straight to the F16 check below. For a wider type without an
+        // entry (Q1_0, 128) llama.cpp stops with "no tensor type fallback"; we store such
+        // rows as F16 instead, which llama.cpp reads as well.
         other => other,
     };
     if !ncols.is_multiple_of(t.info().block as u64) {
