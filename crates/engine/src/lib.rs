@@ -1,6 +1,8 @@
 //! The engine: sequences and their caches, the sampler, generation loops.
 
+pub mod kld;
 pub mod loader;
 pub mod perplexity;
+pub mod quantize;
 pub mod sampler;
 pub mod session;

@@ -6,6 +6,8 @@ mod generate;
 mod inspect;
 mod load;
 mod measure;
+mod measure_kld;
+mod quantize;
 mod run;
 
 use std::path::PathBuf;
@@ -35,8 +37,10 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Metadata, tensor table, tokenizer and template summary of a GGUF file.
     Inspect(inspect::InspectArgs),
-    /// Perplexity of the model over a text file.
+    /// Perplexity over a text file; with --kld-base, KL divergence from a reference model.
     Measure(measure::MeasureArgs),
+    /// Rewrite a GGUF with another quantization type (llama.cpp's mixtures).
+    Quantize(quantize::QuantizeArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -67,6 +71,7 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Inspect(a) => inspect::run(a),
         Cmd::Measure(a) => measure::run(a),
+        Cmd::Quantize(a) => quantize::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

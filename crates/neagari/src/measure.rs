@@ -1,6 +1,10 @@
 //! `neagari measure --ppl FILE`: perplexity as llama-perplexity computes it — the whole text
 //! tokenized once with BOS, cut into chunks of `n_ctx` tokens whose first token becomes
 //! BOS, each chunk scored on its second half only.
+//!
+//! `neagari measure --kld-base BASE.gguf -m MODEL.gguf FILE`: over the same windows, the KL
+//! divergence of MODEL from BASE, top-1 agreement and both perplexities (llama-perplexity
+//! --kl-divergence, with both models run side by side instead of a saved base-logits file).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -18,7 +22,12 @@ pub struct MeasureArgs {
     pub model: crate::ModelArgs,
     /// Text file whose perplexity to measure.
     #[arg(long = "ppl")]
-    pub ppl: PathBuf,
+    pub ppl: Option<PathBuf>,
+    /// The text file (same as --ppl).
+    pub file: Option<PathBuf>,
+    /// Reference model (same tokenizer): report the KL divergence of -m from it.
+    #[arg(long = "kld-base")]
+    pub kld_base: Option<PathBuf>,
     /// Stop after this many chunks.
     #[arg(long = "chunks")]
     pub chunks: Option<usize>,
@@ -28,11 +37,17 @@ pub struct MeasureArgs {
 }
 
 pub fn run(a: &MeasureArgs) -> Result<()> {
+    let Some(path) = a.ppl.as_ref().or(a.file.as_ref()) else {
+        bail!("give the text file to measure over (as an argument or with --ppl)");
+    };
+    if let Some(base) = &a.kld_base {
+        return crate::measure_kld::run(a, base, path);
+    }
     let mut args = a.model.clone();
     let n_ctx = args.ctx_size.unwrap_or(512);
     args.ctx_size = Some(n_ctx);
     let l = Loaded::open(&args, false)?;
-    let text = std::fs::read(&a.ppl).with_context(|| format!("cannot read {}", a.ppl.display()))?;
+    let text = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut text = String::from_utf8_lossy(&text).into_owned();
     // llama-perplexity reads the file the same way: one trailing newline dropped.
     if text.ends_with('\n') {
@@ -50,7 +65,7 @@ pub fn run(a: &MeasureArgs) -> Result<()> {
     if n_chunk == 0 {
         bail!(
             "{} tokenizes to {} tokens, fewer than one context of {n_ctx}",
-            a.ppl.display(),
+            path.display(),
             tokens.len()
         );
     }
