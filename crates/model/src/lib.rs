@@ -9,6 +9,7 @@ pub mod gguf;
 pub mod llama;
 pub mod qwen35;
 pub mod source;
+pub mod synth;
 
 use neagari_backend::{Backend, BackendError, KvType};
 

@@ -118,7 +118,9 @@ impl Config {
                 }
                 None => {
                     let every = src.usize_or(&k("full_attention_interval"), 4)?.max(1);
-                    (0..n_layers).map(|i| (i + 1) % every != 0).collect()
+                    (0..n_layers)
+                        .map(|i| !(i + 1).is_multiple_of(every))
+                        .collect()
                 }
             };
             let n_k_heads = src.usize(&k("ssm.group_count"))?;

@@ -181,9 +181,9 @@ fn chunk(
     let beta = &inp.beta[t0..t0 + l];
     let mut gc = [0f32; CHUNK];
     let mut acc = 0f32;
-    for i in 0..l {
-        acc += inp.g[t0 + i];
-        gc[i] = acc;
+    for (c, g) in gc.iter_mut().zip(&inp.g[t0..t0 + l]) {
+        acc += g;
+        *c = acc;
     }
     let ki = |i: usize| &k[i * dk..(i + 1) * dk];
     let qi = |i: usize| &q[i * dk..(i + 1) * dk];
