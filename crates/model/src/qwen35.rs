@@ -23,6 +23,10 @@ use crate::{check_room, output_logits, CausalLm, ModelError, ModelInfo, Result};
 /// Gated DeltaNet geometry.
 #[derive(Clone, Debug)]
 pub struct SsmConfig {
+    /// How value heads find their key head: tiled in llama.cpp's qwen35 GGUFs; a source
+    /// serving HF-ordered tensors (no V-head reordering) sets `{arch}.ssm.v_head_order` to
+    /// "grouped".
+    pub map: HeadMap,
     pub conv_kernel: usize,
     pub n_k_heads: usize,
     pub n_v_heads: usize,
@@ -136,7 +140,18 @@ impl Config {
                     msg: format!("{n_k_heads} key heads, {n_v_heads} value heads, inner {inner}"),
                 });
             }
+            let map = match src.str_opt(&k("ssm.v_head_order"))?.as_deref() {
+                None | Some("tiled") => HeadMap::Tiled,
+                Some("grouped") => HeadMap::Grouped,
+                Some(o) => {
+                    return Err(ModelError::BadKey {
+                        key: k("ssm.v_head_order"),
+                        msg: format!("'{o}' (expected tiled or grouped)"),
+                    })
+                }
+            };
             let ssm = SsmConfig {
+                map,
                 conv_kernel: src.usize(&k("ssm.conv_kernel"))?.max(1),
                 n_k_heads,
                 n_v_heads,
@@ -610,7 +625,7 @@ impl<B: Backend> Qwen35<B> {
             n_v_heads: s.n_v_heads,
             d_k: s.d_k,
             d_v: s.d_v,
-            map: HeadMap::Tiled,
+            map: s.map,
         };
         let mut core = be.buf(nt, s.value_dim())?; // [n, value_dim]
         be.gated_delta(
