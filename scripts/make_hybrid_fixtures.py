@@ -99,6 +99,36 @@ CONFIGS = {
             mrope_interleaved=True,
         ),
     ),
+    # Qwen3-Next: fused in_proj_qkvz / in_proj_ba (split by the converter into attn_qkv,
+    # attn_gate and ssm_ba, V heads left in grouped order), MoE with a gated shared expert,
+    # (llama.cpp's qwen3next converter has no dense-layer mapping, so every layer is MoE).
+    "qwen3next_moe": dict(
+        kind="qwen3_next",
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        layer_types=[LT, LT, FA, LT],
+        mlp_only_layers=[],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=32,
+        norm_topk_prob=True,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        rope_parameters=dict(
+            rope_type="default", rope_theta=10_000_000.0, partial_rotary_factor=0.25
+        ),
+    ),
     # Plain Qwen3-MoE (every layer MoE, no shared expert).
     "qwen3_moe": dict(
         kind="qwen3_moe",
@@ -131,6 +161,10 @@ def build(kind: str, cfg: dict):
         from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
         return Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**cfg))
+    if kind == "qwen3_next":
+        from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+        return Qwen3NextForCausalLM(Qwen3NextConfig(**cfg))
     if kind == "qwen3_moe":
         from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -220,7 +254,7 @@ def patch_converter_vocab(n_vocab: int) -> None:
     base.TextModel._set_vocab_qwen = minimal_gpt2
 
 
-def convert(model_dir: str, out_path: str, no_mtp: bool) -> None:
+def convert(model_dir: str, out_path: str, no_mtp: bool, name: str) -> None:
     import convert_hf_to_gguf as conv
 
     argv = [
@@ -230,6 +264,8 @@ def convert(model_dir: str, out_path: str, no_mtp: bool) -> None:
         out_path,
         "--outtype",
         "f32",
+        "--model-name",
+        f"fixture-{name}",
     ]
     if no_mtp:
         argv.append("--no-mtp")
@@ -278,7 +314,7 @@ def main() -> None:
                 tensors.update({k: v.half().float() for k, v in extra.items()})
                 save_file(tensors, st, metadata={"format": "pt"})
             gguf_path = os.path.join(OUT, f"{name}.gguf")
-            convert(d, gguf_path, no_mtp=full["kind"] != "qwen3_moe" and not has_mtp)
+            convert(d, gguf_path, no_mtp=full["kind"] != "qwen3_moe" and not has_mtp, name=name)
         logits.astype("<f4").tofile(os.path.join(OUT, f"{name}.logits.bin"))
         ref["models"][name] = {
             "hf_model_type": model.config.model_type,

@@ -1,4 +1,4 @@
-//! Qwen3.5 hybrid (Gated DeltaNet + gated attention), Qwen3.5-MoE and Qwen3-MoE against
+//! Qwen3.5 hybrid (Gated DeltaNet + gated attention), Qwen3.5-MoE, Qwen3-Next and Qwen3-MoE against
 //! transformers on tiny random-weight models committed under
 //! crates/model/tests/fixtures/hybrid (scripts/make_hybrid_fixtures.py: transformers runs
 //! the model in f32, llama.cpp's convert_hf_to_gguf.py writes the GGUF from the same
@@ -17,7 +17,7 @@ use neagari_backend::KvType;
 use neagari_engine::session::Session;
 use neagari_formats::Gguf;
 use neagari_model::gguf::GgufSource;
-use neagari_model::CausalLm;
+use neagari_model::{CausalLm, ModelSource};
 use serde_json::Value;
 
 const REL_TOL: f32 = 1e-3;
@@ -173,6 +173,21 @@ fn qwen35_moe_decode_after_prefill_equals_prefill() {
 }
 
 #[test]
+fn qwen3next_moe_prefill_matches_transformers() {
+    check_prefill("qwen3next_moe");
+}
+
+#[test]
+fn qwen3next_moe_decode_matches_transformers() {
+    check_decode("qwen3next_moe");
+}
+
+#[test]
+fn qwen3next_moe_decode_after_prefill_equals_prefill() {
+    check_decode_after_prefill("qwen3next_moe");
+}
+
+#[test]
 fn qwen3_moe_prefill_matches_transformers() {
     check_prefill("qwen3_moe");
 }
@@ -244,4 +259,58 @@ fn qwen35_mtp_block_is_loaded() {
         m.config().recurrent,
         vec![true, true, false, true, true, false]
     );
+}
+
+/// A source that serves one extra string key (what a safetensors source would set).
+struct WithKey<'a> {
+    inner: &'a GgufSource,
+    key: &'a str,
+    value: &'a str,
+}
+
+impl ModelSource for WithKey<'_> {
+    fn architecture(&self) -> neagari_model::Result<String> {
+        self.inner.architecture()
+    }
+    fn u64_opt(&self, key: &str) -> neagari_model::Result<Option<u64>> {
+        self.inner.u64_opt(key)
+    }
+    fn f32_opt(&self, key: &str) -> neagari_model::Result<Option<f32>> {
+        self.inner.f32_opt(key)
+    }
+    fn str_opt(&self, key: &str) -> neagari_model::Result<Option<String>> {
+        if key == self.key {
+            return Ok(Some(self.value.to_string()));
+        }
+        self.inner.str_opt(key)
+    }
+    fn bool_opt(&self, key: &str) -> neagari_model::Result<Option<bool>> {
+        self.inner.bool_opt(key)
+    }
+    fn u64_array_opt(&self, key: &str) -> neagari_model::Result<Option<Vec<u64>>> {
+        self.inner.u64_array_opt(key)
+    }
+    fn tensor(&self, name: &str) -> Option<neagari_backend::HostTensor> {
+        self.inner.tensor(name)
+    }
+}
+
+/// The value-head order matters: reading the tiled qwen35moe file (3 value heads per key
+/// head) as grouped moves the logits far off transformers'.
+#[test]
+fn qwen35_moe_wrong_head_order_is_detected() {
+    let c = case("qwen35_moe");
+    let file = Arc::new(Gguf::open(dir().join("qwen35_moe.gguf")).unwrap());
+    let src = GgufSource::new(file);
+    let wrong = WithKey {
+        inner: &src,
+        key: "qwen35moe.ssm.v_head_order",
+        value: "grouped",
+    };
+    let model = neagari_model::load(&c.be, &wrong).unwrap();
+    let mut kv = model.new_kv(&c.be, 256, KvType::F32).unwrap();
+    let got = model.forward(&c.be, &mut kv, &c.ids[..40], true).unwrap();
+    let e = rel_err(&got, &c.want[..40 * c.n_vocab]);
+    println!("qwen35_moe read as grouped: rel err {e:.2e}");
+    assert!(e > 1e-2, "{e}");
 }

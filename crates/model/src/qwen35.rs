@@ -1,13 +1,15 @@
 //! Qwen3.5 / Qwen3.6 hybrids and the Qwen3 MoE family as llama.cpp's converter writes them:
 //! `qwen35` (dense hybrid), `qwen35moe` (hybrid with MoE FFN and a sigmoid-gated shared
-//! expert) and `qwen3moe` (plain attention, MoE FFN).
+//! expert), `qwen3next` (the same with fused `ssm_ba` and V heads in grouped order) and
+//! `qwen3moe` (plain attention, MoE FFN).
 //!
 //! A hybrid stack mixes Gated DeltaNet layers (`attention.recurrent_layers[i]` true, or every
 //! layer but each `full_attention_interval`-th) with gated full-attention layers (query and
 //! output gate interleaved per head in `attn_q`, q/k RMSNorm, partial NeoX RoPE over
 //! `rope.dimension_count` dims — text-only MRoPE reduces to that, all position streams being
 //! equal). GGUF already folds the zero-centred norms' `1 + w`, stores `ssm_a = −exp(A_log)`
-//! and orders value heads tiled (v head h reads k head `h mod n_k`).
+//! and, for qwen35/qwen35moe, orders value heads tiled (v head h reads k head `h mod n_k`;
+//! qwen3next keeps HF's grouped order, `h / (n_v / n_k)`).
 //!
 //! The per-sequence state is the backend's cache: KV entries for the full-attention layers
 //! and the recurrent state (`rec_alloc`) for the DeltaNet layers. MTP blocks (the last
@@ -140,10 +142,17 @@ impl Config {
                     msg: format!("{n_k_heads} key heads, {n_v_heads} value heads, inner {inner}"),
                 });
             }
-            let map = match src.str_opt(&k("ssm.v_head_order"))?.as_deref() {
-                None | Some("tiled") => HeadMap::Tiled,
-                Some("grouped") => HeadMap::Grouped,
-                Some(o) => {
+            // llama.cpp reorders V heads to tiled order for qwen35/qwen35moe only.
+            let default_order = if arch == "qwen3next" {
+                "grouped"
+            } else {
+                "tiled"
+            };
+            let order = src.str_opt(&k("ssm.v_head_order"))?;
+            let map = match order.as_deref().unwrap_or(default_order) {
+                "tiled" => HeadMap::Tiled,
+                "grouped" => HeadMap::Grouped,
+                o => {
                     return Err(ModelError::BadKey {
                         key: k("ssm.v_head_order"),
                         msg: format!("'{o}' (expected tiled or grouped)"),
@@ -208,14 +217,21 @@ struct AttnW<B: Backend> {
     kv_layer: usize,
 }
 
+/// The β and α projections: separate (qwen35), or fused per key head as
+/// `[b r | a r]` rows (qwen3next's `ssm_ba`, r = n_v / n_k).
+enum BetaAlpha<B: Backend> {
+    /// `[n_v, H]` each.
+    Split { beta: B::Mat, alpha: B::Mat },
+    /// `[2·n_v, H]`.
+    Fused(B::Mat),
+}
+
 struct DeltaW<B: Backend> {
     /// `[2·key_dim + value_dim, H]`.
     qkv: B::Mat,
     /// z: `[value_dim, H]`.
     gate: B::Mat,
-    /// `[n_v, H]` each.
-    beta: B::Mat,
-    alpha: B::Mat,
+    beta_alpha: BetaAlpha<B>,
     /// `[channels · kernel]`.
     conv: B::Vector,
     /// −exp(A_log), `[n_v]`.
@@ -401,8 +417,14 @@ impl<B: Backend> Qwen35<B> {
                 }
             }
             Mixer::Delta(d) => {
-                for m in [&d.qkv, &d.gate, &d.beta, &d.alpha, &d.out] {
+                for m in [&d.qkv, &d.gate, &d.out] {
                     b += be.mat_bytes(m);
+                }
+                match &d.beta_alpha {
+                    BetaAlpha::Split { beta, alpha } => {
+                        b += be.mat_bytes(beta) + be.mat_bytes(alpha)
+                    }
+                    BetaAlpha::Fused(ba) => b += be.mat_bytes(ba),
                 }
             }
         }
@@ -451,8 +473,14 @@ impl<B: Backend> Qwen35<B> {
             Mixer::Delta(DeltaW {
                 qkv: src.mat(be, &n(i, "attn_qkv"), &[ch, h])?,
                 gate: src.mat(be, &n(i, "attn_gate"), &[vd, h])?,
-                beta: src.mat(be, &n(i, "ssm_beta"), &[nv, h])?,
-                alpha: src.mat(be, &n(i, "ssm_alpha"), &[nv, h])?,
+                beta_alpha: if src.tensor(&n(i, "ssm_ba")).is_some() {
+                    BetaAlpha::Fused(src.mat(be, &n(i, "ssm_ba"), &[2 * nv, h])?)
+                } else {
+                    BetaAlpha::Split {
+                        beta: src.mat(be, &n(i, "ssm_beta"), &[nv, h])?,
+                        alpha: src.mat(be, &n(i, "ssm_alpha"), &[nv, h])?,
+                    }
+                },
                 conv: be.load_vector(&conv)?,
                 a_neg: src.vector(be, &format!("blk.{i}.ssm_a"), nv)?,
                 dt_bias: src.vector(be, &format!("blk.{i}.ssm_dt.bias"), nv)?,
@@ -617,8 +645,22 @@ impl<B: Backend> Qwen35<B> {
         let mut alpha = be.buf(nt, s.n_v_heads)?; // [n, n_v]
         be.matmul(&d.qkv, xn, &mut qkv)?;
         be.matmul(&d.gate, xn, &mut z)?;
-        be.matmul(&d.beta, xn, &mut beta)?;
-        be.matmul(&d.alpha, xn, &mut alpha)?;
+        match &d.beta_alpha {
+            BetaAlpha::Split {
+                beta: wb,
+                alpha: wa,
+            } => {
+                be.matmul(wb, xn, &mut beta)?;
+                be.matmul(wa, xn, &mut alpha)?;
+            }
+            BetaAlpha::Fused(w) => {
+                let r = s.n_v_heads / s.n_k_heads;
+                let mut ba = be.buf(nt, 2 * s.n_v_heads)?; // [n, n_k·(b r | a r)]
+                be.matmul(w, xn, &mut ba)?;
+                be.copy_cols(&ba, 0, r, 2 * r, s.n_k_heads, &mut beta)?;
+                be.copy_cols(&ba, r, r, 2 * r, s.n_k_heads, &mut alpha)?;
+            }
+        }
         be.ssm_conv(kv, d.rec_layer, &mut qkv, &d.conv)?;
         let net = DeltaNet {
             n_k_heads: s.n_k_heads,
