@@ -180,6 +180,7 @@ pub fn write_qwen35<W: Write>(
         k("full_attention_interval"),
         shape.full_attention_interval as u32,
     )?;
+    add_vocab(&mut g, shape.n_vocab)?;
     let tensors = shape.tensors();
     for (name, s, quant) in &tensors {
         let t = if *quant { ty } else { GgmlType::F32 };
@@ -229,6 +230,50 @@ pub fn write_qwen35<W: Write>(
     }
     out.finish()?;
     Ok(total)
+}
+
+/// A byte-level BPE vocabulary with a single merge (every byte its own token, "ab", then
+/// control tokens up to `n_vocab`), so the engine's loader and `neagari bench` accept the file. Text
+/// through it is about one token per byte.
+fn add_vocab(g: &mut GgufWriter, n_vocab: usize) -> Result<(), SynthError> {
+    if n_vocab < 260 {
+        return Ok(());
+    }
+    // GPT-2's reversible byte → printable character map.
+    let printable = |b: u32| {
+        (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
+    };
+    let mut tokens = Vec::with_capacity(n_vocab);
+    let mut extra = 0;
+    for b in 0u32..256 {
+        let c = if printable(b) {
+            b
+        } else {
+            extra += 1;
+            255 + extra
+        };
+        tokens.push(char::from_u32(c).unwrap_or('?').to_string());
+    }
+    let mut types = vec![1i32; 256];
+    for t in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] {
+        tokens.push(t.to_string());
+        types.push(3);
+    }
+    // The tokenizer wants at least one merge.
+    tokens.push("ab".to_string());
+    types.push(1);
+    while tokens.len() < n_vocab {
+        tokens.push(format!("<|unused_{}|>", tokens.len()));
+        types.push(3);
+    }
+    g.add("tokenizer.ggml.model", "gpt2")?;
+    g.add("tokenizer.ggml.pre", "qwen35")?;
+    g.add("tokenizer.ggml.tokens", tokens)?;
+    g.add("tokenizer.ggml.token_type", types)?;
+    g.add("tokenizer.ggml.merges", vec!["a b".to_string()])?;
+    g.add("tokenizer.ggml.eos_token_id", 258u32)?;
+    g.add("tokenizer.ggml.padding_token_id", 256u32)?;
+    Ok(())
 }
 
 /// Values of the small f32 tensors, in the ranges real checkpoints have.
