@@ -26,6 +26,9 @@ pub enum BackendError {
     Quant(#[from] neagari_quant::QuantError),
     #[error("out of memory: {0}")]
     OutOfMemory(String),
+    /// A cache with recurrent state cannot drop positions: restore a snapshot or start over.
+    #[error("cannot rewind recurrent state from {from} to {to} positions")]
+    CannotRewind { from: usize, to: usize },
     #[error("{0}")]
     Other(String),
 }
@@ -160,6 +163,8 @@ pub enum KvType {
     #[default]
     F16,
     Q8_0,
+    /// Exact f32 (reference tests; no f16 rounding of q, K, V or the softmax weights).
+    F32,
 }
 
 impl std::str::FromStr for KvType {
@@ -168,8 +173,9 @@ impl std::str::FromStr for KvType {
         match s.to_ascii_lowercase().as_str() {
             "f16" => Ok(KvType::F16),
             "q8_0" => Ok(KvType::Q8_0),
+            "f32" => Ok(KvType::F32),
             _ => Err(format!(
-                "unknown KV cache type '{s}' (expected f16 or q8_0)"
+                "unknown KV cache type '{s}' (expected f16, q8_0 or f32)"
             )),
         }
     }
@@ -183,6 +189,39 @@ pub struct KvShape {
     pub n_kv_heads: usize,
     pub head_dim: usize,
     pub ty: KvType,
+}
+
+/// Shape of the recurrent (Gated DeltaNet) state of one sequence, all recurrent layers:
+/// per layer a conv window `[conv_kernel − 1, conv_channels]` and a matrix state
+/// `[n_v_heads, d_k, d_v]`, both f32.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecShape {
+    pub n_layers: usize,
+    pub conv_channels: usize,
+    pub conv_kernel: usize,
+    pub n_v_heads: usize,
+    pub d_k: usize,
+    pub d_v: usize,
+}
+
+/// Which key head a value head reads when there are more value heads than key heads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadMap {
+    /// v head h uses k head `h / (n_v / n_k)` (HF order, qwen3next GGUFs).
+    Grouped,
+    /// v head h uses k head `h % n_k` (qwen35/qwen35moe GGUFs: llama.cpp reorders V heads).
+    Tiled,
+}
+
+/// One Gated DeltaNet layer's head geometry. The input `qkv` rows are
+/// `[q n_k·d_k | k n_k·d_k | v n_v·d_v]` after the short conv.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeltaNet {
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    pub d_k: usize,
+    pub d_v: usize,
+    pub map: HeadMap,
 }
 
 /// The ops a model's forward pass needs. Buffers and weights are opaque: a device backend
@@ -271,4 +310,110 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<()>;
     /// Record that positions `..new_len` are now valid (after all layers stored them).
     fn kv_commit(&self, kv: &mut Self::Kv, new_len: usize) -> Result<()>;
+
+    // ---- Hybrid (Gated DeltaNet) and MoE models. The defaults report "not implemented" so
+    // a backend can add them when it needs those models.
+
+    /// Gives the cache zeroed recurrent state. From then on `kv_truncate` can only go to 0
+    /// (a reset) or stay put; `kv_snapshot`/`kv_restore` roll back instead.
+    fn rec_alloc(&self, _kv: &mut Self::Kv, _shape: &RecShape) -> Result<()> {
+        Err(not_implemented("rec_alloc", self))
+    }
+    /// A copy of what a later `kv_restore` needs to return to this point: the position and
+    /// the recurrent state (attention entries are append-only, a truncate restores them).
+    fn kv_snapshot(&self, _kv: &Self::Kv) -> Result<Self::Kv> {
+        Err(not_implemented("kv_snapshot", self))
+    }
+    /// Returns `kv` to a snapshot taken from it at a position ≤ its current one.
+    fn kv_restore(&self, _kv: &mut Self::Kv, _snap: &Self::Kv) -> Result<()> {
+        Err(not_implemented("kv_restore", self))
+    }
+    /// Depthwise causal conv over the rows of `x` (`[rows, channels]`, in place) continuing
+    /// recurrent layer `layer`'s window, then SiLU. `w` is `[channels, kernel]` (oldest tap
+    /// first). The window advances by `rows`.
+    fn ssm_conv(
+        &self,
+        _kv: &mut Self::Kv,
+        _layer: usize,
+        _x: &mut Self::Buf,
+        _w: &Self::Vector,
+    ) -> Result<()> {
+        Err(not_implemented("ssm_conv", self))
+    }
+    /// The gated delta rule of recurrent layer `layer` over the rows of `qkv`, continuing its
+    /// state: q, k L2-normalised (q also by `1/√d_k`), decay `g = a_neg ⊙ softplus(alpha + dt_bias)`,
+    /// `β = sigmoid(beta)`; `out` is `[rows, n_v·d_v]`. `alpha`, `beta` are `[rows, n_v]`,
+    /// `a_neg` (= −exp(A_log)) and `dt_bias` are `[n_v]`. Prefill uses a chunked form.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_delta(
+        &self,
+        _kv: &mut Self::Kv,
+        _layer: usize,
+        _qkv: &Self::Buf,
+        _alpha: &Self::Buf,
+        _beta: &Self::Buf,
+        _a_neg: &Self::Vector,
+        _dt_bias: &Self::Vector,
+        _net: &DeltaNet,
+        _out: &mut Self::Buf,
+    ) -> Result<()> {
+        Err(not_implemented("gated_delta", self))
+    }
+    /// `x = RMS(x) ⊙ w ⊙ silu(z)` over groups of `w.len()` values (gated RMSNorm).
+    fn rms_norm_gated(
+        &self,
+        _x: &mut Self::Buf,
+        _w: &Self::Vector,
+        _z: &Self::Buf,
+        _eps: f32,
+    ) -> Result<()> {
+        Err(not_implemented("rms_norm_gated", self))
+    }
+    /// `x *= sigmoid(gate)` elementwise (same shape).
+    fn mul_sigmoid(&self, _x: &mut Self::Buf, _gate: &Self::Buf) -> Result<()> {
+        Err(not_implemented("mul_sigmoid", self))
+    }
+    /// Strided column copy: `dst[r, b·width + i] = src[r, col0 + b·stride + i]` for
+    /// `b < n_blocks`, `i < width`; dst is reshaped to `[rows, n_blocks·width]`.
+    fn copy_cols(
+        &self,
+        _src: &Self::Buf,
+        _col0: usize,
+        _width: usize,
+        _stride: usize,
+        _n_blocks: usize,
+        _dst: &mut Self::Buf,
+    ) -> Result<()> {
+        Err(not_implemented("copy_cols", self))
+    }
+    /// `out[r, :] = W[row0 .. row0 + n_rows] · x[r, :]`: one expert of a stacked expert
+    /// tensor, multiplied in its packed format.
+    fn matmul_rows(
+        &self,
+        _w: &Self::Mat,
+        _row0: usize,
+        _n_rows: usize,
+        _x: &Self::Buf,
+        _out: &mut Self::Buf,
+    ) -> Result<()> {
+        Err(not_implemented("matmul_rows", self))
+    }
+    /// `dst[i, :] = src[rows[i], :]`.
+    fn gather_rows(&self, _src: &Self::Buf, _rows: &[u32], _dst: &mut Self::Buf) -> Result<()> {
+        Err(not_implemented("gather_rows", self))
+    }
+    /// `dst[rows[i], :] += scale[i] · src[i, :]`.
+    fn scatter_add_rows(
+        &self,
+        _dst: &mut Self::Buf,
+        _rows: &[u32],
+        _scale: &[f32],
+        _src: &Self::Buf,
+    ) -> Result<()> {
+        Err(not_implemented("scatter_add_rows", self))
+    }
+}
+
+fn not_implemented<B: Backend + ?Sized>(op: &str, be: &B) -> BackendError {
+    BackendError::Other(format!("{op} is not implemented on {}", be.name()))
 }

@@ -2,8 +2,14 @@
 //! batches of `n_batch` tokens through the matrix-matrix kernels; a new prompt that shares a
 //! prefix with what the cache holds only prefills the part that differs.
 
-use neagari_backend::{Backend, KvType};
+use neagari_backend::{Backend, BackendError, KvType};
 use neagari_model::{CausalLm, ModelError};
+
+/// A saved position of a `Session` (see `Session::checkpoint`).
+pub struct Checkpoint<B: Backend> {
+    kv: B::Kv,
+    n_tokens: usize,
+}
 
 pub struct Session<B: Backend> {
     kv: B::Kv,
@@ -45,6 +51,8 @@ impl<B: Backend> Session<B> {
 
     /// Keep the longest common prefix of the cache and `prompt` (at least one token of the
     /// prompt is left to run, so there are logits to sample from) and return its length.
+    /// A hybrid model's recurrent state cannot be cut back, so there a prefix shorter than
+    /// the cache starts over from nothing (0 is returned).
     pub fn reuse_prefix(&mut self, be: &B, prompt: &[u32]) -> Result<usize, ModelError> {
         let common = self
             .tokens
@@ -53,8 +61,37 @@ impl<B: Backend> Session<B> {
             .take_while(|(a, b)| a == b)
             .count();
         let keep = common.min(prompt.len().saturating_sub(1));
-        self.truncate(be, keep)?;
-        Ok(keep)
+        match self.truncate(be, keep) {
+            Ok(()) => Ok(keep),
+            Err(ModelError::Backend(BackendError::CannotRewind { .. })) => {
+                self.truncate(be, 0)?;
+                Ok(0)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A point to come back to with `restore` (cheap: the position and, for hybrid models,
+    /// the recurrent state; attention entries are kept by truncation).
+    pub fn checkpoint(&self, be: &B) -> Result<Checkpoint<B>, ModelError> {
+        Ok(Checkpoint {
+            kv: be.kv_snapshot(&self.kv)?,
+            n_tokens: self.tokens.len(),
+        })
+    }
+
+    /// Returns to a checkpoint taken from this session, forgetting what came after it.
+    pub fn restore(&mut self, be: &B, cp: &Checkpoint<B>) -> Result<(), ModelError> {
+        if cp.n_tokens > self.tokens.len() {
+            return Err(ModelError::Unsupported(format!(
+                "checkpoint at {} tokens is ahead of the session ({})",
+                cp.n_tokens,
+                self.tokens.len()
+            )));
+        }
+        be.kv_restore(&mut self.kv, &cp.kv)?;
+        self.tokens.truncate(cp.n_tokens);
+        Ok(())
     }
 
     /// Runs `tokens` after what the cache holds, `n_batch` at a time, and returns the

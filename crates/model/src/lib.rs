@@ -7,7 +7,9 @@
 pub mod gemma3;
 pub mod gguf;
 pub mod llama;
+pub mod qwen35;
 pub mod source;
+pub mod synth;
 
 use neagari_backend::{Backend, BackendError, KvType};
 
@@ -15,7 +17,7 @@ pub use source::ModelSource;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("architecture '{0}' is not supported (supported: llama, qwen2, qwen3, gemma3)")]
+    #[error("architecture '{0}' is not supported (supported: llama, qwen2, qwen3, gemma3, qwen35, qwen35moe, qwen3next, qwen3moe)")]
     UnsupportedArch(String),
     #[error("missing metadata key '{0}'")]
     MissingKey(String),
@@ -81,6 +83,9 @@ pub fn load<B: Backend>(be: &B, src: &dyn ModelSource) -> Result<Box<dyn CausalL
     match arch.as_str() {
         "llama" | "qwen2" | "qwen3" => Ok(Box::new(llama::Llama::load(be, src)?)),
         "gemma3" => Ok(Box::new(gemma3::Gemma3::load(be, src)?)),
+        "qwen35" | "qwen35moe" | "qwen3next" | "qwen3moe" => {
+            Ok(Box::new(qwen35::Qwen35::load(be, src)?))
+        }
         other => Err(ModelError::UnsupportedArch(other.to_string())),
     }
 }

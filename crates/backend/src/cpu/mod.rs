@@ -2,6 +2,7 @@
 //! once at start-up from the CPU's features), a persistent thread pool, and the float ops
 //! of the forward pass (norms, RoPE, GLU, attention over an f16 or q8_0 KV cache).
 
+pub mod gated_delta;
 pub mod kernels;
 mod ops;
 
@@ -49,8 +50,10 @@ use std::sync::Mutex;
 use neagari_quant::GgmlType;
 
 use crate::{
-    Attn, Backend, BackendError, GluAct, HostTensor, KvShape, KvType, Result, Rope, SharedBytes,
+    Attn, Backend, BackendError, DeltaNet, GluAct, HostTensor, KvShape, KvType, RecShape, Result,
+    Rope, SharedBytes,
 };
+use gated_delta::CpuRec;
 use kernels::{kernel_for, CpuFeatures, MatKernel};
 use pool::{SyncPtr, ThreadPool};
 
@@ -161,11 +164,86 @@ pub struct CpuKv {
     vec_bytes: usize,
     k: Vec<Vec<u8>>,
     v: Vec<Vec<u8>>,
+    /// Gated DeltaNet state of hybrid models (`rec_alloc`). A snapshot is a `CpuKv` with
+    /// this and `len` only.
+    rec: Option<CpuRec>,
 }
 
 impl CpuKv {
+    /// Bytes of recurrent state (0 without).
+    pub fn rec_bytes(&self) -> usize {
+        self.rec.as_ref().map_or(0, CpuRec::bytes)
+    }
+
     fn offset(&self, head: usize, pos: usize) -> usize {
         (head * self.shape.n_ctx + pos) * self.vec_bytes
+    }
+}
+
+impl CpuBackend {
+    /// `out = W[row0 .. row0 + n_rows] · x` for every row of `x`.
+    fn matmul_range(
+        &self,
+        w: &CpuMat,
+        row0: usize,
+        n_rows: usize,
+        x: &CpuBuf,
+        out: &mut CpuBuf,
+    ) -> Result<()> {
+        if row0 + n_rows > w.rows || x.cols != w.cols {
+            return Err(shape_err(
+                "matmul",
+                format!("x has {} cols, W is {}x{}", x.cols, w.rows, w.cols),
+            ));
+        }
+        let kern = w.kernel.ok_or(BackendError::NoKernel {
+            op: "matmul",
+            device: "cpu",
+            ty: w.ty,
+        })?;
+        out.reshape(x.rows, n_rows);
+        let k = w.cols;
+        let na = x.rows;
+        let act_row = kern.act.row_bytes(k);
+        let mut scratch = self.act_scratch.lock().unwrap_or_else(|e| e.into_inner());
+        scratch.resize(act_row * na, 0);
+        // Quantize the activation rows once; they are reused by every weight row.
+        {
+            let sp = SyncPtr(scratch.as_mut_ptr());
+            let quant = kern.quantize_act;
+            let xs = &x.data;
+            let n_tasks = if na >= 4 { na } else { 1 };
+            self.pool.run(n_tasks, |t| {
+                let rows = if n_tasks == 1 { 0..na } else { t..t + 1 };
+                for r in rows {
+                    // SAFETY: each task writes only activation row r's bytes.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(sp.get().add(r * act_row), act_row)
+                    };
+                    quant(&xs[r * k..(r + 1) * k], dst);
+                }
+            });
+        }
+        let act: &[u8] = &scratch;
+        // Split the weight rows into chunks; many chunks per thread balance the load.
+        let n_out = n_rows;
+        let threads = self.pool.n_threads();
+        let chunk = chunk_rows(n_out, threads, na);
+        let n_chunks = n_out.div_ceil(chunk);
+        let op = SyncPtr(out.data.as_mut_ptr());
+        let wb = &w.bytes.as_slice()[row0 * w.row_bytes..(row0 + n_rows) * w.row_bytes];
+        let rb = w.row_bytes;
+        let gemm = kern.gemm;
+        let out_len = out.data.len();
+        self.pool.run(n_chunks, |c| {
+            let j0 = c * chunk;
+            let nw = chunk.min(n_out - j0);
+            // SAFETY: chunk c writes only columns j0..j0+nw of every output row; the view
+            // starts at column j0 and the kernel indexes i * n_out + j with j < nw.
+            let dst = unsafe { std::slice::from_raw_parts_mut(op.get().add(j0), out_len - j0) };
+            gemm(k, &wb[j0 * rb..(j0 + nw) * rb], nw, act, na, dst, n_out);
+        });
+        Ok(())
     }
 }
 
@@ -306,60 +384,7 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, w: &CpuMat, x: &CpuBuf, out: &mut CpuBuf) -> Result<()> {
-        if x.cols != w.cols {
-            return Err(shape_err(
-                "matmul",
-                format!("x has {} cols, W is {}x{}", x.cols, w.rows, w.cols),
-            ));
-        }
-        let kern = w.kernel.ok_or(BackendError::NoKernel {
-            op: "matmul",
-            device: "cpu",
-            ty: w.ty,
-        })?;
-        out.reshape(x.rows, w.rows);
-        let k = w.cols;
-        let na = x.rows;
-        let act_row = kern.act.row_bytes(k);
-        let mut scratch = self.act_scratch.lock().unwrap_or_else(|e| e.into_inner());
-        scratch.resize(act_row * na, 0);
-        // Quantize the activation rows once; they are reused by every weight row.
-        {
-            let sp = SyncPtr(scratch.as_mut_ptr());
-            let quant = kern.quantize_act;
-            let xs = &x.data;
-            let n_tasks = if na >= 4 { na } else { 1 };
-            self.pool.run(n_tasks, |t| {
-                let rows = if n_tasks == 1 { 0..na } else { t..t + 1 };
-                for r in rows {
-                    // SAFETY: each task writes only activation row r's bytes.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(sp.get().add(r * act_row), act_row)
-                    };
-                    quant(&xs[r * k..(r + 1) * k], dst);
-                }
-            });
-        }
-        let act: &[u8] = &scratch;
-        // Split the weight rows into chunks; many chunks per thread balance the load.
-        let n_out = w.rows;
-        let threads = self.pool.n_threads();
-        let chunk = chunk_rows(n_out, threads, na);
-        let n_chunks = n_out.div_ceil(chunk);
-        let op = SyncPtr(out.data.as_mut_ptr());
-        let wb = w.bytes.as_slice();
-        let rb = w.row_bytes;
-        let gemm = kern.gemm;
-        let out_len = out.data.len();
-        self.pool.run(n_chunks, |c| {
-            let j0 = c * chunk;
-            let nw = chunk.min(n_out - j0);
-            // SAFETY: chunk c writes only columns j0..j0+nw of every output row; the view
-            // starts at column j0 and the kernel indexes i * n_out + j with j < nw.
-            let dst = unsafe { std::slice::from_raw_parts_mut(op.get().add(j0), out_len - j0) };
-            gemm(k, &wb[j0 * rb..(j0 + nw) * rb], nw, act, na, dst, n_out);
-        });
-        Ok(())
+        self.matmul_range(w, 0, w.rows, x, out)
     }
 
     fn rms_norm(&self, x: &CpuBuf, w: &Vec<f32>, eps: f32, out: &mut CpuBuf) -> Result<()> {
@@ -472,6 +497,7 @@ impl Backend for CpuBackend {
     fn kv_alloc(&self, s: &KvShape) -> Result<CpuKv> {
         let vec_bytes = match s.ty {
             KvType::F16 => s.head_dim * 2,
+            KvType::F32 => s.head_dim * 4,
             KvType::Q8_0 => {
                 if !s.head_dim.is_multiple_of(32) {
                     return Err(shape_err(
@@ -506,6 +532,7 @@ impl Backend for CpuBackend {
             vec_bytes,
             k,
             v,
+            rec: None,
         })
     }
 
@@ -518,6 +545,16 @@ impl Backend for CpuBackend {
     }
 
     fn kv_truncate(&self, kv: &mut CpuKv, len: usize) -> Result<()> {
+        if let Some(rec) = kv.rec.as_mut() {
+            if len == 0 {
+                rec.reset();
+            } else if len < kv.len {
+                return Err(BackendError::CannotRewind {
+                    from: kv.len,
+                    to: len,
+                });
+            }
+        }
         kv.len = kv.len.min(len);
         Ok(())
     }
@@ -547,6 +584,7 @@ impl Backend for CpuBackend {
         let (nh, nkv, hd) = (attn.n_heads, attn.n_kv_heads, attn.head_dim);
         let rows = q.rows;
         if layer >= kv.shape.n_layers
+            || layer >= kv.k.len()
             || nkv != kv.shape.n_kv_heads
             || hd != kv.shape.head_dim
             || nkv == 0
@@ -630,6 +668,7 @@ impl Backend for CpuBackend {
                         std::slice::from_raw_parts_mut(op.get().add(r * out_cols + qi * hd), hd)
                     };
                     ops::attend(
+                        kvr.shape.ty == KvType::F32,
                         &mut qh,
                         &kf,
                         &vf,
@@ -643,6 +682,255 @@ impl Backend for CpuBackend {
                 }
             }
         });
+        Ok(())
+    }
+
+    fn rec_alloc(&self, kv: &mut CpuKv, shape: &RecShape) -> Result<()> {
+        kv.rec = Some(CpuRec::new(shape)?);
+        Ok(())
+    }
+
+    fn kv_snapshot(&self, kv: &CpuKv) -> Result<CpuKv> {
+        Ok(CpuKv {
+            shape: kv.shape.clone(),
+            len: kv.len,
+            vec_bytes: kv.vec_bytes,
+            k: Vec::new(),
+            v: Vec::new(),
+            rec: kv.rec.clone(),
+        })
+    }
+
+    fn kv_restore(&self, kv: &mut CpuKv, snap: &CpuKv) -> Result<()> {
+        let same = match (&kv.rec, &snap.rec) {
+            (Some(a), Some(b)) => a.shape == b.shape,
+            (None, None) => true,
+            _ => false,
+        };
+        if snap.len > kv.len || snap.shape != kv.shape || !same {
+            return Err(shape_err(
+                "kv_restore",
+                format!(
+                    "snapshot at {} of a different cache (now at {})",
+                    snap.len, kv.len
+                ),
+            ));
+        }
+        kv.len = snap.len;
+        if let (Some(dst), Some(src)) = (kv.rec.as_mut(), snap.rec.as_ref()) {
+            for (d, s) in dst.conv.iter_mut().zip(&src.conv) {
+                d.copy_from_slice(s);
+            }
+            for (d, s) in dst.state.iter_mut().zip(&src.state) {
+                d.copy_from_slice(s);
+            }
+        }
+        Ok(())
+    }
+
+    fn ssm_conv(&self, kv: &mut CpuKv, layer: usize, x: &mut CpuBuf, w: &Vec<f32>) -> Result<()> {
+        let rec = kv
+            .rec
+            .as_mut()
+            .ok_or_else(|| shape_err("ssm_conv", "cache has no recurrent state".into()))?;
+        let (ch, kernel) = (rec.shape.conv_channels, rec.shape.conv_kernel);
+        if layer >= rec.shape.n_layers || x.cols != ch || w.len() != ch * kernel {
+            return Err(shape_err(
+                "ssm_conv",
+                format!(
+                    "layer {layer}, x {}x{}, w {} for {ch}x{kernel}",
+                    x.rows,
+                    x.cols,
+                    w.len()
+                ),
+            ));
+        }
+        gated_delta::conv(&mut rec.conv[layer], &mut x.data, x.rows, ch, w, kernel);
+        Ok(())
+    }
+
+    fn gated_delta(
+        &self,
+        kv: &mut CpuKv,
+        layer: usize,
+        qkv: &CpuBuf,
+        alpha: &CpuBuf,
+        beta: &CpuBuf,
+        a_neg: &Vec<f32>,
+        dt_bias: &Vec<f32>,
+        net: &DeltaNet,
+        out: &mut CpuBuf,
+    ) -> Result<()> {
+        let rec = kv
+            .rec
+            .as_mut()
+            .ok_or_else(|| shape_err("gated_delta", "cache has no recurrent state".into()))?;
+        let (nk, nv, dk, dv) = (net.n_k_heads, net.n_v_heads, net.d_k, net.d_v);
+        let n = qkv.rows;
+        if layer >= rec.shape.n_layers
+            || nk == 0
+            || nv % nk != 0
+            || rec.shape.n_v_heads != nv
+            || rec.shape.d_k != dk
+            || rec.shape.d_v != dv
+            || qkv.cols != 2 * nk * dk + nv * dv
+            || alpha.rows != n
+            || beta.rows != n
+            || alpha.cols != nv
+            || beta.cols != nv
+            || a_neg.len() != nv
+            || dt_bias.len() != nv
+        {
+            return Err(shape_err(
+                "gated_delta",
+                format!(
+                    "qkv {}x{}, heads {nk}/{nv} of {dk}/{dv}",
+                    qkv.rows, qkv.cols
+                ),
+            ));
+        }
+        let p = gated_delta::prepare(net, n, &qkv.data, &alpha.data, &beta.data, a_neg, dt_bias);
+        out.reshape(n, nv * dv);
+        let op = SyncPtr(out.data.as_mut_ptr());
+        let sp = SyncPtr(rec.state[layer].as_mut_ptr());
+        let out_cols = nv * dv;
+        self.pool.run(nv, |h| {
+            let kh = gated_delta::key_head(net, h);
+            // SAFETY: task h owns value head h's `[d_k, d_v]` block of the layer's state.
+            let s = unsafe { std::slice::from_raw_parts_mut(sp.get().add(h * dk * dv), dk * dv) };
+            let inp = gated_delta::HeadInputs {
+                q: &p.q[kh * n * dk..(kh + 1) * n * dk],
+                k: &p.k[kh * n * dk..(kh + 1) * n * dk],
+                v: &p.v[h * n * dv..(h + 1) * n * dv],
+                g: &p.g[h * n..(h + 1) * n],
+                beta: &p.beta[h * n..(h + 1) * n],
+            };
+            let mut o = vec![0f32; n * dv];
+            gated_delta::head(s, &inp, n, dk, dv, true, &mut o);
+            for t in 0..n {
+                // SAFETY: task h writes only columns h·d_v .. (h+1)·d_v of each row.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(op.get().add(t * out_cols + h * dv), dv)
+                };
+                dst.copy_from_slice(&o[t * dv..(t + 1) * dv]);
+            }
+        });
+        Ok(())
+    }
+
+    fn rms_norm_gated(&self, x: &mut CpuBuf, w: &Vec<f32>, z: &CpuBuf, eps: f32) -> Result<()> {
+        let g = w.len();
+        if g == 0 || !x.cols.is_multiple_of(g) || z.data.len() != x.data.len() {
+            return Err(shape_err(
+                "rms_norm_gated",
+                format!(
+                    "x {}x{}, z {}x{}, weight of {g}",
+                    x.rows, x.cols, z.rows, z.cols
+                ),
+            ));
+        }
+        for (xg, zg) in x.data.chunks_exact_mut(g).zip(z.data.chunks_exact(g)) {
+            gated_delta::rms_norm_gated(xg, w, zg, eps);
+        }
+        Ok(())
+    }
+
+    fn mul_sigmoid(&self, x: &mut CpuBuf, gate: &CpuBuf) -> Result<()> {
+        if x.data.len() != gate.data.len() {
+            return Err(shape_err(
+                "mul_sigmoid",
+                format!("{}x{} vs {}x{}", x.rows, x.cols, gate.rows, gate.cols),
+            ));
+        }
+        gated_delta::sigmoid_mul(&mut x.data, &gate.data);
+        Ok(())
+    }
+
+    fn copy_cols(
+        &self,
+        src: &CpuBuf,
+        col0: usize,
+        width: usize,
+        stride: usize,
+        n_blocks: usize,
+        dst: &mut CpuBuf,
+    ) -> Result<()> {
+        if n_blocks == 0 || col0 + (n_blocks - 1) * stride + width > src.cols {
+            return Err(shape_err(
+                "copy_cols",
+                format!(
+                    "{n_blocks} blocks of {width} from {col0} step {stride} in {}",
+                    src.cols
+                ),
+            ));
+        }
+        let cols = n_blocks * width;
+        dst.reshape(src.rows, cols);
+        for r in 0..src.rows {
+            let s = src.row(r);
+            let d = &mut dst.data[r * cols..(r + 1) * cols];
+            for b in 0..n_blocks {
+                let from = col0 + b * stride;
+                d[b * width..(b + 1) * width].copy_from_slice(&s[from..from + width]);
+            }
+        }
+        Ok(())
+    }
+
+    fn matmul_rows(
+        &self,
+        w: &CpuMat,
+        row0: usize,
+        n_rows: usize,
+        x: &CpuBuf,
+        out: &mut CpuBuf,
+    ) -> Result<()> {
+        self.matmul_range(w, row0, n_rows, x, out)
+    }
+
+    fn gather_rows(&self, src: &CpuBuf, rows: &[u32], dst: &mut CpuBuf) -> Result<()> {
+        if rows.iter().any(|&r| r as usize >= src.rows) {
+            return Err(shape_err("gather_rows", format!("row beyond {}", src.rows)));
+        }
+        dst.reshape(rows.len(), src.cols);
+        for (i, &r) in rows.iter().enumerate() {
+            dst.data[i * src.cols..(i + 1) * src.cols].copy_from_slice(src.row(r as usize));
+        }
+        Ok(())
+    }
+
+    fn scatter_add_rows(
+        &self,
+        dst: &mut CpuBuf,
+        rows: &[u32],
+        scale: &[f32],
+        src: &CpuBuf,
+    ) -> Result<()> {
+        if rows.len() != src.rows
+            || scale.len() != rows.len()
+            || src.cols != dst.cols
+            || rows.iter().any(|&r| r as usize >= dst.rows)
+        {
+            return Err(shape_err(
+                "scatter_add_rows",
+                format!(
+                    "{} rows of {}x{} into {}x{}",
+                    rows.len(),
+                    src.rows,
+                    src.cols,
+                    dst.rows,
+                    dst.cols
+                ),
+            ));
+        }
+        let c = dst.cols;
+        for (i, (&r, &a)) in rows.iter().zip(scale).enumerate() {
+            simd::axpy(
+                &mut dst.data[r as usize * c..(r as usize + 1) * c],
+                a,
+                src.row(i),
+            );
+        }
         Ok(())
     }
 }

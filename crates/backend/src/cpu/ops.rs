@@ -120,6 +120,11 @@ pub fn kv_store(ty: KvType, src: &[f32], dst: &mut [u8]) {
                 }
             }
         },
+        KvType::F32 => {
+            for (v, d) in src.iter().zip(dst.chunks_exact_mut(4)) {
+                d.copy_from_slice(&v.to_le_bytes());
+            }
+        }
         KvType::Q8_0 => {
             for (blk, d) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
                 let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -149,6 +154,11 @@ pub fn kv_load(ty: KvType, src: &[u8], dst: &mut [f32]) {
                 }
             }
         }
+        KvType::F32 => {
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+            }
+        }
         KvType::Q8_0 => {
             for (blk, d) in src.chunks_exact(34).zip(dst.chunks_exact_mut(32)) {
                 let scale = f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
@@ -162,9 +172,10 @@ pub fn kv_load(ty: KvType, src: &[u8], dst: &mut [f32]) {
 
 /// One query head over positions `lo..=hi` of `k`/`v` (`[n_pos, hd]` f32):
 /// `out = softmax(scale · q·kᵀ) · v`. `q` and the softmax weights are rounded to f16, as
-/// ggml does against an f16 cache.
+/// ggml does against an f16 cache, unless `exact` (an f32 cache).
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
+    exact: bool,
     q: &mut [f32],
     k: &[f32],
     v: &[f32],
@@ -176,7 +187,7 @@ pub fn attend(
     out: &mut [f32],
 ) {
     let mut qh = [f16::ZERO; 512];
-    for chunk in q.chunks_mut(512) {
+    for chunk in q.chunks_mut(512).filter(|_| !exact) {
         let h = &mut qh[..chunk.len()];
         h.convert_from_f32_slice(chunk);
         h.convert_to_f32_slice(chunk);
@@ -200,7 +211,11 @@ pub fn attend(
     for t in lo..=hi {
         // The weights meet the f16 values as f16, as in ggml's attention (KQ · V with V in
         // f16 converts the f32 softmax to f16 first).
-        let p = f16::from_f32(scores[t] * inv).to_f32();
+        let p = if exact {
+            scores[t] * inv
+        } else {
+            f16::from_f32(scores[t] * inv).to_f32()
+        };
         simd::axpy(out, p, &v[t * hd..(t + 1) * hd]);
     }
 }
@@ -243,7 +258,7 @@ mod tests {
         let v = vec![1.0, -1.0, 2.0, 0.25];
         let mut s = vec![0f32; 1];
         let mut out = vec![9f32; 4];
-        attend(&mut q, &k, &v, 4, 0, 0, &attn, &mut s, &mut out);
+        attend(false, &mut q, &k, &v, 4, 0, 0, &attn, &mut s, &mut out);
         assert_eq!(out, v);
     }
 

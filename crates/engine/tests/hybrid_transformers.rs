@@ -1,0 +1,316 @@
+//! Qwen3.5 hybrid (Gated DeltaNet + gated attention), Qwen3.5-MoE, Qwen3-Next and Qwen3-MoE against
+//! transformers on tiny random-weight models committed under
+//! crates/model/tests/fixtures/hybrid (scripts/make_hybrid_fixtures.py: transformers runs
+//! the model in f32, llama.cpp's convert_hf_to_gguf.py writes the GGUF from the same
+//! weights). 150 ids: several prefill batches of 32, and more than one 64-token DeltaNet
+//! chunk per batch of 100.
+//!
+//! Bar: the largest |Δlogit| over every position stays under 1e-3 of the largest |logit|
+//! (f32 KV cache, so attention does no f16 rounding; the weights are f16 in the file and
+//! were rounded identically before transformers ran).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use neagari_backend::cpu::{CpuBackend, CpuOptions};
+use neagari_backend::KvType;
+use neagari_engine::session::Session;
+use neagari_formats::Gguf;
+use neagari_model::gguf::GgufSource;
+use neagari_model::{CausalLm, ModelSource};
+use serde_json::Value;
+
+const REL_TOL: f32 = 1e-3;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/hybrid")
+}
+
+struct Case {
+    be: CpuBackend,
+    model: Box<dyn CausalLm<CpuBackend>>,
+    ids: Vec<u32>,
+    /// `[ids.len(), n_vocab]`.
+    want: Vec<f32>,
+    n_vocab: usize,
+}
+
+fn case(name: &str) -> Case {
+    let refs: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir().join("reference.json")).unwrap())
+            .unwrap();
+    let m = &refs["models"][name];
+    let ids: Vec<u32> = m["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    let shape = m["logits_shape"].as_array().unwrap();
+    let n_vocab = shape[1].as_u64().unwrap() as usize;
+    let want: Vec<f32> = std::fs::read(dir().join(format!("{name}.logits.bin")))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    assert_eq!(want.len(), ids.len() * n_vocab);
+    let be = CpuBackend::new(&CpuOptions {
+        threads: 2,
+        scalar_only: false,
+    });
+    let file = Arc::new(Gguf::open(dir().join(format!("{name}.gguf"))).expect("open"));
+    let model = neagari_model::load(&be, &GgufSource::new(file)).expect("load");
+    assert_eq!(model.info().n_vocab, n_vocab);
+    Case {
+        be,
+        model,
+        ids,
+        want,
+        n_vocab,
+    }
+}
+
+/// Largest |a − b| over the largest |b|.
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let d = got
+        .iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    d / scale
+}
+
+fn session(c: &Case) -> Session<CpuBackend> {
+    Session::new(c.model.as_ref(), &c.be, 256, KvType::F32).expect("session")
+}
+
+/// Every position's logits, prefilled `n_batch` tokens at a time.
+fn prefill_all(c: &Case, n_batch: usize) -> Vec<f32> {
+    let mut s = session(c);
+    let mut out = Vec::new();
+    for chunk in c.ids.chunks(n_batch) {
+        out.extend(s.forward_all(c.model.as_ref(), &c.be, chunk).unwrap());
+    }
+    out
+}
+
+fn decode_all(c: &Case) -> Vec<f32> {
+    let mut s = session(c);
+    let mut out = Vec::new();
+    for &t in &c.ids {
+        out.extend(s.decode(c.model.as_ref(), &c.be, t).unwrap());
+    }
+    out
+}
+
+fn check_prefill(name: &str) {
+    let c = case(name);
+    for n_batch in [32, 150] {
+        let e = rel_err(&prefill_all(&c, n_batch), &c.want);
+        println!("{name}: prefill n_batch {n_batch}: rel err {e:.2e}");
+        assert!(e < REL_TOL, "{name} prefill n_batch {n_batch}: {e}");
+    }
+}
+
+fn check_decode(name: &str) {
+    let c = case(name);
+    let e = rel_err(&decode_all(&c), &c.want);
+    println!("{name}: token-by-token decode: rel err {e:.2e}");
+    assert!(e < REL_TOL, "{name} decode: {e}");
+}
+
+/// Prefill 100 ids (batches of 32), then decode the rest one at a time: the logits equal
+/// one whole-sequence prefill's (same engine, so the bound is f32 noise: 1e-4 relative).
+fn check_decode_after_prefill(name: &str) {
+    let c = case(name);
+    let whole = prefill_all(&c, c.ids.len());
+    let mut s = session(&c);
+    let last = s
+        .prefill(c.model.as_ref(), &c.be, &c.ids[..100], 32, |_, _| true)
+        .unwrap()
+        .unwrap();
+    let v = c.n_vocab;
+    let mut worst = rel_err(&last, &whole[99 * v..100 * v]);
+    for (i, &t) in c.ids.iter().enumerate().skip(100) {
+        let l = s.decode(c.model.as_ref(), &c.be, t).unwrap();
+        let e = rel_err(&l, &whole[i * v..(i + 1) * v]);
+        worst = worst.max(e);
+    }
+    println!("{name}: decode after prefill vs whole prefill: rel err {worst:.2e}");
+    // Same engine, different f32 summation orders (chunked form vs single steps).
+    assert!(worst < 1e-4, "{name}: {worst}");
+}
+
+#[test]
+fn qwen35_dense_prefill_matches_transformers() {
+    check_prefill("qwen35_dense");
+}
+
+#[test]
+fn qwen35_dense_decode_matches_transformers() {
+    check_decode("qwen35_dense");
+}
+
+#[test]
+fn qwen35_dense_decode_after_prefill_equals_prefill() {
+    check_decode_after_prefill("qwen35_dense");
+}
+
+#[test]
+fn qwen35_moe_prefill_matches_transformers() {
+    check_prefill("qwen35_moe");
+}
+
+#[test]
+fn qwen35_moe_decode_matches_transformers() {
+    check_decode("qwen35_moe");
+}
+
+#[test]
+fn qwen35_moe_decode_after_prefill_equals_prefill() {
+    check_decode_after_prefill("qwen35_moe");
+}
+
+#[test]
+fn qwen3next_moe_prefill_matches_transformers() {
+    check_prefill("qwen3next_moe");
+}
+
+#[test]
+fn qwen3next_moe_decode_matches_transformers() {
+    check_decode("qwen3next_moe");
+}
+
+#[test]
+fn qwen3next_moe_decode_after_prefill_equals_prefill() {
+    check_decode_after_prefill("qwen3next_moe");
+}
+
+#[test]
+fn qwen3_moe_prefill_matches_transformers() {
+    check_prefill("qwen3_moe");
+}
+
+#[test]
+fn qwen3_moe_decode_matches_transformers() {
+    check_decode("qwen3_moe");
+}
+
+/// The recurrent state follows the session: a checkpoint restores it exactly, and a prompt
+/// that diverges inside the cache re-prefills from the start instead of reusing a state
+/// that already saw the old tokens.
+#[test]
+fn qwen35_state_follows_checkpoint_and_prefix_reuse() {
+    let c = case("qwen35_dense");
+    let m = c.model.as_ref();
+    let v = c.n_vocab;
+    let mut s = session(&c);
+    s.prefill(m, &c.be, &c.ids[..60], 32, |_, _| true).unwrap();
+    let cp = s.checkpoint(&c.be).unwrap();
+    let first: Vec<Vec<f32>> = c.ids[60..70]
+        .iter()
+        .map(|&t| s.decode(m, &c.be, t).unwrap())
+        .collect();
+    // A different continuation, then back to the checkpoint.
+    for &t in c.ids[100..105].iter() {
+        s.decode(m, &c.be, t).unwrap();
+    }
+    s.restore(&c.be, &cp).unwrap();
+    assert_eq!(s.tokens().len(), 60);
+    for (k, &t) in c.ids[60..70].iter().enumerate() {
+        assert_eq!(s.decode(m, &c.be, t).unwrap(), first[k]);
+    }
+    // Truncating a hybrid cache backwards is refused; prefix reuse falls back to zero.
+    assert!(s.truncate(&c.be, 30).is_err());
+    let mut prompt = c.ids[..50].to_vec();
+    prompt.push((c.ids[50] + 1) % v as u32);
+    let keep = s.reuse_prefix(&c.be, &prompt).unwrap();
+    assert_eq!(keep, 0);
+    let got = s
+        .prefill(m, &c.be, &prompt[keep..], 32, |_, _| true)
+        .unwrap()
+        .unwrap();
+    let mut fresh = session(&c);
+    let want = fresh
+        .prefill(m, &c.be, &prompt, 32, |_, _| true)
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, want);
+    // A prompt that extends the cache keeps all of it.
+    let mut longer = prompt.clone();
+    longer.extend_from_slice(&c.ids[..5]);
+    assert_eq!(s.reuse_prefix(&c.be, &longer).unwrap(), prompt.len());
+}
+
+/// MTP blocks are loaded when the file has them (the dense fixture carries one).
+#[test]
+fn qwen35_mtp_block_is_loaded() {
+    let be = CpuBackend::new(&CpuOptions {
+        threads: 1,
+        scalar_only: false,
+    });
+    let file = Arc::new(Gguf::open(dir().join("qwen35_dense.gguf")).unwrap());
+    let m = neagari_model::qwen35::Qwen35::load(&be, &GgufSource::new(file)).unwrap();
+    assert_eq!(m.config().n_layers, 6);
+    assert_eq!(m.config().n_mtp, 1);
+    assert_eq!(m.mtp().len(), 1);
+    assert_eq!(
+        m.config().recurrent,
+        vec![true, true, false, true, true, false]
+    );
+}
+
+/// A source that serves one extra string key (what a safetensors source would set).
+struct WithKey<'a> {
+    inner: &'a GgufSource,
+    key: &'a str,
+    value: &'a str,
+}
+
+impl ModelSource for WithKey<'_> {
+    fn architecture(&self) -> neagari_model::Result<String> {
+        self.inner.architecture()
+    }
+    fn u64_opt(&self, key: &str) -> neagari_model::Result<Option<u64>> {
+        self.inner.u64_opt(key)
+    }
+    fn f32_opt(&self, key: &str) -> neagari_model::Result<Option<f32>> {
+        self.inner.f32_opt(key)
+    }
+    fn str_opt(&self, key: &str) -> neagari_model::Result<Option<String>> {
+        if key == self.key {
+            return Ok(Some(self.value.to_string()));
+        }
+        self.inner.str_opt(key)
+    }
+    fn bool_opt(&self, key: &str) -> neagari_model::Result<Option<bool>> {
+        self.inner.bool_opt(key)
+    }
+    fn u64_array_opt(&self, key: &str) -> neagari_model::Result<Option<Vec<u64>>> {
+        self.inner.u64_array_opt(key)
+    }
+    fn tensor(&self, name: &str) -> Option<neagari_backend::HostTensor> {
+        self.inner.tensor(name)
+    }
+}
+
+/// The value-head order matters: reading the tiled qwen35moe file (3 value heads per key
+/// head) as grouped moves the logits far off transformers'.
+#[test]
+fn qwen35_moe_wrong_head_order_is_detected() {
+    let c = case("qwen35_moe");
+    let file = Arc::new(Gguf::open(dir().join("qwen35_moe.gguf")).unwrap());
+    let src = GgufSource::new(file);
+    let wrong = WithKey {
+        inner: &src,
+        key: "qwen35moe.ssm.v_head_order",
+        value: "grouped",
+    };
+    let model = neagari_model::load(&c.be, &wrong).unwrap();
+    let mut kv = model.new_kv(&c.be, 256, KvType::F32).unwrap();
+    let got = model.forward(&c.be, &mut kv, &c.ids[..40], true).unwrap();
+    let e = rel_err(&got, &c.want[..40 * c.n_vocab]);
+    println!("qwen35_moe read as grouped: rel err {e:.2e}");
+    assert!(e > 1e-2, "{e}");
+}
