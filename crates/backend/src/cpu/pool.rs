@@ -1,9 +1,12 @@
-//! A persistent thread pool for per-token work: the caller plus `n - 1` workers pull task
+//! A persistent thread pool for per-token work: the caller plus `n - 1` workers claim task
 //! indices from one atomic counter. Workers spin briefly after a job (the next op of the
 //! forward pass follows within microseconds) and then park, so an idle engine costs no CPU.
 //!
-//! One job runs at a time; `run` returns only after every task has finished, which is what
-//! makes lending the borrowed closure to the workers sound.
+//! One job runs at a time; `run` returns once every task has *finished* — it never waits
+//! for a worker that has not claimed a task. That matters on a busy machine: a worker that
+//! the OS has not scheduled yet is simply left out of the job instead of stalling the caller
+//! for a whole time slice. A claim carries the job's generation, so a worker that wakes late
+//! can never claim (and so never dereference) a job that has already returned.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -13,18 +16,23 @@ use std::time::Duration;
 /// How many times a worker polls for the next job before parking (~100 µs or more:
 /// the next op of a forward pass follows within microseconds).
 const SPIN_POLLS: u32 = 20_000;
+/// Polls between `yield_now` calls while spinning: on an idle machine a yield returns at
+/// once; on an oversubscribed one it hands the core to a thread that has real work.
+const POLLS_PER_YIELD: u32 = 256;
 
 type Job = dyn Fn(usize) + Sync + 'static;
 
 struct Shared {
     /// Bumped once per job; workers wait for it to change.
     generation: AtomicU64,
-    /// The current job, as a raw fat pointer valid while `run` is on the stack.
-    job: Mutex<Option<JobPtr>>,
-    next_task: AtomicUsize,
-    n_tasks: AtomicUsize,
-    /// Workers still inside the current job.
-    active: AtomicUsize,
+    /// The current job: its generation, a raw fat pointer valid while `run` is on the
+    /// stack, and its task count.
+    job: Mutex<Option<(u64, JobPtr, usize)>>,
+    /// `(generation as u32) << 32 | next task index`: a claim succeeds only for the
+    /// generation it names.
+    claim: AtomicU64,
+    /// Tasks of the current job that have finished (or unwound).
+    done: AtomicUsize,
     shutdown: AtomicBool,
     park_lock: Mutex<()>,
     park_cv: Condvar,
@@ -49,9 +57,8 @@ impl ThreadPool {
         let shared = Arc::new(Shared {
             generation: AtomicU64::new(0),
             job: Mutex::new(None),
-            next_task: AtomicUsize::new(0),
-            n_tasks: AtomicUsize::new(0),
-            active: AtomicUsize::new(0),
+            claim: AtomicU64::new(0),
+            done: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
             park_lock: Mutex::new(()),
             park_cv: Condvar::new(),
@@ -87,59 +94,110 @@ impl ThreadPool {
             }
             return;
         }
+        let n_tasks = n_tasks.min(u32::MAX as usize - 1);
         let _guard = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
         let job: &(dyn Fn(usize) + Sync + '_) = &f;
-        // SAFETY: erases the lifetime of `job`; it is only dereferenced by workers between
-        // the generation bump below and `active` dropping to zero, and we wait for that
-        // before returning (also on unwind, via `WaitGuard`).
+        // SAFETY: erases the lifetime of `job`; it is only dereferenced by a thread holding
+        // a successful claim of this generation, and we return only after every claimed
+        // task has finished (also on unwind, via `WaitGuard`).
         let job: &'static Job =
             unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static Job>(job) };
-        let ptr = JobPtr(job as *const Job);
-        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(ptr);
-        s.next_task.store(0, Ordering::Relaxed);
-        s.n_tasks.store(n_tasks, Ordering::Relaxed);
-        s.active.store(self.workers.len(), Ordering::Relaxed);
-        s.generation.fetch_add(1, Ordering::Release);
+        let gen = s.generation.load(Ordering::Relaxed).wrapping_add(1);
+        s.done.store(0, Ordering::Relaxed);
+        s.claim.store(tag(gen) << 32, Ordering::Release);
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((gen, JobPtr(job as *const Job), n_tasks));
+        s.generation.store(gen, Ordering::Release);
         {
             let _l = s.park_lock.lock().unwrap_or_else(|e| e.into_inner());
             s.park_cv.notify_all();
         }
-        let _wait = WaitGuard(s);
-        run_tasks(s, job);
-    }
-}
-
-/// Waits for the workers to leave the current job, even if the caller's task panicked.
-struct WaitGuard<'a>(&'a Shared);
-
-impl Drop for WaitGuard<'_> {
-    fn drop(&mut self) {
-        let s = self.0;
-        // Make sure no new task is claimed once we start waiting after a panic.
-        s.next_task.store(usize::MAX / 2, Ordering::Relaxed);
-        while s.active.load(Ordering::Acquire) != 0 {
-            std::hint::spin_loop();
-        }
+        let wait = WaitGuard { s, gen, n_tasks };
+        run_tasks(s, gen, JobPtr(job as *const Job), n_tasks);
+        wait.wait_for(n_tasks);
+        std::mem::forget(wait);
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 
-fn run_tasks(s: &Shared, job: &Job) {
-    let n = s.n_tasks.load(Ordering::Relaxed);
-    loop {
-        let i = s.next_task.fetch_add(1, Ordering::Relaxed);
-        if i >= n {
-            break;
+fn tag(gen: u64) -> u64 {
+    gen & 0xffff_ffff
+}
+
+/// On unwind out of the caller's own task: stops further claims and waits for the tasks
+/// other threads already claimed.
+struct WaitGuard<'a> {
+    s: &'a Shared,
+    gen: u64,
+    n_tasks: usize,
+}
+
+impl WaitGuard<'_> {
+    fn wait_for(&self, n: usize) {
+        let mut polls = 0u32;
+        while self.s.done.load(Ordering::Acquire) < n {
+            polls = polls.wrapping_add(1);
+            if polls % POLLS_PER_YIELD == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
-        job(i);
+    }
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        // Close the job: push the index past every task so no new claim succeeds.
+        let old = self
+            .s
+            .claim
+            .swap(tag(self.gen) << 32 | u32::MAX as u64, Ordering::AcqRel);
+        let claimed = ((old & 0xffff_ffff) as usize).min(self.n_tasks);
+        self.wait_for(claimed);
+        *self.s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// Counts a task as done when it returns or unwinds.
+struct DoneGuard<'a>(&'a AtomicUsize);
+
+impl Drop for DoneGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Claims and runs tasks of generation `gen` until none are left (or the job moved on).
+fn run_tasks(s: &Shared, gen: u64, job: JobPtr, n_tasks: usize) {
+    let hi = tag(gen) << 32;
+    let mut cur = s.claim.load(Ordering::Acquire);
+    loop {
+        if cur & !0xffff_ffff != hi || (cur & 0xffff_ffff) as usize >= n_tasks {
+            return;
+        }
+        match s
+            .claim
+            .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                let _done = DoneGuard(&s.done);
+                // SAFETY: we hold a claim of generation `gen`, so `run` of that generation
+                // is still on the stack and keeps the closure alive until this task is done.
+                let f = unsafe { &*job.0 };
+                f((cur & 0xffff_ffff) as usize);
+                cur = s.claim.load(Ordering::Acquire);
+            }
+            Err(now) => cur = now,
+        }
     }
 }
 
 fn worker(s: Arc<Shared>) {
     let mut seen = 0u64;
     loop {
-        // Wait for a new generation: spin, then park.
+        // Wait for a new generation: spin (yielding now and then), then park.
         let mut polls = 0u32;
         loop {
             if s.shutdown.load(Ordering::Acquire) {
@@ -152,7 +210,11 @@ fn worker(s: Arc<Shared>) {
             }
             if polls < SPIN_POLLS {
                 polls += 1;
-                std::hint::spin_loop();
+                if polls % POLLS_PER_YIELD == 0 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
                 continue;
             }
             let l = s.park_lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -160,14 +222,14 @@ fn worker(s: Arc<Shared>) {
                 let _unused = s.park_cv.wait_timeout(l, Duration::from_millis(50));
             }
         }
-        let ptr = *s.job.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(JobPtr(p)) = ptr {
-            // SAFETY: `run` keeps the closure alive until `active` reaches zero.
-            let job = unsafe { &*p };
-            // A panicking task must not kill the worker or leave `active` high.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_tasks(&s, job)));
+        let slot = *s.job.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((gen, job, n_tasks)) = slot {
+            seen = seen.max(gen);
+            // A panicking task must not kill the worker; `DoneGuard` still counts it.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run_tasks(&s, gen, job, n_tasks)
+            }));
         }
-        s.active.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -216,6 +278,24 @@ mod tests {
                 hits[i].fetch_add(1, Ordering::Relaxed);
             });
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+    }
+
+    /// Late workers (more threads than cores, jobs of a few tasks back to back) must never
+    /// run a task of a job that has moved on, nor run one twice.
+    #[test]
+    fn short_jobs_with_more_threads_than_cores() {
+        let pool = ThreadPool::new(8);
+        for j in 0..20_000usize {
+            let n = 2 + j % 5;
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(n, |i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "job {j}"
+            );
         }
     }
 
