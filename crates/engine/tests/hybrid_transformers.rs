@@ -314,3 +314,71 @@ fn qwen35_moe_wrong_head_order_is_detected() {
     println!("qwen35_moe read as grouped: rel err {e:.2e}");
     assert!(e > 1e-2, "{e}");
 }
+
+/// Serves llama.cpp's fused `ffn_gate_up_exps` (per expert: F gate rows, then F up rows)
+/// built from a file's separate gate and up expert tensors, and hides those.
+struct FusedExperts<'a> {
+    inner: &'a GgufSource,
+}
+
+impl ModelSource for FusedExperts<'_> {
+    fn architecture(&self) -> neagari_model::Result<String> {
+        self.inner.architecture()
+    }
+    fn u64_opt(&self, key: &str) -> neagari_model::Result<Option<u64>> {
+        self.inner.u64_opt(key)
+    }
+    fn f32_opt(&self, key: &str) -> neagari_model::Result<Option<f32>> {
+        self.inner.f32_opt(key)
+    }
+    fn str_opt(&self, key: &str) -> neagari_model::Result<Option<String>> {
+        self.inner.str_opt(key)
+    }
+    fn bool_opt(&self, key: &str) -> neagari_model::Result<Option<bool>> {
+        self.inner.bool_opt(key)
+    }
+    fn u64_array_opt(&self, key: &str) -> neagari_model::Result<Option<Vec<u64>>> {
+        self.inner.u64_array_opt(key)
+    }
+    fn tensor(&self, name: &str) -> Option<neagari_backend::HostTensor> {
+        if name.ends_with("ffn_gate_exps.weight") || name.ends_with("ffn_up_exps.weight") {
+            return None;
+        }
+        let Some(base) = name.strip_suffix("ffn_gate_up_exps.weight") else {
+            return self.inner.tensor(name);
+        };
+        let g = self.inner.tensor(&format!("{base}ffn_gate_exps.weight"))?;
+        let u = self.inner.tensor(&format!("{base}ffn_up_exps.weight"))?;
+        let (e, f, h) = (g.shape[0], g.shape[1], g.shape[2]);
+        let per = g.bytes.len() / e;
+        let mut bytes = Vec::with_capacity(2 * g.bytes.len());
+        for x in 0..e {
+            bytes.extend_from_slice(&g.bytes.as_slice()[x * per..(x + 1) * per]);
+            bytes.extend_from_slice(&u.bytes.as_slice()[x * per..(x + 1) * per]);
+        }
+        Some(neagari_backend::HostTensor {
+            name: name.to_string(),
+            ty: g.ty,
+            shape: vec![e, 2 * f, h],
+            bytes: neagari_backend::SharedBytes::from_vec(bytes),
+        })
+    }
+}
+
+/// Fused gate+up expert tensors give the same logits as separate ones (both against
+/// transformers).
+#[test]
+fn qwen35_moe_fused_gate_up_experts_match_transformers() {
+    let c = case("qwen35_moe");
+    let file = Arc::new(Gguf::open(dir().join("qwen35_moe.gguf")).unwrap());
+    let src = GgufSource::new(file);
+    let model = neagari_model::load(&c.be, &FusedExperts { inner: &src }).unwrap();
+    let mut kv = model.new_kv(&c.be, 256, KvType::F32).unwrap();
+    let mut got = Vec::new();
+    for chunk in c.ids.chunks(32) {
+        got.extend(model.forward(&c.be, &mut kv, chunk, true).unwrap());
+    }
+    let e = rel_err(&got, &c.want);
+    println!("qwen35_moe with fused gate_up experts: rel err {e:.2e}");
+    assert!(e < REL_TOL, "{e}");
+}
