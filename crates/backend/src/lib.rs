@@ -66,6 +66,18 @@ impl SharedBytes {
         }
     }
 
+    /// A view of `self[off..off + len]`; `None` if out of bounds.
+    pub fn slice(&self, off: usize, len: usize) -> Option<Self> {
+        if off.checked_add(len)? > self.len {
+            return None;
+        }
+        Some(SharedBytes {
+            owner: self.owner.clone(),
+            start: self.start + off,
+            len,
+        })
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         &(*self.owner).as_ref()[self.start..self.start + self.len]
     }

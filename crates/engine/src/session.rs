@@ -16,6 +16,11 @@ pub struct Session<B: Backend> {
     /// Tokens whose keys and values are in `kv`, in order.
     tokens: Vec<u32>,
     n_ctx: usize,
+    /// Set once the cache refused to truncate backwards (recurrent state): from then on
+    /// each prefill leaves a checkpoint before its last token for the next prompt to reuse.
+    rewind_refused: bool,
+    /// That checkpoint; `tokens[..n_tokens]` are unchanged since it was taken.
+    prompt_cp: Option<Checkpoint<B>>,
 }
 
 impl<B: Backend> Session<B> {
@@ -29,6 +34,8 @@ impl<B: Backend> Session<B> {
             kv: model.new_kv(be, n_ctx, kv_type)?,
             tokens: Vec::new(),
             n_ctx,
+            rewind_refused: false,
+            prompt_cp: None,
         })
     }
 
@@ -46,13 +53,25 @@ impl<B: Backend> Session<B> {
         let len = len.min(self.tokens.len());
         be.kv_truncate(&mut self.kv, len)?;
         self.tokens.truncate(len);
+        self.drop_stale_checkpoint();
         Ok(())
+    }
+
+    fn drop_stale_checkpoint(&mut self) {
+        if self
+            .prompt_cp
+            .as_ref()
+            .is_some_and(|cp| cp.n_tokens > self.tokens.len())
+        {
+            self.prompt_cp = None;
+        }
     }
 
     /// Keep the longest common prefix of the cache and `prompt` (at least one token of the
     /// prompt is left to run, so there are logits to sample from) and return its length.
-    /// A hybrid model's recurrent state cannot be cut back, so there a prefix shorter than
-    /// the cache starts over from nothing (0 is returned).
+    /// A hybrid model's recurrent state cannot be cut back: there a shorter prefix resumes
+    /// from the checkpoint the last prefill left before its final token when that fits
+    /// (a follow-up turn), else starts over from nothing (0 is returned).
     pub fn reuse_prefix(&mut self, be: &B, prompt: &[u32]) -> Result<usize, ModelError> {
         let common = self
             .tokens
@@ -64,6 +83,15 @@ impl<B: Backend> Session<B> {
         match self.truncate(be, keep) {
             Ok(()) => Ok(keep),
             Err(ModelError::Backend(BackendError::CannotRewind { .. })) => {
+                self.rewind_refused = true;
+                if let Some(cp) = self.prompt_cp.take() {
+                    if cp.n_tokens <= keep && be.kv_restore(&mut self.kv, &cp.kv).is_ok() {
+                        self.tokens.truncate(cp.n_tokens);
+                        let n = cp.n_tokens;
+                        self.prompt_cp = Some(cp);
+                        return Ok(n);
+                    }
+                }
                 self.truncate(be, 0)?;
                 Ok(0)
             }
@@ -91,6 +119,7 @@ impl<B: Backend> Session<B> {
         }
         be.kv_restore(&mut self.kv, &cp.kv)?;
         self.tokens.truncate(cp.n_tokens);
+        self.drop_stale_checkpoint();
         Ok(())
     }
 
@@ -113,12 +142,23 @@ impl<B: Backend> Session<B> {
         }
         let mut logits = None;
         let mut done = 0;
-        for chunk in tokens.chunks(n_batch.max(1)) {
-            logits = Some(model.forward(be, &mut self.kv, chunk, false)?);
-            self.tokens.extend_from_slice(chunk);
-            done += chunk.len();
-            if !on_batch(done, tokens.len()) {
-                return Ok(None);
+        // With recurrent state, stop before the last token to leave a checkpoint.
+        let split = if self.rewind_refused && tokens.len() >= 2 {
+            tokens.len() - 1
+        } else {
+            tokens.len()
+        };
+        for (part, run) in [&tokens[..split], &tokens[split..]].into_iter().enumerate() {
+            if part == 1 && !run.is_empty() {
+                self.prompt_cp = self.checkpoint(be).ok();
+            }
+            for chunk in run.chunks(n_batch.max(1)) {
+                logits = Some(model.forward(be, &mut self.kv, chunk, false)?);
+                self.tokens.extend_from_slice(chunk);
+                done += chunk.len();
+                if !on_batch(done, tokens.len()) {
+                    return Ok(None);
+                }
             }
         }
         Ok(logits)

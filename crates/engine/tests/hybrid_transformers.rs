@@ -236,7 +236,9 @@ fn qwen35_state_follows_checkpoint_and_prefix_reuse() {
         .prefill(m, &c.be, &prompt, 32, |_, _| true)
         .unwrap()
         .unwrap();
-    assert_eq!(got, want);
+    // The refused rewind makes later prefills stop before their last token (to leave a
+    // checkpoint), so the batches differ from the fresh run's: equal up to f32 noise.
+    assert!(rel_err(&got, &want) < 1e-4);
     // A prompt that extends the cache keeps all of it.
     let mut longer = prompt.clone();
     longer.extend_from_slice(&c.ids[..5]);
@@ -313,4 +315,118 @@ fn qwen35_moe_wrong_head_order_is_detected() {
     let e = rel_err(&got, &c.want[..40 * c.n_vocab]);
     println!("qwen35_moe read as grouped: rel err {e:.2e}");
     assert!(e > 1e-2, "{e}");
+}
+
+/// Serves llama.cpp's fused `ffn_gate_up_exps` (per expert: F gate rows, then F up rows)
+/// built from a file's separate gate and up expert tensors, and hides those.
+struct FusedExperts<'a> {
+    inner: &'a GgufSource,
+}
+
+impl ModelSource for FusedExperts<'_> {
+    fn architecture(&self) -> neagari_model::Result<String> {
+        self.inner.architecture()
+    }
+    fn u64_opt(&self, key: &str) -> neagari_model::Result<Option<u64>> {
+        self.inner.u64_opt(key)
+    }
+    fn f32_opt(&self, key: &str) -> neagari_model::Result<Option<f32>> {
+        self.inner.f32_opt(key)
+    }
+    fn str_opt(&self, key: &str) -> neagari_model::Result<Option<String>> {
+        self.inner.str_opt(key)
+    }
+    fn bool_opt(&self, key: &str) -> neagari_model::Result<Option<bool>> {
+        self.inner.bool_opt(key)
+    }
+    fn u64_array_opt(&self, key: &str) -> neagari_model::Result<Option<Vec<u64>>> {
+        self.inner.u64_array_opt(key)
+    }
+    fn tensor(&self, name: &str) -> Option<neagari_backend::HostTensor> {
+        if name.ends_with("ffn_gate_exps.weight") || name.ends_with("ffn_up_exps.weight") {
+            return None;
+        }
+        let Some(base) = name.strip_suffix("ffn_gate_up_exps.weight") else {
+            return self.inner.tensor(name);
+        };
+        let g = self.inner.tensor(&format!("{base}ffn_gate_exps.weight"))?;
+        let u = self.inner.tensor(&format!("{base}ffn_up_exps.weight"))?;
+        let (e, f, h) = (g.shape[0], g.shape[1], g.shape[2]);
+        let per = g.bytes.len() / e;
+        let mut bytes = Vec::with_capacity(2 * g.bytes.len());
+        for x in 0..e {
+            bytes.extend_from_slice(&g.bytes.as_slice()[x * per..(x + 1) * per]);
+            bytes.extend_from_slice(&u.bytes.as_slice()[x * per..(x + 1) * per]);
+        }
+        Some(neagari_backend::HostTensor {
+            name: name.to_string(),
+            ty: g.ty,
+            shape: vec![e, 2 * f, h],
+            bytes: neagari_backend::SharedBytes::from_vec(bytes),
+        })
+    }
+}
+
+/// Fused gate+up expert tensors give the same logits as separate ones (both against
+/// transformers).
+#[test]
+fn qwen35_moe_fused_gate_up_experts_match_transformers() {
+    let c = case("qwen35_moe");
+    let file = Arc::new(Gguf::open(dir().join("qwen35_moe.gguf")).unwrap());
+    let src = GgufSource::new(file);
+    let model = neagari_model::load(&c.be, &FusedExperts { inner: &src }).unwrap();
+    let mut kv = model.new_kv(&c.be, 256, KvType::F32).unwrap();
+    let mut got = Vec::new();
+    for chunk in c.ids.chunks(32) {
+        got.extend(model.forward(&c.be, &mut kv, chunk, true).unwrap());
+    }
+    let e = rel_err(&got, &c.want);
+    println!("qwen35_moe with fused gate_up experts: rel err {e:.2e}");
+    assert!(e < REL_TOL, "{e}");
+}
+
+/// Chat-style turns on a hybrid model: after the first refused rewind, a prefill leaves a
+/// checkpoint before its last token, and the next prompt that diverges after it resumes
+/// there instead of re-prefilling; the logits equal a fresh prefill's.
+#[test]
+fn qwen35_follow_up_turn_resumes_from_the_prompt_checkpoint() {
+    let c = case("qwen35_dense");
+    let m = c.model.as_ref();
+    let v = c.n_vocab as u32;
+    let mut s = session(&c);
+    let fresh_last = |prompt: &[u32]| {
+        let mut f = session(&c);
+        f.prefill(m, &c.be, prompt, 32, |_, _| true)
+            .unwrap()
+            .unwrap()
+    };
+    // Turn 1, then a reply; turn 2 diverges inside the reply: nothing to resume yet.
+    let p1 = c.ids[..40].to_vec();
+    s.prefill(m, &c.be, &p1, 32, |_, _| true).unwrap();
+    for &t in &c.ids[40..45] {
+        s.decode(m, &c.be, t).unwrap();
+    }
+    let mut p2 = c.ids[..42].to_vec();
+    p2.push((c.ids[42] + 1) % v);
+    p2.extend_from_slice(&c.ids[60..80]);
+    assert_eq!(s.reuse_prefix(&c.be, &p2).unwrap(), 0);
+    s.prefill(m, &c.be, &p2, 32, |_, _| true).unwrap();
+    for &t in &c.ids[80..85] {
+        s.decode(m, &c.be, t).unwrap();
+    }
+    // Turn 3 keeps all of turn 2's prompt, then diverges from the reply.
+    let mut p3 = p2.clone();
+    p3.push((c.ids[80] + 7) % v);
+    p3.extend_from_slice(&c.ids[90..100]);
+    let keep = s.reuse_prefix(&c.be, &p3).unwrap();
+    assert_eq!(keep, p2.len() - 1);
+    let got = s
+        .prefill(m, &c.be, &p3[keep..], 32, |_, _| true)
+        .unwrap()
+        .unwrap();
+    let e = rel_err(&got, &fresh_last(&p3));
+    assert!(e < 1e-4, "{e}");
+    // Regenerating the same prompt resumes too.
+    let keep = s.reuse_prefix(&c.be, &p3).unwrap();
+    assert_eq!(keep, p3.len() - 1);
 }

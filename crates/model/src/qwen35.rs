@@ -268,9 +268,11 @@ enum Ffn<B: Backend> {
     Moe {
         /// `[n_expert, H]`.
         router: B::Mat,
-        /// Stacked experts: gate/up `[n_expert·F, H]`, down `[n_expert·H, F]`.
+        /// Stacked experts: gate/up `[n_expert·F, H]`, down `[n_expert·H, F]`. With
+        /// `up` None, `gate` is llama.cpp's fused `ffn_gate_up_exps` `[n_expert·2F, H]`
+        /// (per expert F gate rows, then F up rows).
         gate: B::Mat,
-        up: B::Mat,
+        up: Option<B::Mat>,
         down: B::Mat,
         shared: Option<SharedExpert<B>>,
     },
@@ -375,7 +377,8 @@ impl<B: Backend> Qwen35<B> {
             };
         for l in &layers {
             if let Ffn::Moe { gate, up, down, .. } = &l.ffn {
-                let all = be.mat_bytes(gate) + be.mat_bytes(up) + be.mat_bytes(down);
+                let up = up.as_ref().map_or(0, |m| be.mat_bytes(m));
+                let all = be.mat_bytes(gate) + up + be.mat_bytes(down);
                 weight_bytes += all - all * cfg.n_expert_used / cfg.n_expert.max(1);
             }
         }
@@ -439,7 +442,8 @@ impl<B: Backend> Qwen35<B> {
                 down,
                 shared,
             } => {
-                let all = be.mat_bytes(gate) + be.mat_bytes(up) + be.mat_bytes(down);
+                let up = up.as_ref().map_or(0, |m| be.mat_bytes(m));
+                let all = be.mat_bytes(gate) + up + be.mat_bytes(down);
                 b += be.mat_bytes(router) + all * cfg.n_expert_used / cfg.n_expert.max(1);
                 if let Some(s) = shared {
                     b += be.mat_bytes(&s.gate) + be.mat_bytes(&s.up) + be.mat_bytes(&s.down);
@@ -515,11 +519,15 @@ impl<B: Backend> Qwen35<B> {
             if e == 0 || f == 0 {
                 return Err(ModelError::MissingKey(format!("{}.expert_count", cfg.arch)));
             }
-            if src.tensor(&n(i, "ffn_gate_up_exps")).is_some() {
-                return Err(ModelError::Unsupported(
-                    "fused ffn_gate_up_exps expert tensors".into(),
-                ));
-            }
+            let (gate, up) = if src.tensor(&n(i, "ffn_gate_up_exps")).is_some() {
+                let gu = expert_mat(be, src, &n(i, "ffn_gate_up_exps"), [e, 2 * f, h])?;
+                (gu, None)
+            } else {
+                (
+                    expert_mat(be, src, &n(i, "ffn_gate_exps"), [e, f, h])?,
+                    Some(expert_mat(be, src, &n(i, "ffn_up_exps"), [e, f, h])?),
+                )
+            };
             let shared = if src.tensor(&n(i, "ffn_gate_shexp")).is_some() {
                 let fs = if cfg.n_ff_shexp > 0 {
                     cfg.n_ff_shexp
@@ -544,8 +552,8 @@ impl<B: Backend> Qwen35<B> {
             };
             Ffn::Moe {
                 router: src.mat(be, &n(i, "ffn_gate_inp"), &[e, h])?,
-                gate: expert_mat(be, src, &n(i, "ffn_gate_exps"), [e, f, h])?,
-                up: expert_mat(be, src, &n(i, "ffn_up_exps"), [e, f, h])?,
+                gate,
+                up,
                 down: expert_mat(be, src, &n(i, "ffn_down_exps"), [e, h, f])?,
                 shared,
             }
@@ -723,8 +731,16 @@ impl<B: Backend> Qwen35<B> {
                         continue;
                     }
                     be.gather_rows(xn, rows, &mut xe)?; // [m, H]
-                    be.matmul_rows(gate, ex * f, f, &xe, &mut ge)?; // [m, F]
-                    be.matmul_rows(up, ex * f, f, &xe, &mut ue)?; // [m, F]
+                    match up {
+                        Some(up) => {
+                            be.matmul_rows(gate, ex * f, f, &xe, &mut ge)?; // [m, F]
+                            be.matmul_rows(up, ex * f, f, &xe, &mut ue)?; // [m, F]
+                        }
+                        None => {
+                            be.matmul_rows(gate, 2 * ex * f, f, &xe, &mut ge)?; // [m, F]
+                            be.matmul_rows(gate, (2 * ex + 1) * f, f, &xe, &mut ue)?;
+                        }
+                    }
                     be.glu(&mut ge, &ue, GluAct::Silu)?;
                     be.matmul_rows(down, ex * h, h, &ge, &mut oe)?; // [m, H]
                     be.scatter_add_rows(&mut o, rows, weights, &oe)?;

@@ -180,73 +180,6 @@ impl CpuKv {
     }
 }
 
-impl CpuBackend {
-    /// `out = W[row0 .. row0 + n_rows] · x` for every row of `x`.
-    fn matmul_range(
-        &self,
-        w: &CpuMat,
-        row0: usize,
-        n_rows: usize,
-        x: &CpuBuf,
-        out: &mut CpuBuf,
-    ) -> Result<()> {
-        if row0 + n_rows > w.rows || x.cols != w.cols {
-            return Err(shape_err(
-                "matmul",
-                format!("x has {} cols, W is {}x{}", x.cols, w.rows, w.cols),
-            ));
-        }
-        let kern = w.kernel.ok_or(BackendError::NoKernel {
-            op: "matmul",
-            device: "cpu",
-            ty: w.ty,
-        })?;
-        out.reshape(x.rows, n_rows);
-        let k = w.cols;
-        let na = x.rows;
-        let act_row = kern.act.row_bytes(k);
-        let mut scratch = self.act_scratch.lock().unwrap_or_else(|e| e.into_inner());
-        scratch.resize(act_row * na, 0);
-        // Quantize the activation rows once; they are reused by every weight row.
-        {
-            let sp = SyncPtr(scratch.as_mut_ptr());
-            let quant = kern.quantize_act;
-            let xs = &x.data;
-            let n_tasks = if na >= 4 { na } else { 1 };
-            self.pool.run(n_tasks, |t| {
-                let rows = if n_tasks == 1 { 0..na } else { t..t + 1 };
-                for r in rows {
-                    // SAFETY: each task writes only activation row r's bytes.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(sp.get().add(r * act_row), act_row)
-                    };
-                    quant(&xs[r * k..(r + 1) * k], dst);
-                }
-            });
-        }
-        let act: &[u8] = &scratch;
-        // Split the weight rows into chunks; many chunks per thread balance the load.
-        let n_out = n_rows;
-        let threads = self.pool.n_threads();
-        let chunk = chunk_rows(n_out, threads, na);
-        let n_chunks = n_out.div_ceil(chunk);
-        let op = SyncPtr(out.data.as_mut_ptr());
-        let wb = &w.bytes.as_slice()[row0 * w.row_bytes..(row0 + n_rows) * w.row_bytes];
-        let rb = w.row_bytes;
-        let gemm = kern.gemm;
-        let out_len = out.data.len();
-        self.pool.run(n_chunks, |c| {
-            let j0 = c * chunk;
-            let nw = chunk.min(n_out - j0);
-            // SAFETY: chunk c writes only columns j0..j0+nw of every output row; the view
-            // starts at column j0 and the kernel indexes i * n_out + j with j < nw.
-            let dst = unsafe { std::slice::from_raw_parts_mut(op.get().add(j0), out_len - j0) };
-            gemm(k, &wb[j0 * rb..(j0 + nw) * rb], nw, act, na, dst, n_out);
-        });
-        Ok(())
-    }
-}
-
 fn shape_err(op: &'static str, detail: String) -> BackendError {
     BackendError::Shape { op, detail }
 }
@@ -384,7 +317,60 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, w: &CpuMat, x: &CpuBuf, out: &mut CpuBuf) -> Result<()> {
-        self.matmul_range(w, 0, w.rows, x, out)
+        if x.cols != w.cols {
+            return Err(shape_err(
+                "matmul",
+                format!("x has {} cols, W is {}x{}", x.cols, w.rows, w.cols),
+            ));
+        }
+        let kern = w.kernel.ok_or(BackendError::NoKernel {
+            op: "matmul",
+            device: "cpu",
+            ty: w.ty,
+        })?;
+        out.reshape(x.rows, w.rows);
+        let k = w.cols;
+        let na = x.rows;
+        let act_row = kern.act.row_bytes(k);
+        let mut scratch = self.act_scratch.lock().unwrap_or_else(|e| e.into_inner());
+        scratch.resize(act_row * na, 0);
+        // Quantize the activation rows once; they are reused by every weight row.
+        {
+            let sp = SyncPtr(scratch.as_mut_ptr());
+            let quant = kern.quantize_act;
+            let xs = &x.data;
+            let n_tasks = if na >= 4 { na } else { 1 };
+            self.pool.run(n_tasks, |t| {
+                let rows = if n_tasks == 1 { 0..na } else { t..t + 1 };
+                for r in rows {
+                    // SAFETY: each task writes only activation row r's bytes.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(sp.get().add(r * act_row), act_row)
+                    };
+                    quant(&xs[r * k..(r + 1) * k], dst);
+                }
+            });
+        }
+        let act: &[u8] = &scratch;
+        // Split the weight rows into chunks; many chunks per thread balance the load.
+        let n_out = w.rows;
+        let threads = self.pool.n_threads();
+        let chunk = chunk_rows(n_out, threads, na);
+        let n_chunks = n_out.div_ceil(chunk);
+        let op = SyncPtr(out.data.as_mut_ptr());
+        let wb = w.bytes.as_slice();
+        let rb = w.row_bytes;
+        let gemm = kern.gemm;
+        let out_len = out.data.len();
+        self.pool.run(n_chunks, |c| {
+            let j0 = c * chunk;
+            let nw = chunk.min(n_out - j0);
+            // SAFETY: chunk c writes only columns j0..j0+nw of every output row; the view
+            // starts at column j0 and the kernel indexes i * n_out + j with j < nw.
+            let dst = unsafe { std::slice::from_raw_parts_mut(op.get().add(j0), out_len - j0) };
+            gemm(k, &wb[j0 * rb..(j0 + nw) * rb], nw, act, na, dst, n_out);
+        });
+        Ok(())
     }
 
     fn rms_norm(&self, x: &CpuBuf, w: &Vec<f32>, eps: f32, out: &mut CpuBuf) -> Result<()> {
@@ -885,7 +871,26 @@ impl Backend for CpuBackend {
         x: &CpuBuf,
         out: &mut CpuBuf,
     ) -> Result<()> {
-        self.matmul_range(w, row0, n_rows, x, out)
+        if row0 + n_rows > w.rows {
+            return Err(shape_err(
+                "matmul_rows",
+                format!("rows {row0}+{n_rows} of {}", w.rows),
+            ));
+        }
+        // A view of the rows: the same bytes, fewer rows, the same kernel.
+        let bytes = w
+            .bytes
+            .slice(row0 * w.row_bytes, n_rows * w.row_bytes)
+            .ok_or_else(|| shape_err("matmul_rows", "row range outside the matrix".into()))?;
+        let view = CpuMat {
+            ty: w.ty,
+            rows: n_rows,
+            cols: w.cols,
+            row_bytes: w.row_bytes,
+            bytes,
+            kernel: w.kernel,
+        };
+        self.matmul(&view, x, out)
     }
 
     fn gather_rows(&self, src: &CpuBuf, rows: &[u32], dst: &mut CpuBuf) -> Result<()> {
