@@ -422,7 +422,10 @@ mod tests {
         let (t, m) = parse_header(Path::new("t"), &f).unwrap();
         assert_eq!(m.get("format").map(String::as_str), Some("mlx"));
         let a = &t["a"];
-        assert_eq!((a.dtype, a.shape.clone(), a.len), (Dtype::F32, vec![2, 2], 16));
+        assert_eq!(
+            (a.dtype, a.shape.clone(), a.len),
+            (Dtype::F32, vec![2, 2], 16)
+        );
         assert_eq!(a.start, 8 + GOOD.len());
         assert_eq!(t["b"].start, 8 + GOOD.len() + 16);
     }
