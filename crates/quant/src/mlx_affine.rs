@@ -164,14 +164,14 @@ pub fn dot_row(
     Ok(acc as f32)
 }
 
+/// One quantized row: packed codes, f32 scales, f32 biases.
+pub type AffineRow = (Vec<u8>, Vec<f32>, Vec<f32>);
+
 /// Reference quantizer of one row with MLX's rule: per group `s = (max − min)/(2^b − 1)`,
 /// `β = min`, `q = round((w − β)/s)` clamped (MLX additionally nudges the edge with the
 /// larger magnitude to be exact; tests of the kernels do not depend on that detail).
 /// Returns (codes, scales, biases) with f32 scales.
-pub fn quantize_row(
-    l: AffineLayout,
-    w: &[f32],
-) -> Result<(Vec<u8>, Vec<f32>, Vec<f32>), QuantError> {
+pub fn quantize_row(l: AffineLayout, w: &[f32]) -> Result<AffineRow, QuantError> {
     if !w.len().is_multiple_of(l.group) {
         return Err(QuantError::Ragged {
             ty: "MLX affine",
