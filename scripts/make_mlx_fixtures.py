@@ -38,7 +38,7 @@ import numpy as np
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.models import llama, qwen3
+from mlx_lm.models import gemma3_text, llama, qwen3
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import quantize_model, save_config, save_model
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -90,6 +90,29 @@ def make_tokenizer() -> Tokenizer:
 
 
 def base_config(arch: str, vocab: int) -> dict:
+    if arch == "gemma3_text":
+        # hidden 256: √256 = 16 is exact in bf16, the dtype mlx-lm rounds the embedding
+        # scale to. Three layers, pattern 3 (two sliding, one global), a window of 8 so the
+        # 20-id prompt crosses it; query_pre_attn_scalar = head_dim as in the 270M–12B.
+        return {
+            "model_type": "gemma3_text",
+            "architectures": ["Gemma3ForCausalLM"],
+            "hidden_size": 256,
+            "num_hidden_layers": 3,
+            "intermediate_size": 512,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "head_dim": 64,
+            "query_pre_attn_scalar": 64,
+            "rms_norm_eps": 1e-6,
+            "vocab_size": vocab,
+            "max_position_embeddings": 256,
+            "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0,
+            "sliding_window": 8,
+            "sliding_window_pattern": 3,
+            "tie_word_embeddings": True,
+        }
     c = {
         "model_type": arch,
         "hidden_size": HIDDEN,
@@ -114,7 +137,7 @@ def base_config(arch: str, vocab: int) -> dict:
 
 def build(arch: str, cfg: dict, seed: int) -> nn.Module:
     mx.random.seed(seed)
-    mod = llama if arch == "llama" else qwen3
+    mod = {"llama": llama, "qwen3": qwen3, "gemma3_text": gemma3_text}[arch]
     args = mod.ModelArgs.from_dict(cfg)
     m = mod.Model(args)
     # Larger-than-default weights so the tiny model's logits spread (clear greedy margins).
@@ -122,12 +145,13 @@ def build(arch: str, cfg: dict, seed: int) -> nn.Module:
     new = []
     for k, v in params:
         if k.endswith("norm.weight"):
-            v = 1.0 + 0.1 * mx.random.normal(v.shape)
+            # Gemma's norms multiply by 1 + w: the same spread around 1 either way.
+            v = (0.0 if arch == "gemma3_text" else 1.0) + 0.1 * mx.random.normal(v.shape)
         else:
             v = mx.random.normal(v.shape) * (1.5 / np.sqrt(v.shape[-1]))
             if "embed" in k:
-                # Tied heads (qwen3) reuse this table: keep the logits' spread near 3.
-                v = mx.random.normal(v.shape) * (1.0 if arch == "llama" else 0.25)
+                # Tied heads (qwen3, gemma3) reuse this table: keep the logits' spread near 3.
+                v = mx.random.normal(v.shape) * {"llama": 1.0, "qwen3": 0.25, "gemma3_text": 0.2}[arch]
         new.append((k, v.astype(mx.float32)))
     m.update(tree_unflatten(new))
     mx.eval(m.parameters())
@@ -268,7 +292,7 @@ def make_variant(name, arch, bits, group, seed, tok, vocab, ids):
     cfg = base_config(arch, vocab)
     m = build(arch, cfg, 1000 + seed)
     extra = {}
-    if name == "llama_bf16":
+    if name in ("llama_bf16", "gemma3_bf16"):
         m.set_dtype(mx.bfloat16)
         cfg["torch_dtype"] = "bfloat16"
     elif name == "qwen3_hadamard":
@@ -368,6 +392,8 @@ def main() -> None:
     for b, g in [(2, 128), (3, 32), (4, 32), (8, 128), (8, 64)]:
         variants.append((f"qwen3_q{b}_g{g}", "qwen3", b, g))
     variants.append(("qwen3_q4_mixed", "qwen3", 4, 64))
+    variants.append(("gemma3_bf16", "gemma3_text", None, None))
+    variants.append(("gemma3_q4_g64", "gemma3_text", 4, 64))
     variants.append(("qwen3_hadamard", "qwen3", 4, 64))
 
     for idx, (name, arch, bits, group) in enumerate(variants):

@@ -1,5 +1,5 @@
 //! HF safetensors checkpoints and MLX affine packs against mlx-lm, on tiny random llama /
-//! qwen3 models committed under tests/fixtures/mlx (made by scripts/make_mlx_fixtures.py
+//! qwen3 / gemma3 models committed under tests/fixtures/mlx (made by scripts/make_mlx_fixtures.py
 //! with mlx 0.32 / mlx-lm 0.32: mlx-lm's model classes, quantized by mlx-lm's own
 //! quantizer, saved by mlx-lm's writer; logits from mlx-lm's forward in f32).
 //!
@@ -163,6 +163,8 @@ packs! {
     qwen3_q8_g64 => "qwen3_q8_g64",
     qwen3_q4_mixed_overrides_bf16_scales => "qwen3_q4_mixed",
     qwen3_hadamard_rotated_pack => "qwen3_hadamard",
+    gemma3_bf16_checkpoint => "gemma3_bf16",
+    gemma3_q4_g64 => "gemma3_q4_g64",
 }
 
 /// The portable kernels give the same answers as the SIMD ones.
