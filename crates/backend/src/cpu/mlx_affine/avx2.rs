@@ -1,9 +1,9 @@
 //! AVX2 kernel for MLX affine matrices, one source for every bit width `B`.
 //!
 //! Layout: a row's codes are an LSB-first bit stream, so 8 consecutive codes occupy exactly
-//! `B` bytes starting on a byte boundary. They are read as one little-endian integer `v`,
-//! split in halves (`v` and `v >> 4B`, each ≤ 32 bits), broadcast to the low and high four
-//! lanes and shifted by `[0, B, 2B, 3B]` per lane: eight codes as i32, then f32. Codes are
+//! `B` bytes starting on a byte boundary. 1- and 2-bit codes decode through byte tables;
+//! 8-bit ones widen directly; 3/4-bit ones are one 32-bit broadcast shifted by `i·B` per
+//! lane; 5/6-bit ones are split in halves of four codes (low and high lanes). Codes are
 //! unpacked once per weight row and group and multiplied into up to four activation rows.
 //! Per group `acc += s · Σ q·x`, with `β · Σ x` from the precomputed group sums.
 //! Tested against `neagari_quant::mlx_affine::dot_row` (see `super::tests`).
@@ -75,7 +75,7 @@ fn gemm<const B: usize>(
                     4 => row_dot::<B, 4>(l.group, st, k, &row, xs, sums),
                     3 => row_dot::<B, 3>(l.group, st, k, &row, xs, sums),
                     2 => row_dot::<B, 2>(l.group, st, k, &row, xs, sums),
-                    _ => row_dot::<B, 1>(l.group, st, k, &row, xs, sums),
+                    _ => row_dot1::<B>(l.group, st, k, &row, xs, sums),
                 }
             };
             for (r, v) in r.iter().take(nr).enumerate() {
@@ -92,21 +92,116 @@ struct Row<'a> {
     biases: &'a [u8],
 }
 
+/// Element `i` of a scales/biases row, converted with F16C (the `half` crate's portable
+/// conversion costs more than a whole group's FMAs).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_at(st: ScaleType, bytes: &[u8], i: usize) -> f32 {
+    // SAFETY: the caller passes i < the row's group count; the row holds that many
+    // elements of `st` (checked in `gemm`).
+    unsafe {
+        match st {
+            ScaleType::F16 => {
+                let h = std::ptr::read_unaligned(bytes.as_ptr().add(2 * i) as *const u16);
+                _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+            }
+            ScaleType::BF16 => {
+                let h = std::ptr::read_unaligned(bytes.as_ptr().add(2 * i) as *const u16);
+                f32::from_bits((h as u32) << 16)
+            }
+            ScaleType::F32 => std::ptr::read_unaligned(bytes.as_ptr().add(4 * i) as *const f32),
+        }
+    }
+}
+
+/// Codes of one byte as f32 lanes: 1-bit (8 per byte) and 2-bit (4 per byte) decode by a
+/// table lookup, one load per byte instead of a broadcast, shift, mask and convert.
+static LUT1: [[f32; 8]; 256] = lut1();
+static LUT2: [[f32; 4]; 256] = lut2();
+
+const fn lut1() -> [[f32; 8]; 256] {
+    let mut t = [[0f32; 8]; 256];
+    let mut b = 0;
+    while b < 256 {
+        let mut i = 0;
+        while i < 8 {
+            t[b][i] = ((b >> i) & 1) as f32;
+            i += 1;
+        }
+        b += 1;
+    }
+    t
+}
+
+const fn lut2() -> [[f32; 4]; 256] {
+    let mut t = [[0f32; 4]; 256];
+    let mut b = 0;
+    while b < 256 {
+        let mut i = 0;
+        while i < 4 {
+            t[b][i] = ((b >> (2 * i)) & 3) as f32;
+            i += 1;
+        }
+        b += 1;
+    }
+    t
+}
+
+/// Little-endian integer of the `n ≤ 8` bytes at `p`, built from plain loads (a byte copy
+/// into a stack array read back as a wider integer would stall on store forwarding).
+#[inline(always)]
+unsafe fn load_bits(p: *const u8, n: usize) -> u64 {
+    // SAFETY (all arms): the caller guarantees n readable bytes at p.
+    unsafe {
+        let b = |i: usize| *p.add(i) as u64;
+        let w16 = |i: usize| u16::from_le(std::ptr::read_unaligned(p.add(i) as *const u16)) as u64;
+        let w32 = |i: usize| u32::from_le(std::ptr::read_unaligned(p.add(i) as *const u32)) as u64;
+        match n {
+            1 => b(0),
+            2 => w16(0),
+            3 => w16(0) | b(2) << 16,
+            4 => w32(0),
+            5 => w32(0) | b(4) << 32,
+            6 => w32(0) | w16(4) << 32,
+            _ => u64::from_le(std::ptr::read_unaligned(p as *const u64)),
+        }
+    }
+}
+
 /// Eight `B`-bit codes from the `B` bytes at `p`, as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn unpack8<const B: usize>(p: *const u8) -> __m256 {
-    let mut t = [0u8; 8];
-    // SAFETY: the caller guarantees B bytes at p (8 codes of B bits).
-    unsafe { std::ptr::copy_nonoverlapping(p, t.as_mut_ptr(), B) };
-    let v = u64::from_le_bytes(t);
-    let lo = v as u32 as i32;
-    let hi = (v >> (4 * B)) as u32 as i32;
-    let both = _mm256_set_m128i(_mm_set1_epi32(hi), _mm_set1_epi32(lo));
-    let b = B as i32;
-    let shifts = _mm256_setr_epi32(0, b, 2 * b, 3 * b, 0, b, 2 * b, 3 * b);
-    let mask = _mm256_set1_epi32(((1u32 << B) - 1) as i32);
-    _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(both, shifts), mask))
+    // SAFETY: the caller guarantees B bytes at p (8 codes of B bits); table rows are 32 /
+    // 16 bytes.
+    unsafe {
+        match B {
+            1 => _mm256_loadu_ps(LUT1[*p as usize].as_ptr()),
+            2 => _mm256_set_m128(
+                _mm_loadu_ps(LUT2[*p.add(1) as usize].as_ptr()),
+                _mm_loadu_ps(LUT2[*p as usize].as_ptr()),
+            ),
+            8 => _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))),
+            _ => {
+                let v = load_bits(p, B);
+                let b = B as i32;
+                let mask = _mm256_set1_epi32(((1u32 << B) - 1) as i32);
+                let q = if B <= 4 {
+                    // Eight codes fit one 32-bit lane: broadcast and shift by i·B.
+                    let shifts = _mm256_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b);
+                    _mm256_srlv_epi32(_mm256_set1_epi32(v as u32 as i32), shifts)
+                } else {
+                    // Halves of four codes each (≤ 32 bits) in the low and high lanes.
+                    let lo = v as u32 as i32;
+                    let hi = (v >> (4 * B)) as u32 as i32;
+                    let both = _mm256_set_m128i(_mm_set1_epi32(hi), _mm_set1_epi32(lo));
+                    let shifts = _mm256_setr_epi32(0, b, 2 * b, 3 * b, 0, b, 2 * b, 3 * b);
+                    _mm256_srlv_epi32(both, shifts)
+                };
+                _mm256_cvtepi32_ps(_mm256_and_si256(q, mask))
+            }
+        }
+    }
 }
 
 #[inline]
@@ -134,8 +229,8 @@ unsafe fn row_dot<const B: usize, const R: usize>(
     let cp = w.codes.as_ptr();
     let xp = xs.as_ptr();
     for g in 0..ng {
-        let s = _mm256_set1_ps(st.get(w.scales, g));
-        let beta = st.get(w.biases, g);
+        let s = _mm256_set1_ps(scale_at(st, w.scales, g));
+        let beta = scale_at(st, w.biases, g);
         let mut acc = [_mm256_setzero_ps(); R];
         for c in 0..group / 8 {
             let col = g * group + c * 8;
@@ -158,4 +253,42 @@ unsafe fn row_dot<const B: usize, const R: usize>(
         out[r] = hsum(tot[r]) + bias[r];
     }
     out
+}
+
+/// One weight row against one activation row (decode): four independent accumulators per
+/// group, so the FMA latency does not serialise the loop (groups hold a multiple of 32
+/// codes, i.e. of four 8-code chunks).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn row_dot1<const B: usize>(
+    group: usize,
+    st: ScaleType,
+    k: usize,
+    w: &Row,
+    x: &[f32],
+    sums: &[f32],
+) -> [f32; 4] {
+    let ng = k / group;
+    let mut tot = _mm256_setzero_ps();
+    let mut bias = 0f32;
+    let cp = w.codes.as_ptr();
+    let xp = x.as_ptr();
+    for (g, &gsum) in sums.iter().enumerate().take(ng) {
+        let mut a = [_mm256_setzero_ps(); 4];
+        for c in (0..group / 8).step_by(4) {
+            let col = g * group + c * 8;
+            for (u, acc) in a.iter_mut().enumerate() {
+                let col = col + 8 * u;
+                // SAFETY: col + 8 ≤ k: the 8 codes at bit col·B lie in the row's k·B/8
+                // bytes and x[col .. col + 8] in the row (lengths checked by the caller).
+                unsafe {
+                    let q = unpack8::<B>(cp.add(col * B / 8));
+                    *acc = _mm256_fmadd_ps(q, _mm256_loadu_ps(xp.add(col)), *acc);
+                }
+            }
+        }
+        let acc = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+        tot = _mm256_fmadd_ps(_mm256_set1_ps(scale_at(st, w.scales, g)), acc, tot);
+        bias += scale_at(st, w.biases, g) * gsum;
+    }
+    [hsum(tot) + bias, 0.0, 0.0, 0.0]
 }
