@@ -170,6 +170,59 @@ impl HadamardSpec {
     }
 }
 
+fn gguf_nums(v: &neagari_formats::Value) -> Option<Vec<f64>> {
+    use neagari_formats::Array as A;
+    Some(match v.as_array()? {
+        A::U8(x) => x.iter().map(|&v| v as f64).collect(),
+        A::I8(x) => x.iter().map(|&v| v as f64).collect(),
+        A::U16(x) => x.iter().map(|&v| v as f64).collect(),
+        A::I16(x) => x.iter().map(|&v| v as f64).collect(),
+        A::U32(x) => x.iter().map(|&v| v as f64).collect(),
+        A::I32(x) => x.iter().map(|&v| v as f64).collect(),
+        A::U64(x) => x.iter().map(|&v| v as f64).collect(),
+        A::I64(x) => x.iter().map(|&v| v as f64).collect(),
+        A::F32(x) => x.iter().map(|&v| v as f64).collect(),
+        A::F64(x) => x.clone(),
+        _ => return None,
+    })
+}
+
+/// The `prism.hadamard.*` keys of a GGUF file, `None` when it declares no rotation.
+pub fn spec_from_gguf(g: &neagari_formats::Gguf) -> Result<Option<HadamardSpec>> {
+    let key = |k: &str| g.get(&format!("prism.hadamard.{k}"));
+    if !g
+        .metadata()
+        .keys()
+        .any(|k| k.starts_with("prism.hadamard."))
+    {
+        return Ok(None);
+    }
+    let int = |k: &str| key(k).and_then(|v| v.as_int()).map(|i| i as i64);
+    let string = |k: &str| key(k).and_then(|v| v.as_str()).map(str::to_string);
+    let strs = |k: &str| match key(k).and_then(|v| v.as_array()) {
+        Some(neagari_formats::Array::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+    let raw = RawSpec {
+        version: int("version"),
+        block_size: int("block_size"),
+        transform: string("transform"),
+        axis: string("axis"),
+        sign_mode: string("sign_mode"),
+        sign_widths: key("sign_widths")
+            .and_then(gguf_nums)
+            .map(|v| v.into_iter().map(|x| x as i64).collect()),
+        sign_values: key("sign_values").and_then(gguf_nums),
+        weight_names: strs("weight_names"),
+        inverse_weight_names: strs("inverse_weight_names"),
+        gdn_v_grouped: match key("gdn_v_grouped") {
+            Some(neagari_formats::Value::Bool(b)) => Some(*b),
+            _ => None,
+        },
+    };
+    HadamardSpec::from_raw(raw).map(Some)
+}
+
 /// Which GGUF-named weights are rotated, resolved from a spec by a name mapping. Every
 /// declared name must resolve, and the inverse set may hold only the token embedding.
 #[derive(Clone, Debug, Default)]
