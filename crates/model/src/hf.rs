@@ -255,6 +255,22 @@ impl HfSource {
             .map_err(|e| bad("config.json", format!("{}: {e}", cfg_path.display())))?;
         let cfg: Json =
             serde_json::from_str(&text).map_err(|e| bad("config.json", e.to_string()))?;
+        // Repacks whose runtime does more than affine + Hadamard: refused by name rather than
+        // loaded as a plain pack that would compute fluent garbage.
+        if cfg.get("jang_config").is_some() || dir.join("jang_config.json").is_file() {
+            return Err(ModelError::Unsupported(
+                "JANG repack (jang_config): its tensor manifest and ternary packing are not \
+                 implemented"
+                    .into(),
+            ));
+        }
+        if let Some(rt) = cfg.get("requires_runtime").and_then(Json::as_str) {
+            if cfg.get("hadamard_config").is_none() {
+                return Err(ModelError::Unsupported(format!(
+                    "the pack requires its own runtime {rt:?}"
+                )));
+            }
+        }
         let st = SafeTensors::open(path).map_err(|e| ModelError::Unsupported(e.to_string()))?;
         let mut src = Self::from_parts(Arc::new(st), &cfg, &dir)?;
         let hj = cfg
