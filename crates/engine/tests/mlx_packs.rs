@@ -211,3 +211,70 @@ fn refuses_unknown_rotation_by_name() {
     assert!(err.contains("randomized-fourier-rotation"), "{err}");
     std::fs::remove_dir_all(&tmp).ok();
 }
+
+/// Damaged packs fail with an error that names the problem, never a panic: a truncated
+/// shard, codes whose width does not fit the declared bits, a config without quantization
+/// for quantized tensors, a non-affine mode.
+#[test]
+fn damaged_packs_are_errors() {
+    let src = root().join("llama_q4_g64");
+    let tmp = std::env::temp_dir().join(format!("neagari_badpack_{}", std::process::id()));
+    let reset = || {
+        std::fs::create_dir_all(&tmp).unwrap();
+        for f in [
+            "config.json",
+            "model.safetensors",
+            "model.safetensors.index.json",
+        ] {
+            std::fs::copy(src.join(f), tmp.join(f)).unwrap();
+        }
+    };
+    let be = CpuBackend::new(&CpuOptions {
+        threads: 1,
+        scalar_only: false,
+    });
+    let load_err = || -> String {
+        match HfSource::open(&tmp) {
+            Err(e) => e.to_string(),
+            Ok(s) => match neagari_model::load(&be, &s) {
+                Err(e) => e.to_string(),
+                Ok(_) => String::new(),
+            },
+        }
+    };
+    let cfg = std::fs::read_to_string(src.join("config.json")).unwrap();
+
+    reset();
+    let st = std::fs::read(src.join("model.safetensors")).unwrap();
+    std::fs::write(tmp.join("model.safetensors"), &st[..st.len() / 2]).unwrap();
+    let e = load_err();
+    assert!(e.contains("data_offsets") || e.contains("outside"), "{e}");
+
+    reset();
+    std::fs::write(
+        tmp.join("config.json"),
+        cfg.replace("\"bits\": 4", "\"bits\": 3"),
+    )
+    .unwrap();
+    let e = load_err();
+    assert!(e.contains("3-bit"), "{e}");
+
+    reset();
+    let v: Value = serde_json::from_str(&cfg).unwrap();
+    let mut v2 = v.clone();
+    v2.as_object_mut().unwrap().remove("quantization");
+    v2.as_object_mut().unwrap().remove("quantization_config");
+    std::fs::write(tmp.join("config.json"), v2.to_string()).unwrap();
+    let e = load_err();
+    assert!(e.contains("quantization"), "{e}");
+
+    reset();
+    std::fs::write(
+        tmp.join("config.json"),
+        cfg.replace("\"mode\": \"affine\"", "\"mode\": \"mxfp4\""),
+    )
+    .unwrap();
+    let e = load_err();
+    assert!(e.contains("mxfp4"), "{e}");
+    std::fs::remove_dir_all(&tmp).ok();
+}
