@@ -164,6 +164,44 @@ pub fn dot_row(
     Ok(acc as f32)
 }
 
+/// `Σ_i w_i·x_i` with the activation row as Q8_0 blocks `xq` (ggml's activation format,
+/// 32 values per block, so a group of `group` codes spans `group/32` blocks) and per-group
+/// activation sums `xsum` (callers pass those of the dequantized `xq`, so the code and bias
+/// terms see the same rounding): per group
+/// `s·Σ_b d_b·Σ_{i∈b} q_i·xq_i + β·Σx`. The reference of the integer kernels (1-bit).
+pub fn dot_row_q8(
+    l: AffineLayout,
+    codes: &[u8],
+    scales: &[u8],
+    biases: &[u8],
+    st: ScaleType,
+    xq: &[crate::BlockQ8_0],
+    xsum: &[f32],
+) -> Result<f32, QuantError> {
+    let k = xq.len() * 32;
+    l.check_row(k, codes, scales, biases, st)?;
+    if xsum.len() != k / l.group {
+        return Err(QuantError::Size {
+            got: xsum.len(),
+            want: k / l.group,
+        });
+    }
+    let per = l.group / 32;
+    let mut acc = 0f32;
+    for (g, blocks) in xq.chunks_exact(per).enumerate() {
+        let mut qx = 0f32;
+        for (bi, b) in blocks.iter().enumerate() {
+            let base = (g * per + bi) * 32;
+            let isum: i32 = (0..32)
+                .map(|j| l.code(codes, base + j) as i32 * b.qs[j] as i32)
+                .sum();
+            qx += crate::float::f16_to_f32(b.d) * isum as f32;
+        }
+        acc += st.get(scales, g) * qx + st.get(biases, g) * xsum[g];
+    }
+    Ok(acc)
+}
+
 /// One quantized row: packed codes, f32 scales, f32 biases.
 pub type AffineRow = (Vec<u8>, Vec<f32>, Vec<f32>);
 

@@ -14,6 +14,9 @@ use neagari_quant::mlx_affine::{AffineLayout, ScaleType};
 
 use super::AffineGemmFn;
 
+#[cfg(test)]
+use super::AffineQ8GemmFn;
+
 pub(super) fn gemm_for(bits: u32) -> Option<AffineGemmFn> {
     Some(match bits {
         1 => gemm::<1>,
@@ -292,3 +295,111 @@ unsafe fn row_dot1<const B: usize>(
     }
     [hsum(tot) + bias, 0.0, 0.0, 0.0]
 }
+
+/// 1-bit codes × Q8_0 activations, `AffineQ8GemmFn`. Per 32 codes (one uint32 word, one
+/// activation block): the word's bytes are spread over the 32 byte lanes (`pshufb`), each
+/// lane tests its bit, the resulting 0x00/0xFF mask selects the int8 activations and
+/// `maddubs`/`madd` sum them into eight i32 lanes, scaled by the block's `d`. Per group
+/// `s·Σ + β·Σx` as in the f32 kernel.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm1_q8(
+    l: AffineLayout,
+    st: ScaleType,
+    k: usize,
+    codes: &[u8],
+    scales: &[u8],
+    biases: &[u8],
+    nw: usize,
+    a: &[u8],
+    xsum: &[f32],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let ng = k / l.group;
+    let (cb, sb, ab) = (k / 8, ng * st.size(), k / 32 * 34);
+    if l.bits != 1
+        || !k.is_multiple_of(l.group)
+        || codes.len() < nw * cb
+        || scales.len() < nw * sb
+        || biases.len() < nw * sb
+        || a.len() < na * ab
+        || xsum.len() < na * ng
+        || (na > 0 && nw > 0 && out.len() < (na - 1) * out_stride + nw)
+    {
+        return super::gemm_q8_scalar(
+            l, st, k, codes, scales, biases, nw, a, xsum, na, out, out_stride,
+        );
+    }
+    for j in 0..nw {
+        let row = Row {
+            codes: &codes[j * cb..(j + 1) * cb],
+            scales: &scales[j * sb..(j + 1) * sb],
+            biases: &biases[j * sb..(j + 1) * sb],
+        };
+        for i in 0..na {
+            // SAFETY: AVX2/FMA/F16C were detected before this kernel was chosen; the
+            // lengths were checked above.
+            out[i * out_stride + j] = unsafe {
+                row_dot1_q8(
+                    l.group,
+                    st,
+                    k,
+                    &row,
+                    &a[i * ab..(i + 1) * ab],
+                    &xsum[i * ng..(i + 1) * ng],
+                )
+            };
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn row_dot1_q8(
+    group: usize,
+    st: ScaleType,
+    k: usize,
+    w: &Row,
+    a: &[u8],
+    sums: &[f32],
+) -> f32 {
+    let ng = k / group;
+    let per = group / 32;
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let ones8 = _mm256_set1_epi8(1);
+    let ones16 = _mm256_set1_epi16(1);
+    let mut tot = _mm256_setzero_ps();
+    let mut bias = 0f32;
+    let cp = w.codes.as_ptr();
+    let ap = a.as_ptr();
+    for (g, &gsum) in sums.iter().enumerate().take(ng) {
+        let mut acc = _mm256_setzero_ps();
+        for b in 0..per {
+            let blk = g * per + b;
+            // SAFETY: blk < k/32: word blk of the row's k/8 code bytes and activation
+            // block blk (34 bytes: f16 d, 32 × i8) of the row's k/32·34 bytes.
+            unsafe {
+                let word = std::ptr::read_unaligned(cp.add(blk * 4) as *const u32);
+                let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(word as i32), spread);
+                let sel = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+                let blkp = ap.add(blk * 34);
+                let q = _mm256_loadu_si256(blkp.add(2) as *const __m256i);
+                let picked = _mm256_and_si256(sel, q);
+                let s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, picked), ones16);
+                let dh = std::ptr::read_unaligned(blkp as *const u16);
+                let d = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(dh as i32))));
+                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s32), acc);
+            }
+        }
+        tot = _mm256_fmadd_ps(_mm256_set1_ps(scale_at(st, w.scales, g)), acc, tot);
+        bias += scale_at(st, w.biases, g) * gsum;
+    }
+    hsum(tot) + bias
+}
+
+#[cfg(test)]
+const _: AffineQ8GemmFn = gemm1_q8;
