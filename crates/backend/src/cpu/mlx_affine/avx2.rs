@@ -331,6 +331,12 @@ pub(super) fn gemm1_q8(
             l, st, k, codes, scales, biases, nw, a, xsum, na, out, out_stride,
         );
     }
+    // The activation blocks' scales as f32, once for all weight rows.
+    let nb = k / 32;
+    let ds: Vec<f32> = a[..na * ab]
+        .chunks_exact(34)
+        .map(|b| neagari_quant::float::f16_to_f32([b[0], b[1]]))
+        .collect(); // [na, k/32]
     for j in 0..nw {
         let row = Row {
             codes: &codes[j * cb..(j + 1) * cb],
@@ -347,6 +353,7 @@ pub(super) fn gemm1_q8(
                     k,
                     &row,
                     &a[i * ab..(i + 1) * ab],
+                    &ds[i * nb..(i + 1) * nb],
                     &xsum[i * ng..(i + 1) * ng],
                 )
             };
@@ -361,44 +368,73 @@ unsafe fn row_dot1_q8(
     k: usize,
     w: &Row,
     a: &[u8],
+    ds: &[f32],
     sums: &[f32],
 ) -> f32 {
     let ng = k / group;
     let per = group / 32;
+    let (cp, ap, dp) = (w.codes.as_ptr(), a.as_ptr(), ds.as_ptr());
+    let mut tot = _mm256_setzero_ps();
+    let mut bias = 0f32;
+    for (g, &gsum) in sums.iter().enumerate().take(ng) {
+        // Four named accumulators (block slots), so consecutive blocks' FMAs do not wait
+        // on each other; an indexed array would live on the stack.
+        let (mut a0, mut a1, mut a2, mut a3) = (
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+        );
+        let first = g * per;
+        let mut b = 0;
+        // SAFETY (all `block1` calls): first + b < k/32, see `block1`.
+        unsafe {
+            while b + 4 <= per {
+                a0 = block1(cp, ap, dp, first + b, a0);
+                a1 = block1(cp, ap, dp, first + b + 1, a1);
+                a2 = block1(cp, ap, dp, first + b + 2, a2);
+                a3 = block1(cp, ap, dp, first + b + 3, a3);
+                b += 4;
+            }
+            while b < per {
+                a0 = block1(cp, ap, dp, first + b, a0);
+                b += 1;
+            }
+        }
+        let acc = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+        tot = _mm256_fmadd_ps(_mm256_set1_ps(scale_at(st, w.scales, g)), acc, tot);
+        bias += scale_at(st, w.biases, g) * gsum;
+    }
+    hsum(tot) + bias
+}
+
+/// `acc + d_blk · Σ_{bit i of word blk set} xq_blk[i]` (eight partial sums).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block1(cp: *const u8, ap: *const u8, dp: *const f32, blk: usize, acc: __m256) -> __m256 {
     let spread = _mm256_setr_epi8(
         0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
         3, 3,
     );
     let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let ones8 = _mm256_set1_epi8(1);
-    let ones16 = _mm256_set1_epi16(1);
-    let mut tot = _mm256_setzero_ps();
-    let mut bias = 0f32;
-    let cp = w.codes.as_ptr();
-    let ap = a.as_ptr();
-    for (g, &gsum) in sums.iter().enumerate().take(ng) {
-        let mut acc = _mm256_setzero_ps();
-        for b in 0..per {
-            let blk = g * per + b;
-            // SAFETY: blk < k/32: word blk of the row's k/8 code bytes and activation
-            // block blk (34 bytes: f16 d, 32 × i8) of the row's k/32·34 bytes.
-            unsafe {
-                let word = std::ptr::read_unaligned(cp.add(blk * 4) as *const u32);
-                let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(word as i32), spread);
-                let sel = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
-                let blkp = ap.add(blk * 34);
-                let q = _mm256_loadu_si256(blkp.add(2) as *const __m256i);
-                let picked = _mm256_and_si256(sel, q);
-                let s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, picked), ones16);
-                let dh = std::ptr::read_unaligned(blkp as *const u16);
-                let d = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(dh as i32))));
-                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s32), acc);
-            }
-        }
-        tot = _mm256_fmadd_ps(_mm256_set1_ps(scale_at(st, w.scales, g)), acc, tot);
-        bias += scale_at(st, w.biases, g) * gsum;
+    // SAFETY: the caller guarantees blk < k/32: word blk of the row's k/8 code bytes,
+    // activation block blk (34 bytes: f16 d, 32 × i8) of the row's k/32·34 bytes, ds[blk].
+    unsafe {
+        let word = std::ptr::read_unaligned(cp.add(blk * 4) as *const u32);
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(word as i32), spread);
+        let sel = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+        let q = _mm256_loadu_si256(ap.add(blk * 34 + 2) as *const __m256i);
+        let picked = _mm256_and_si256(sel, q);
+        let s32 = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(_mm256_set1_epi8(1), picked),
+            _mm256_set1_epi16(1),
+        );
+        _mm256_fmadd_ps(
+            _mm256_broadcast_ss(&*dp.add(blk)),
+            _mm256_cvtepi32_ps(s32),
+            acc,
+        )
     }
-    hsum(tot) + bias
 }
 
 #[cfg(test)]
