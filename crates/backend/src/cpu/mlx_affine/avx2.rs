@@ -117,10 +117,9 @@ unsafe fn scale_at(st: ScaleType, bytes: &[u8], i: usize) -> f32 {
     }
 }
 
-/// Codes of one byte as f32 lanes: 1-bit (8 per byte) and 2-bit (4 per byte) decode by a
-/// table lookup, one load per byte instead of a broadcast, shift, mask and convert.
+/// Codes of one byte as f32 lanes: 1-bit codes decode by a table lookup, one load per
+/// byte instead of a broadcast, shift, mask and convert.
 static LUT1: [[f32; 8]; 256] = lut1();
-static LUT2: [[f32; 4]; 256] = lut2();
 
 const fn lut1() -> [[f32; 8]; 256] {
     let mut t = [[0f32; 8]; 256];
@@ -129,20 +128,6 @@ const fn lut1() -> [[f32; 8]; 256] {
         let mut i = 0;
         while i < 8 {
             t[b][i] = ((b >> i) & 1) as f32;
-            i += 1;
-        }
-        b += 1;
-    }
-    t
-}
-
-const fn lut2() -> [[f32; 4]; 256] {
-    let mut t = [[0f32; 4]; 256];
-    let mut b = 0;
-    while b < 256 {
-        let mut i = 0;
-        while i < 4 {
-            t[b][i] = ((b >> (2 * i)) & 3) as f32;
             i += 1;
         }
         b += 1;
@@ -180,10 +165,6 @@ unsafe fn unpack8<const B: usize>(p: *const u8) -> __m256 {
     unsafe {
         match B {
             1 => _mm256_loadu_ps(LUT1[*p as usize].as_ptr()),
-            2 => _mm256_set_m128(
-                _mm_loadu_ps(LUT2[*p.add(1) as usize].as_ptr()),
-                _mm_loadu_ps(LUT2[*p as usize].as_ptr()),
-            ),
             8 => _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))),
             _ => {
                 let v = load_bits(p, B);
@@ -204,6 +185,31 @@ unsafe fn unpack8<const B: usize>(p: *const u8) -> __m256 {
                 _mm256_cvtepi32_ps(_mm256_and_si256(q, mask))
             }
         }
+    }
+}
+
+/// Thirty-two `B`-bit codes from the `4B` bytes at `p`, as four vectors of eight. 2-bit codes
+/// take one broadcast per 16 codes (two shifts of the same word) instead of one per 8.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unpack32<const B: usize>(p: *const u8) -> [__m256; 4] {
+    // SAFETY: the caller guarantees 4·B bytes at p.
+    unsafe {
+        if B == 2 {
+            let mask = _mm256_set1_epi32(3);
+            let lo = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+            let hi = _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30);
+            let w0 = _mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32));
+            let w1 = _mm256_set1_epi32(std::ptr::read_unaligned(p.add(4) as *const i32));
+            let f = |w, s| _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(w, s), mask));
+            return [f(w0, lo), f(w0, hi), f(w1, lo), f(w1, hi)];
+        }
+        [
+            unpack8::<B>(p),
+            unpack8::<B>(p.add(B)),
+            unpack8::<B>(p.add(2 * B)),
+            unpack8::<B>(p.add(3 * B)),
+        ]
     }
 }
 
@@ -279,13 +285,12 @@ unsafe fn row_dot1<const B: usize>(
         let mut a = [_mm256_setzero_ps(); 4];
         for c in (0..group / 8).step_by(4) {
             let col = g * group + c * 8;
-            for (u, acc) in a.iter_mut().enumerate() {
-                let col = col + 8 * u;
-                // SAFETY: col + 8 ≤ k: the 8 codes at bit col·B lie in the row's k·B/8
-                // bytes and x[col .. col + 8] in the row (lengths checked by the caller).
-                unsafe {
-                    let q = unpack8::<B>(cp.add(col * B / 8));
-                    *acc = _mm256_fmadd_ps(q, _mm256_loadu_ps(xp.add(col)), *acc);
+            // SAFETY: col + 32 ≤ k: the 32 codes at bit col·B lie in the row's k·B/8 bytes
+            // and x[col .. col + 32] in the row (lengths checked by the caller).
+            unsafe {
+                let qs = unpack32::<B>(cp.add(col * B / 8));
+                for (u, (acc, q)) in a.iter_mut().zip(qs).enumerate() {
+                    *acc = _mm256_fmadd_ps(q, _mm256_loadu_ps(xp.add(col + 8 * u)), *acc);
                 }
             }
         }
