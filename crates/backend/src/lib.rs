@@ -107,6 +107,61 @@ impl HostTensor {
     }
 }
 
+/// MLX affine codes with their per-group scales and biases (`w = s·q + β`), three tensors
+/// of a safetensors pack that together make one matrix (see `neagari_quant::mlx_affine`).
+#[derive(Clone)]
+pub struct AffineTensor {
+    pub layout: neagari_quant::mlx_affine::AffineLayout,
+    pub scale_type: neagari_quant::mlx_affine::ScaleType,
+    /// `[out, in·bits/8]` bytes: each row's codes, LSB-first bit stream.
+    pub codes: SharedBytes,
+    /// `[out, in/group]` in `scale_type`.
+    pub scales: SharedBytes,
+    /// `[out, in/group]` in `scale_type`.
+    pub biases: SharedBytes,
+}
+
+/// A blockwise Hadamard rotation of a matrix's input (PrismML's `prism.hadamard`): the
+/// stored rows are `r' = H(s ⊙ r)` with `H` the normalized Sylvester Hadamard of `block`
+/// applied to each block of the row. A matmul rotates its input the same way
+/// (`r'·(H(s ⊙ x)) = r·x`, as `H` is symmetric orthogonal and `s² = 1`); an embedding
+/// lookup undoes it on the row (`r = s ⊙ H r'`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HadamardRotation {
+    /// Power of two dividing the input width.
+    pub block: usize,
+    /// `[in]`, each ±1.
+    pub signs: Arc<[f32]>,
+}
+
+/// What a matrix is made of: one GGUF-typed tensor, or an MLX affine triple.
+#[derive(Clone)]
+pub enum WeightData {
+    Ggml(HostTensor),
+    MlxAffine(AffineTensor),
+}
+
+/// A matrix as a source describes it to `Backend::load_weight`.
+#[derive(Clone)]
+pub struct WeightDesc {
+    pub name: String,
+    /// `[out, in]` (logical, whatever the packing).
+    pub shape: Vec<usize>,
+    pub data: WeightData,
+    pub rotation: Option<HadamardRotation>,
+}
+
+impl From<HostTensor> for WeightDesc {
+    fn from(t: HostTensor) -> Self {
+        WeightDesc {
+            name: t.name.clone(),
+            shape: t.shape.clone(),
+            data: WeightData::Ggml(t),
+            rotation: None,
+        }
+    }
+}
+
 /// The nonlinearity of a gated MLP: `down(act(gate) * up)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GluAct {
@@ -252,6 +307,20 @@ pub trait Backend: Send + Sync + 'static {
 
     fn load_mat(&self, t: &HostTensor) -> Result<Self::Mat>;
     fn load_vector(&self, t: &HostTensor) -> Result<Self::Vector>;
+    /// Loads a matrix of any layout a source can describe (MLX affine packs, rotated
+    /// inputs). Backends without such kernels keep this default, which takes plain GGUF
+    /// tensors and refuses the rest by name.
+    fn load_weight(&self, w: &WeightDesc) -> Result<Self::Mat> {
+        match (&w.data, &w.rotation) {
+            (WeightData::Ggml(t), None) => self.load_mat(t),
+            _ => Err(BackendError::Other(format!(
+                "{}: the {} backend has no kernel for MLX affine or Hadamard-rotated weights",
+                w.name,
+                self.name()
+            ))),
+        }
+    }
+
     /// Bytes the matrix occupies where it lives (for memory reports).
     fn mat_bytes(&self, m: &Self::Mat) -> usize;
 

@@ -4,6 +4,7 @@
 
 pub mod error;
 pub mod gguf;
+pub mod safetensors;
 pub mod value;
 
 pub use error::GgufError;

@@ -1,11 +1,12 @@
 //! `ModelSource` over a GGUF file: metadata through the typed getters, tensors as views of
 //! the mmap (no copy), shapes turned from ggml's `ne` order into HF's `[out, in]`.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use neagari_backend::{HostTensor, SharedBytes};
+use neagari_backend::{HostTensor, SharedBytes, WeightDesc};
 use neagari_formats::{Array, Gguf, Value};
 
+use crate::hadamard::{spec_from_gguf, RotatedSet};
 use crate::source::ModelSource;
 use crate::{ModelError, Result};
 
@@ -13,6 +14,9 @@ use crate::{ModelError, Result};
 #[derive(Clone)]
 pub struct GgufSource {
     file: Arc<Gguf>,
+    /// The `prism.hadamard.*` rotation, resolved on first use (an error kept as text so
+    /// every later weight reports it too).
+    rotated: Arc<OnceLock<std::result::Result<RotatedSet, String>>>,
 }
 
 struct FileBytes(Arc<Gguf>);
@@ -25,11 +29,40 @@ impl AsRef<[u8]> for FileBytes {
 
 impl GgufSource {
     pub fn new(file: Arc<Gguf>) -> Self {
-        GgufSource { file }
+        GgufSource {
+            file,
+            rotated: Arc::new(OnceLock::new()),
+        }
     }
 
     pub fn file(&self) -> &Gguf {
         &self.file
+    }
+
+    /// The declared Hadamard rotation: each declared name must be a tensor of the file.
+    fn rotation_set(&self) -> Result<&RotatedSet> {
+        self.rotated
+            .get_or_init(|| {
+                let Some(spec) = spec_from_gguf(&self.file).map_err(|e| e.to_string())? else {
+                    return Ok(RotatedSet::default());
+                };
+                let has_gdn = self
+                    .file
+                    .tensors()
+                    .iter()
+                    .any(|t| t.name.contains("ssm_out"));
+                if spec.gdn_v_grouped && has_gdn {
+                    return Err(
+                        "Hadamard-rotated weights: prism.hadamard.gdn_v_grouped (grouped \
+                                V-head order before ssm_out) is not implemented"
+                            .to_string(),
+                    );
+                }
+                RotatedSet::resolve(spec, |n| self.file.tensor(n).map(|_| n.to_string()))
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| ModelError::Unsupported(e.clone()))
     }
 }
 
@@ -108,6 +141,18 @@ impl ModelSource for GgufSource {
         };
         out.map(Some)
             .ok_or_else(|| bad(key, v, "an array of non-negative integers"))
+    }
+
+    fn weight(&self, name: &str) -> Result<Option<WeightDesc>> {
+        let Some(t) = self.tensor(name) else {
+            return Ok(None);
+        };
+        let width = t.shape.last().copied().unwrap_or(0);
+        let rotation = self.rotation_set()?.rotation_of(name, width)?;
+        Ok(Some(WeightDesc {
+            rotation,
+            ..WeightDesc::from(t)
+        }))
     }
 
     fn tensor(&self, name: &str) -> Option<HostTensor> {

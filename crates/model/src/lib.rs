@@ -6,6 +6,8 @@
 
 pub mod gemma3;
 pub mod gguf;
+pub mod hadamard;
+pub mod hf;
 pub mod llama;
 pub mod qwen35;
 pub mod source;

@@ -41,7 +41,8 @@ impl Config {
         }
         let n_ctx_train = src.usize_or(&k("context_length"), 4096)?;
         let rope_dims = src.usize_or(&k("rope.dimension_count"), head_dim)?;
-        let neox = arch != "llama";
+        // An HF llama checkpoint keeps q/k unpermuted (NeoX pairing); see hf.rs.
+        let neox = arch != "llama" || src.bool_opt("neagari.rope_neox")?.unwrap_or(false);
         let mut rope = Rope::plain(rope_dims, src.f32_or(&k("rope.freq_base"), 10_000.0)?, neox);
         let factor = src.f32_opt(&k("rope.scaling.factor"))?.filter(|&f| f > 0.0);
         rope.attn_factor = src.f32_or(&k("rope.scaling.attn_factor"), 1.0)?;

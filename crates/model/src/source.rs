@@ -1,7 +1,7 @@
 //! The view of a weights file the models read: typed metadata getters under the GGUF key
 //! names, and tensors by GGUF name with their shape in HF order (`[out, in]`).
 
-use neagari_backend::{Backend, HostTensor};
+use neagari_backend::{Backend, HostTensor, WeightDesc};
 
 use crate::{ModelError, Result};
 
@@ -17,6 +17,11 @@ pub trait ModelSource {
     fn u64_array_opt(&self, key: &str) -> Result<Option<Vec<u64>>>;
     /// A tensor by name, `None` when absent.
     fn tensor(&self, name: &str) -> Option<HostTensor>;
+    /// A matrix by name with everything the backend needs to multiply it (an MLX affine
+    /// triple, an input rotation); by default the plain tensor.
+    fn weight(&self, name: &str) -> Result<Option<WeightDesc>> {
+        Ok(self.tensor(name).map(WeightDesc::from))
+    }
 }
 
 /// Helpers on top of `ModelSource` for the model files.
@@ -64,7 +69,17 @@ impl<S: ModelSource + ?Sized> SourceExt for S {
     }
 
     fn mat<B: Backend>(&self, be: &B, name: &str, want: &[usize]) -> Result<B::Mat> {
-        Ok(be.load_mat(&self.require_shape(name, want)?)?)
+        let w = self
+            .weight(name)?
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        if w.shape != want {
+            return Err(ModelError::TensorShape {
+                name: name.to_string(),
+                got: w.shape.clone(),
+                want: want.to_vec(),
+            });
+        }
+        Ok(be.load_weight(&w)?)
     }
 
     fn vector<B: Backend>(&self, be: &B, name: &str, len: usize) -> Result<B::Vector> {

@@ -11,6 +11,7 @@ use neagari_engine::loader::{chat_template, tokenizer_from_gguf};
 use neagari_engine::session::Session;
 use neagari_formats::Gguf;
 use neagari_model::gguf::GgufSource;
+use neagari_model::hf::HfSource;
 use neagari_model::CausalLm;
 use neagari_tokenizer::chat_template::ChatTemplate;
 use neagari_tokenizer::Tokenizer;
@@ -39,8 +40,53 @@ pub fn open_gguf(path: &Path) -> Result<Arc<Gguf>> {
     Ok(Arc::new(g))
 }
 
+/// True for what the HF loader reads: a directory, a `.safetensors` file or an index.
+pub fn is_hf_path(path: &Path) -> bool {
+    let s = path.to_string_lossy();
+    path.is_dir() || s.ends_with(".safetensors") || s.ends_with(".safetensors.index.json")
+}
+
+/// Tokenizer and chat template of an HF directory: `tokenizer.json`, and
+/// `tokenizer_config.json`'s `chat_template` (a string, or a list of named templates of
+/// which "default" is used) or a `chat_template.jinja` file beside it.
+fn hf_tokenizer(dir: &Path, want_template: bool) -> Result<(Tokenizer, Option<ChatTemplate>)> {
+    let tj = std::fs::read_to_string(dir.join("tokenizer.json"))
+        .with_context(|| format!("cannot read {}", dir.join("tokenizer.json").display()))?;
+    let tc = std::fs::read_to_string(dir.join("tokenizer_config.json")).ok();
+    let tokenizer = Tokenizer::from_hf_json(&tj, tc.as_deref())
+        .context("cannot build the tokenizer from tokenizer.json")?;
+    if !want_template {
+        return Ok((tokenizer, None));
+    }
+    let cfg: Option<serde_json::Value> = tc.as_deref().and_then(|t| serde_json::from_str(t).ok());
+    let from_cfg = cfg.as_ref().and_then(|c| match c.get("chat_template")? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(list) => list
+            .iter()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
+        _ => None,
+    });
+    let src = from_cfg.or_else(|| std::fs::read_to_string(dir.join("chat_template.jinja")).ok());
+    let piece = |id: Option<u32>| {
+        id.map(|i| String::from_utf8_lossy(&tokenizer.token_to_piece(i, true)).into_owned())
+            .unwrap_or_default()
+    };
+    let template = match src {
+        Some(src) => Some(
+            ChatTemplate::new(&src, &piece(tokenizer.bos()), &piece(tokenizer.eos()))
+                .context("the model's chat template does not compile")?,
+        ),
+        None => None,
+    };
+    Ok((tokenizer, template))
+}
+
 impl Loaded {
     pub fn open(args: &ModelArgs, want_template: bool) -> Result<Self> {
+        if is_hf_path(&args.model) {
+            return Self::open_hf(args, want_template);
+        }
         let file = open_gguf(&args.model)?;
         let file_bytes = std::fs::metadata(&args.model).map(|m| m.len()).unwrap_or(0);
         let be = CpuBackend::new(&CpuOptions {
@@ -71,6 +117,50 @@ impl Loaded {
             tokenizer,
             template,
             template_builtin,
+            n_ctx,
+            n_batch: args.batch_size.max(1),
+            kv_type: args.kv_type,
+        })
+    }
+
+    /// An HF checkpoint or MLX pack directory (see `neagari_model::hf`).
+    fn open_hf(args: &ModelArgs, want_template: bool) -> Result<Self> {
+        if !args.model.exists() {
+            bail!("model not found: {}", args.model.display());
+        }
+        let src = HfSource::open(&args.model)
+            .with_context(|| format!("cannot open {} as an HF/MLX model", args.model.display()))?;
+        let dir = src.dir().to_path_buf();
+        let file_bytes = std::fs::read_dir(&dir)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0);
+        let be = CpuBackend::new(&CpuOptions {
+            threads: args
+                .threads
+                .unwrap_or_else(neagari_backend::cpu::default_threads),
+            scalar_only: false,
+        });
+        let model = neagari_model::load(&be, &src)
+            .with_context(|| format!("cannot load {}", args.model.display()))?;
+        let (tokenizer, template) = hf_tokenizer(&dir, want_template)?;
+        let n_ctx_train = model.info().n_ctx_train;
+        let n_ctx = match args.ctx_size {
+            Some(0) | None => n_ctx_train.min(4096),
+            Some(n) => n,
+        };
+        Ok(Loaded {
+            file_bytes,
+            be,
+            model,
+            tokenizer,
+            template,
+            template_builtin: false,
             n_ctx,
             n_batch: args.batch_size.max(1),
             kv_type: args.kv_type,

@@ -46,7 +46,7 @@ enum Cmd {
 /// Options shared by every command that loads a model.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// Path of the GGUF model file.
+    /// The model: a GGUF file, or an HF / MLX model directory (or its .safetensors file).
     #[arg(short = 'm', long = "model")]
     pub model: PathBuf,
     /// CPU threads (default: all available cores).

@@ -41,6 +41,9 @@ mod q2_0;
 mod q8_0_wide;
 mod tq1_0;
 mod tq2_0;
+// MLX affine packs (codes, scales, biases in three tensors) and Hadamard-rotated inputs.
+pub mod hadamard;
+mod mlx_affine;
 
 pub mod pool;
 pub mod simd;
@@ -141,6 +144,10 @@ pub struct CpuMat {
     row_bytes: usize,
     bytes: SharedBytes,
     kernel: Option<MatKernel>,
+    /// MLX affine codes/scales/biases (then `bytes` is empty and `kernel` is `None`).
+    affine: Option<mlx_affine::CpuAffine>,
+    /// Input rotation of a Hadamard-rotated matrix.
+    rotation: Option<crate::HadamardRotation>,
 }
 
 impl CpuMat {
@@ -151,6 +158,9 @@ impl CpuMat {
     /// Which kernel implementation multiplies this matrix ("avx512vnni", "avx2", "scalar", or
     /// "none").
     pub fn isa(&self) -> &'static str {
+        if let Some(a) = &self.affine {
+            return a.isa;
+        }
         self.kernel.map(|k| k.isa).unwrap_or("none")
     }
 }
@@ -239,7 +249,51 @@ impl Backend for CpuBackend {
             row_bytes,
             bytes: t.bytes.clone(),
             kernel: kernel_for(t.ty, &self.feats, self.scalar_only),
+            affine: None,
+            rotation: None,
         })
+    }
+
+    fn load_weight(&self, w: &crate::WeightDesc) -> Result<CpuMat> {
+        let mut m = match &w.data {
+            crate::WeightData::Ggml(t) => self.load_mat(t)?,
+            crate::WeightData::MlxAffine(a) => {
+                let (rows, cols) = match w.shape.as_slice() {
+                    [r, c] => (*r, *c),
+                    s => {
+                        return Err(shape_err(
+                            "load_weight",
+                            format!("{}: expected 2-D, got {s:?}", w.name),
+                        ))
+                    }
+                };
+                let aff = mlx_affine::CpuAffine::new(
+                    a,
+                    &w.name,
+                    rows,
+                    cols,
+                    &self.feats,
+                    self.scalar_only,
+                )?;
+                CpuMat {
+                    // Not a ggml type: the bytes are MLX codes; `affine` describes them.
+                    ty: GgmlType::I32,
+                    rows,
+                    cols,
+                    row_bytes: 0,
+                    bytes: SharedBytes::from_vec(Vec::new()),
+                    kernel: None,
+                    affine: Some(aff),
+                    rotation: None,
+                }
+            }
+        };
+        if let Some(r) = &w.rotation {
+            hadamard::check(r, m.cols)
+                .map_err(|e| shape_err("load_weight", format!("{}: {e}", w.name)))?;
+            m.rotation = Some(r.clone());
+        }
+        Ok(m)
     }
 
     fn load_vector(&self, t: &HostTensor) -> Result<Vec<f32>> {
@@ -250,7 +304,7 @@ impl Backend for CpuBackend {
     }
 
     fn mat_bytes(&self, m: &CpuMat) -> usize {
-        m.bytes.len()
+        m.bytes.len() + m.affine.as_ref().map_or(0, |a| a.bytes())
     }
 
     fn buf(&self, rows: usize, cols: usize) -> Result<CpuBuf> {
@@ -308,7 +362,13 @@ impl Backend for CpuBackend {
                 ));
             }
             let dst = &mut out.data[i * table.cols..(i + 1) * table.cols];
-            neagari_quant::dequantize_row(table.ty, table.row_bytes_of(id), dst)?;
+            match &table.affine {
+                Some(a) => a.dequantize_row(id, table.cols, dst)?,
+                None => neagari_quant::dequantize_row(table.ty, table.row_bytes_of(id), dst)?,
+            }
+            if let Some(r) = &table.rotation {
+                hadamard::unrotate_row(dst, r);
+            }
             if scale != 1.0 {
                 dst.iter_mut().for_each(|v| *v *= scale);
             }
@@ -322,6 +382,23 @@ impl Backend for CpuBackend {
                 "matmul",
                 format!("x has {} cols, W is {}x{}", x.cols, w.rows, w.cols),
             ));
+        }
+        let rotated;
+        let x = match &w.rotation {
+            Some(r) => {
+                let mut xr = x.clone(); // [rows, in], rotated like the stored weight rows
+                for row in xr.data.chunks_exact_mut(xr.cols) {
+                    hadamard::rotate_input(row, r);
+                }
+                rotated = xr;
+                &rotated
+            }
+            None => x,
+        };
+        if let Some(a) = &w.affine {
+            out.reshape(x.rows, w.rows);
+            a.matmul(&self.pool, w.rows, w.cols, &x.data, x.rows, &mut out.data);
+            return Ok(());
         }
         let kern = w.kernel.ok_or(BackendError::NoKernel {
             op: "matmul",

@@ -1,0 +1,439 @@
+//! MLX affine matrices on CPU: codes, scales and biases stay in the file's three tensors
+//! and are multiplied where they lie. Activations stay f32 (as in MLX's own CPU matmul), so
+//! a pack's logits track mlx-lm's to f32 rounding; each activation row's per-group sums are
+//! computed once per matmul and meet the biases (`Σ w·x = Σ_g s_g·Σ q·x + β_g·Σ x`).
+//!
+//! Kernels: `avx2.rs` (one source for every bit width, codes unpacked 8 at a time) and the
+//! scalar reference `neagari_quant::mlx_affine::dot_row`, which the AVX2 kernel is tested
+//! against on fresh random data.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+use neagari_quant::mlx_affine::{self, AffineLayout, ScaleType};
+
+use super::kernels::CpuFeatures;
+use super::pool::{SyncPtr, ThreadPool};
+use crate::{AffineTensor, BackendError, Result, SharedBytes};
+
+/// Rows `[0, nw)` of one weight chunk against `na` activation rows:
+/// `out[i * out_stride + j] = Σ_g s_jg · Σ q·x_i + β_jg · xsum[i, g]`.
+/// `codes` `[nw, k·bits/8]`, `scales`/`biases` `[nw, k/group]` in `st`, `x` `[na, k]`,
+/// `xsum` `[na, k/group]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) type AffineGemmFn = fn(
+    l: AffineLayout,
+    st: ScaleType,
+    k: usize,
+    codes: &[u8],
+    scales: &[u8],
+    biases: &[u8],
+    nw: usize,
+    x: &[f32],
+    xsum: &[f32],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+);
+
+/// Like `AffineGemmFn`, with the activation rows as Q8_0 blocks (`a` `[na, k/32 · 34]`
+/// bytes) instead of f32: the integer kernels (1-bit: a byte mask selects the int8
+/// activations, summed by `maddubs`), which read one bit per weight at integer speed.
+#[allow(clippy::too_many_arguments)]
+pub(crate) type AffineQ8GemmFn = fn(
+    l: AffineLayout,
+    st: ScaleType,
+    k: usize,
+    codes: &[u8],
+    scales: &[u8],
+    biases: &[u8],
+    nw: usize,
+    a: &[u8],
+    xsum: &[f32],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+);
+
+/// A loaded affine matrix `[rows, cols]`.
+pub struct CpuAffine {
+    pub layout: AffineLayout,
+    pub st: ScaleType,
+    codes: SharedBytes,
+    scales: SharedBytes,
+    biases: SharedBytes,
+    gemm: AffineGemmFn,
+    /// The integer kernel and its activation quantizer, where one exists (1-bit on AVX2).
+    q8: Option<(AffineQ8GemmFn, super::kernels::QuantizeActFn)>,
+    pub isa: &'static str,
+}
+
+impl CpuAffine {
+    /// Checks the three tensors against `[rows, cols]` and picks the kernel.
+    pub(crate) fn new(
+        t: &AffineTensor,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        feats: &CpuFeatures,
+        scalar_only: bool,
+    ) -> Result<Self> {
+        let l = t.layout;
+        let bad = |what: &str, got: usize, want: usize| BackendError::Shape {
+            op: "load_weight",
+            detail: format!("{name}: {what} of {got} bytes, {want} expected for {rows}x{cols}"),
+        };
+        if !cols.is_multiple_of(l.group) {
+            return Err(BackendError::Shape {
+                op: "load_weight",
+                detail: format!("{name}: {cols} columns in groups of {}", l.group),
+            });
+        }
+        let want = rows * l.row_code_bytes(cols);
+        if t.codes.len() != want {
+            return Err(bad("codes", t.codes.len(), want));
+        }
+        let want = rows * (cols / l.group) * t.scale_type.size();
+        for (what, b) in [("scales", &t.scales), ("biases", &t.biases)] {
+            if b.len() != want {
+                return Err(bad(what, b.len(), want));
+            }
+        }
+        let (gemm, isa) = pick(feats, scalar_only, l.bits);
+        let q8 = pick_q8(feats, scalar_only, l.bits);
+        Ok(CpuAffine {
+            layout: l,
+            st: t.scale_type,
+            codes: t.codes.clone(),
+            scales: t.scales.clone(),
+            biases: t.biases.clone(),
+            gemm,
+            q8,
+            isa: if q8.is_some() { "avx2-int8" } else { isa },
+        })
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.codes.len() + self.scales.len() + self.biases.len()
+    }
+
+    /// Row `r` (`[cols]`) dequantized (embedding lookups).
+    pub(crate) fn dequantize_row(&self, r: usize, cols: usize, out: &mut [f32]) -> Result<()> {
+        let l = self.layout;
+        let (cb, sb) = (l.row_code_bytes(cols), cols / l.group * self.st.size());
+        fn slice(b: &SharedBytes, r: usize, n: usize) -> &[u8] {
+            b.as_slice().get(r * n..(r + 1) * n).unwrap_or(&[])
+        }
+        mlx_affine::dequantize_row(
+            l,
+            slice(&self.codes, r, cb),
+            slice(&self.scales, r, sb),
+            slice(&self.biases, r, sb),
+            self.st,
+            out,
+        )?;
+        Ok(())
+    }
+
+    /// `out[i, j] = W[j, :] · x[i, :]`, `x` `[na, cols]`, `out` `[na, rows]`.
+    pub(crate) fn matmul(
+        &self,
+        pool: &ThreadPool,
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        na: usize,
+        out: &mut [f32],
+    ) {
+        let l = self.layout;
+        let ng = cols / l.group;
+        // Per-group sums of each activation row, once for all weight rows.
+        let xsum: Vec<f32> = x.chunks_exact(l.group).map(|g| g.iter().sum()).collect(); // [na, ng]
+        let chunk = super::chunk_rows(rows, pool.n_threads(), na);
+        let n_chunks = rows.div_ceil(chunk);
+        let (cb, sb) = (l.row_code_bytes(cols), ng * self.st.size());
+        let (codes, scales, biases) = (
+            self.codes.as_slice(),
+            self.scales.as_slice(),
+            self.biases.as_slice(),
+        );
+        let op = SyncPtr(out.as_mut_ptr());
+        let out_len = out.len();
+        let (gemm, st) = (self.gemm, self.st);
+        if let Some((q8, quantize)) = self.q8 {
+            // Activation rows to Q8_0 once, for every weight row.
+            let ab = cols / 32 * 34;
+            let mut a = vec![0u8; na * ab]; // [na, k/32 · 34]
+            for (xr, ar) in x.chunks_exact(cols).zip(a.chunks_exact_mut(ab)) {
+                quantize(xr, ar);
+            }
+            // Group sums of the *quantized* activations: with 1-bit codes, `s·Σ_{set} x`
+            // and `β·Σx` nearly cancel (β ≈ −s/2), so both must see the same rounded x or
+            // the int8 error is amplified by the code range (ggml's Q8_1 `s` does the same).
+            let xsum: Vec<f32> = a
+                .chunks_exact(34 * (l.group / 32))
+                .map(|g| {
+                    g.chunks_exact(34)
+                        .map(|b| {
+                            let d = neagari_quant::float::f16_to_f32([b[0], b[1]]);
+                            d * b[2..].iter().map(|&q| q as i8 as i32).sum::<i32>() as f32
+                        })
+                        .sum()
+                })
+                .collect(); // [na, ng]
+            pool.run(n_chunks, |c| {
+                let j0 = c * chunk;
+                let nw = chunk.min(rows - j0);
+                // SAFETY: as below, chunk c writes only columns j0..j0+nw.
+                let dst = unsafe { std::slice::from_raw_parts_mut(op.get().add(j0), out_len - j0) };
+                q8(
+                    l,
+                    st,
+                    cols,
+                    &codes[j0 * cb..(j0 + nw) * cb],
+                    &scales[j0 * sb..(j0 + nw) * sb],
+                    &biases[j0 * sb..(j0 + nw) * sb],
+                    nw,
+                    &a,
+                    &xsum,
+                    na,
+                    dst,
+                    rows,
+                );
+            });
+            return;
+        }
+        pool.run(n_chunks, |c| {
+            let j0 = c * chunk;
+            let nw = chunk.min(rows - j0);
+            // SAFETY: chunk c writes only columns j0..j0+nw of every output row; the view
+            // starts at column j0 and the kernel indexes i * rows + j with j < nw.
+            let dst = unsafe { std::slice::from_raw_parts_mut(op.get().add(j0), out_len - j0) };
+            gemm(
+                l,
+                st,
+                cols,
+                &codes[j0 * cb..(j0 + nw) * cb],
+                &scales[j0 * sb..(j0 + nw) * sb],
+                &biases[j0 * sb..(j0 + nw) * sb],
+                nw,
+                x,
+                &xsum,
+                na,
+                dst,
+                rows,
+            );
+        });
+    }
+}
+
+fn pick(feats: &CpuFeatures, scalar_only: bool, bits: u32) -> (AffineGemmFn, &'static str) {
+    #[cfg(target_arch = "x86_64")]
+    if !scalar_only && feats.has_avx2() {
+        if let Some(f) = avx2::gemm_for(bits) {
+            return (f, "avx2");
+        }
+    }
+    let _ = (feats, scalar_only, bits);
+    (gemm_scalar, "scalar")
+}
+
+fn pick_q8(
+    feats: &CpuFeatures,
+    scalar_only: bool,
+    bits: u32,
+) -> Option<(AffineQ8GemmFn, super::kernels::QuantizeActFn)> {
+    #[cfg(target_arch = "x86_64")]
+    if !scalar_only && feats.has_avx2() && bits == 1 {
+        return Some((avx2::gemm1_q8, super::q8_0::quantize_act_avx2));
+    }
+    let _ = (feats, scalar_only, bits);
+    None
+}
+
+/// The portable integer kernel: the quant crate's `dot_row_q8` per (weight, activation) row.
+#[allow(clippy::too_many_arguments, dead_code)]
+pub(crate) fn gemm_q8_scalar(
+    l: AffineLayout,
+    st: ScaleType,
+    k: usize,
+    codes: &[u8],
+    scales: &[u8],
+    biases: &[u8],
+    nw: usize,
+    a: &[u8],
+    xsum: &[f32],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let (cb, sb, ab, ng) = (
+        l.row_code_bytes(k),
+        k / l.group * st.size(),
+        k / 32 * 34,
+        k / l.group,
+    );
+    for j in 0..nw {
+        for i in 0..na {
+            let xq: &[neagari_quant::BlockQ8_0] = bytemuck::cast_slice(&a[i * ab..(i + 1) * ab]);
+            out[i * out_stride + j] = mlx_affine::dot_row_q8(
+                l,
+                &codes[j * cb..(j + 1) * cb],
+                &scales[j * sb..(j + 1) * sb],
+                &biases[j * sb..(j + 1) * sb],
+                st,
+                xq,
+                &xsum[i * ng..(i + 1) * ng],
+            )
+            .unwrap_or(f32::NAN);
+        }
+    }
+}
+
+/// The portable kernel: the quant crate's reference dot per (weight row, activation row).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_scalar(
+    l: AffineLayout,
+    st: ScaleType,
+    k: usize,
+    codes: &[u8],
+    scales: &[u8],
+    biases: &[u8],
+    nw: usize,
+    x: &[f32],
+    _xsum: &[f32],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let (cb, sb) = (l.row_code_bytes(k), k / l.group * st.size());
+    for j in 0..nw {
+        for i in 0..na {
+            // The driver checked every size at load, so the reference cannot fail here.
+            out[i * out_stride + j] = mlx_affine::dot_row(
+                l,
+                &codes[j * cb..(j + 1) * cb],
+                &scales[j * sb..(j + 1) * sb],
+                &biases[j * sb..(j + 1) * sb],
+                st,
+                &x[i * k..(i + 1) * k],
+            )
+            .unwrap_or(f32::NAN);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::{bf16, f16};
+    use rand::{Rng, SeedableRng};
+
+    fn scale_bytes(v: &[f32], st: ScaleType) -> Vec<u8> {
+        v.iter()
+            .flat_map(|&x| match st {
+                ScaleType::F16 => f16::from_f32(x).to_le_bytes().to_vec(),
+                ScaleType::BF16 => bf16::from_f32(x).to_le_bytes().to_vec(),
+                ScaleType::F32 => x.to_le_bytes().to_vec(),
+            })
+            .collect()
+    }
+
+    /// The integer (Q8_0-activation) kernels against `dot_row_q8`, same sweep.
+    #[test]
+    fn int8_kernels_match_reference() {
+        let feats = CpuFeatures::detect();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+        for bits in [1u32, 2, 3, 4, 5, 6, 8] {
+            let Some((gemm, quantize)) = pick_q8(&feats, false, bits) else {
+                continue;
+            };
+            for group in [32usize, 64, 128] {
+                for st in [ScaleType::F16, ScaleType::BF16, ScaleType::F32] {
+                    let l = AffineLayout::new(bits, group).unwrap();
+                    let (nw, k) = (7usize, group * 3);
+                    let ng = k / group;
+                    let codes: Vec<u8> = (0..nw * l.row_code_bytes(k)).map(|_| rng.gen()).collect();
+                    let s: Vec<f32> = (0..nw * ng).map(|_| rng.gen_range(0.01..0.2)).collect();
+                    let b: Vec<f32> = (0..nw * ng).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                    let (s, b) = (scale_bytes(&s, st), scale_bytes(&b, st));
+                    for na in [1usize, 3, 4, 6] {
+                        let x: Vec<f32> = (0..na * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                        let xsum: Vec<f32> =
+                            x.chunks_exact(group).map(|g| g.iter().sum()).collect();
+                        let ab = k / 32 * 34;
+                        // (Any sums do for kernel-vs-reference; the driver passes the
+                        // quantized activations' sums.)
+                        let mut a = vec![0u8; na * ab];
+                        for (xr, ar) in x.chunks_exact(k).zip(a.chunks_exact_mut(ab)) {
+                            quantize(xr, ar);
+                        }
+                        let mut want = vec![0f32; na * nw];
+                        let mut got = vec![0f32; na * nw];
+                        gemm_q8_scalar(l, st, k, &codes, &s, &b, nw, &a, &xsum, na, &mut want, nw);
+                        gemm(l, st, k, &codes, &s, &b, nw, &a, &xsum, na, &mut got, nw);
+                        for (w, g) in want.iter().zip(&got) {
+                            // Integer sums are exact; only the f32 order of the block and
+                            // group terms differs.
+                            assert!(
+                                (w - g).abs() <= 1e-5 * (1.0 + w.abs()),
+                                "{bits}-bit g{group} {st:?} na={na}: {w} vs {g}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every kernel this CPU has against the scalar reference, on fresh random codes,
+    /// scales, biases and activations, for every bit width × group × scale type and
+    /// several activation-row counts (1 = decode, ragged tiles of the 4-row micro-kernel).
+    #[test]
+    fn kernels_match_reference() {
+        let feats = CpuFeatures::detect();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+        for bits in [1u32, 2, 3, 4, 5, 6, 8] {
+            let Some((gemm, isa)) = Some(pick(&feats, false, bits)) else {
+                continue;
+            };
+            if isa == "scalar" {
+                eprintln!("no SIMD kernel for {bits}-bit on this CPU");
+                continue;
+            }
+            for group in [32usize, 64, 128] {
+                for st in [ScaleType::F16, ScaleType::BF16, ScaleType::F32] {
+                    let l = AffineLayout::new(bits, group).unwrap();
+                    let (nw, k) = (7usize, group * 3);
+                    let ng = k / group;
+                    let codes: Vec<u8> = (0..nw * l.row_code_bytes(k)).map(|_| rng.gen()).collect();
+                    let s: Vec<f32> = (0..nw * ng).map(|_| rng.gen_range(0.01..0.2)).collect();
+                    let b: Vec<f32> = (0..nw * ng).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                    let (s, b) = (scale_bytes(&s, st), scale_bytes(&b, st));
+                    for na in [1usize, 3, 4, 6] {
+                        let x: Vec<f32> = (0..na * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                        let xsum: Vec<f32> =
+                            x.chunks_exact(group).map(|g| g.iter().sum()).collect();
+                        let mut want = vec![0f32; na * nw];
+                        let mut got = vec![0f32; na * nw];
+                        gemm_scalar(l, st, k, &codes, &s, &b, nw, &x, &xsum, na, &mut want, nw);
+                        gemm(l, st, k, &codes, &s, &b, nw, &x, &xsum, na, &mut got, nw);
+                        let norm = want.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-3);
+                        let err = want
+                            .iter()
+                            .zip(&got)
+                            .map(|(a, b)| (a - b) * (a - b))
+                            .sum::<f32>()
+                            .sqrt();
+                        // f32 accumulation in another order than the f64 reference.
+                        assert!(
+                            err / norm < 1e-5,
+                            "{isa} {bits}-bit g{group} {st:?} na={na}: rel err {}",
+                            err / norm
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
