@@ -954,6 +954,13 @@ impl Backend for CpuBackend {
                 format!("rows {row0}+{n_rows} of {}", w.rows),
             ));
         }
+        if w.affine.is_some() {
+            // Per-expert rows of MLX packs (stacked MoE experts) are not wired yet.
+            return Err(shape_err(
+                "matmul_rows",
+                "row views of MLX affine matrices are not supported".into(),
+            ));
+        }
         // A view of the rows: the same bytes, fewer rows, the same kernel.
         let bytes = w
             .bytes
@@ -966,6 +973,8 @@ impl Backend for CpuBackend {
             row_bytes: w.row_bytes,
             bytes,
             kernel: w.kernel,
+            affine: None,
+            rotation: w.rotation.clone(),
         };
         self.matmul(&view, x, out)
     }
