@@ -18,8 +18,8 @@ use std::sync::Arc;
 use neagari_backend::cpu::{CpuBackend, CpuOptions};
 use neagari_backend::KvType;
 use neagari_engine::kld::{kl_divergence, summarize, Side};
-use neagari_engine::perplexity::perplexity;
 use neagari_engine::loader::tokenizer_from_gguf;
+use neagari_engine::perplexity::perplexity;
 use neagari_engine::quantize::{self, FileType, QuantizeInput, QuantizeParams, TypeParams};
 use neagari_engine::session::Session;
 use neagari_formats::Gguf;
@@ -200,7 +200,9 @@ fn self_divergence_is_zero_and_perplexity_agrees() {
     )
     .unwrap();
     assert_eq!(pos.len(), 4 * (n_ctx - 1 - n_ctx / 2));
-    assert!(pos.iter().all(|p| p.kld.abs() < 1e-12 && p.same_top && p.p_diff == 0.0));
+    assert!(pos
+        .iter()
+        .all(|p| p.kld.abs() < 1e-12 && p.same_top && p.p_diff == 0.0));
     let s = summarize(&pos, 4);
     let ppl = perplexity(m.as_ref(), &be, &mut s1, &tokens, 4, None, 512, |_, _| {}).unwrap();
     assert_eq!(ppl.tokens_scored, pos.len());
