@@ -157,8 +157,6 @@ pub struct QuantizeParams {
     pub types: TypeParams,
     /// Quantize tensors that are already quantized (dequantized to f32 first).
     pub allow_requantize: bool,
-    /// Worker threads (1 = the caller only).
-    pub threads: usize,
 }
 
 /// One output tensor: where it comes from and what it becomes.

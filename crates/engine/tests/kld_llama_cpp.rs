@@ -40,7 +40,6 @@ fn q4_0_of(src: &Gguf) -> Gguf {
             pure: false,
         },
         allow_requantize: false,
-        threads: 2,
     };
     let plan = quantize::plan(&input, &p).unwrap();
     let mut out = Vec::new();
