@@ -115,3 +115,80 @@ fn refusals_are_clear() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--allow-requantize"));
 }
+
+#[test]
+fn kld_through_a_saved_base_file() {
+    let fx = fixtures().join("quantize");
+    let base = fx.join("tiny_f16.gguf");
+    let text = fx.join("kld_text.txt");
+    let q = tmp("q8.gguf");
+    let saved = tmp("base.kld");
+    let o = neagari(&[
+        "quantize",
+        base.to_str().unwrap(),
+        q.to_str().unwrap(),
+        "--type",
+        "Q8_0",
+    ]);
+    assert!(o.status.success());
+    let o = neagari(&[
+        "measure",
+        "-m",
+        base.to_str().unwrap(),
+        "--kld-save",
+        saved.to_str().unwrap(),
+        text.to_str().unwrap(),
+        "-c",
+        "64",
+        "--chunks",
+        "4",
+        "-t",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // From the file (no text needed), then side by side over the same windows.
+    let from_file = neagari(&[
+        "measure",
+        "-m",
+        q.to_str().unwrap(),
+        "--kld-base",
+        saved.to_str().unwrap(),
+        "--json",
+        "-t",
+        "2",
+    ]);
+    assert!(
+        from_file.status.success(),
+        "{}",
+        String::from_utf8_lossy(&from_file.stderr)
+    );
+    let live = neagari(&[
+        "measure",
+        "-m",
+        q.to_str().unwrap(),
+        "--kld-base",
+        base.to_str().unwrap(),
+        text.to_str().unwrap(),
+        "-c",
+        "64",
+        "--chunks",
+        "4",
+        "--json",
+        "-t",
+        "2",
+    ]);
+    assert!(live.status.success());
+    let a: serde_json::Value = serde_json::from_slice(&from_file.stdout).unwrap();
+    let b: serde_json::Value = serde_json::from_slice(&live.stdout).unwrap();
+    assert_eq!(a["positions"], b["positions"]);
+    assert_eq!(a["same_top"], b["same_top"]);
+    assert_eq!(a["ppl"], b["ppl"]);
+    // Saved log-probs are rounded to ≤ 1.2e-4 (kld_file.rs).
+    let (ka, kb) = (
+        a["mean_kld"].as_f64().unwrap(),
+        b["mean_kld"].as_f64().unwrap(),
+    );
+    assert!((ka - kb).abs() < 3e-4, "{ka} vs {kb}");
+    let _ = std::fs::remove_file(&q);
+    let _ = std::fs::remove_file(&saved);
+}
