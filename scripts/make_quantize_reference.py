@@ -88,6 +88,11 @@ CASES = [
     ("tiny_tied_bf16", "Q8_0", {}, False),
     ("tiny_tied_bf16", "Q2_K", {}, False),
     ("tiny_tied_bf16", "Q6_K", {"keep_output": "F16"}, False),
+    # f32 inputs from make_tiny_llama_family.py: rows of 64 and 128, so every K-quant
+    # falls back (Q4_K -> Q5_0, Q6_K -> Q8_0, output -> Q8_0).
+    ("../tiny/llama", "Q4_K_M", {}, False),
+    ("../tiny/qwen3", "Q6_K", {}, False),
+    ("../tiny/qwen2", "Q5_K_S", {}, False),
 ]
 
 
@@ -188,7 +193,7 @@ def tensor_table(path: str) -> list[dict]:
 
 def case_name(inp: str, ftype: str, opts: dict) -> str:
     extra = "".join(f"_{k}-{v}" for k, v in sorted(opts.items()))
-    return f"{inp}_{ftype}{extra}".lower().replace("true", "1")
+    return f"{os.path.basename(inp)}_{ftype}{extra}".lower().replace("true", "1")
 
 
 KLD_TEXT = (

@@ -13,7 +13,16 @@
 use neagari_backend::Backend;
 use neagari_model::{CausalLm, ModelError};
 
+use crate::kld_file::{self, BaseHeader, KldFileError};
 use crate::session::Session;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KldError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    File(#[from] KldFileError),
+}
 
 /// One scored position.
 #[derive(Clone, Copy, Debug, Default)]
@@ -60,6 +69,150 @@ pub fn compare_position(base: &[f32], model: &[f32], next: usize) -> KldPosition
         nll: -lm[next],
         p_diff: lm[next].exp() - lb[next].exp(),
     }
+}
+
+/// Compares a position against base log-probabilities decoded from a saved file
+/// (`base_lp`: [n_vocab]), with llama-perplexity's rule that base log-probabilities at or
+/// below −16 (clamped when saved) add nothing to the divergence.
+pub fn compare_position_saved(base_lp: &[f32], model: &[f32], next: usize) -> KldPosition {
+    let mut lm = vec![0f64; model.len()]; // [n_vocab] model log-probs
+    log_softmax(model, &mut lm);
+    let kld = base_lp
+        .iter()
+        .zip(&lm)
+        .filter(|(&b, _)| b > -16.0)
+        .map(|(&b, &m)| (b as f64).exp() * (b as f64 - m))
+        .sum::<f64>();
+    let top_b = (0..base_lp.len()).fold(0, |b, i| if base_lp[i] > base_lp[b] { i } else { b });
+    KldPosition {
+        kld: kld.max(0.0),
+        same_top: top_b == argmax(model),
+        nll_base: -(base_lp[next] as f64),
+        nll: -lm[next],
+        p_diff: lm[next].exp() - (base_lp[next] as f64).exp(),
+    }
+}
+
+/// Runs one chunk through a model: prefill of the unscored half, then the scored half in
+/// slices; `row(i, logits)` gets scored position i's logits ([n_vocab]).
+fn scored_rows<B: Backend>(
+    be: &B,
+    side: &mut Side<'_, B>,
+    chunk: &[u32],
+    n_batch: usize,
+    mut row: impl FnMut(usize, &[f32]) -> Result<(), KldError>,
+) -> Result<(), KldError> {
+    let n_ctx = chunk.len();
+    let first = n_ctx / 2;
+    let vocab = side.model.info().n_vocab;
+    side.sess.truncate(be, 0)?;
+    side.sess
+        .prefill(side.model, be, &chunk[..first], n_batch, |_, _| true)?;
+    let mut pos = first;
+    while pos < n_ctx - 1 {
+        let end = (pos + 64).min(n_ctx - 1);
+        let l = side.sess.forward_all(side.model, be, &chunk[pos..end])?; // [end-pos, vocab]
+        for (i, r) in l.chunks_exact(vocab).enumerate() {
+            row(pos - first + i, r)?;
+        }
+        pos = end;
+    }
+    Ok(())
+}
+
+fn chunk_of(tokens: &[u32], c: usize, n_ctx: usize, bos: Option<u32>) -> Vec<u32> {
+    let mut chunk = tokens[c * n_ctx..(c + 1) * n_ctx].to_vec();
+    if let Some(b) = bos {
+        chunk[0] = b;
+    }
+    chunk
+}
+
+/// Runs the base model over the windows and writes its log-probabilities in
+/// llama-perplexity's base-file layout (`kld_file.rs`). Returns the base's per-position
+/// negative log-likelihoods of the next token.
+#[allow(clippy::too_many_arguments)]
+pub fn save_base<B: Backend>(
+    be: &B,
+    mut base: Side<'_, B>,
+    tokens: &[u32],
+    n_chunk: usize,
+    bos: Option<u32>,
+    n_batch: usize,
+    w: &mut impl std::io::Write,
+    mut on_chunk: impl FnMut(usize),
+) -> Result<Vec<f64>, KldError> {
+    let n_ctx = base.sess.n_ctx();
+    let n_chunk = n_chunk.min(tokens.len() / n_ctx);
+    let header = BaseHeader {
+        n_ctx,
+        n_vocab: base.model.info().n_vocab,
+        n_chunk,
+        tokens: tokens[..n_chunk * n_ctx].to_vec(),
+    };
+    header.write(w)?;
+    let mut nll = Vec::new();
+    for c in 0..n_chunk {
+        let chunk = chunk_of(tokens, c, n_ctx, bos);
+        let first = n_ctx / 2;
+        scored_rows(be, &mut base, &chunk, n_batch, |i, r| {
+            let enc = kld_file::encode_position(r);
+            kld_file::write_position(w, &enc)?;
+            let mut lp = vec![0f64; r.len()];
+            log_softmax(r, &mut lp);
+            nll.push(-lp[chunk[first + i + 1] as usize]);
+            Ok(())
+        })?;
+        on_chunk(c);
+    }
+    Ok(nll)
+}
+
+/// KL divergence of `model` from base log-probabilities saved by [`save_base`] or by
+/// llama-perplexity (`header` already read from `r`), over the file's own tokens.
+pub fn kl_divergence_saved<B: Backend>(
+    be: &B,
+    mut model: Side<'_, B>,
+    header: &BaseHeader,
+    r: &mut impl std::io::Read,
+    bos: Option<u32>,
+    n_batch: usize,
+    mut on_chunk: impl FnMut(usize, &[KldPosition]),
+) -> Result<Vec<KldPosition>, KldError> {
+    let n_ctx = header.n_ctx;
+    if model.sess.n_ctx() < n_ctx {
+        return Err(KldFileError::Bad(format!(
+            "computed with a context of {n_ctx}; the session holds {}",
+            model.sess.n_ctx()
+        ))
+        .into());
+    }
+    if model.model.info().n_vocab != header.n_vocab {
+        return Err(KldFileError::Bad(format!(
+            "{} log-probabilities per position, the model has {} logits",
+            header.n_vocab,
+            model.model.info().n_vocab
+        ))
+        .into());
+    }
+    let mut out = Vec::new();
+    let mut base_lp = vec![0f32; header.n_vocab]; // [n_vocab] decoded base log-probs
+    for c in 0..header.n_chunk {
+        let chunk = chunk_of(&header.tokens, c, n_ctx, bos);
+        let first = n_ctx / 2;
+        scored_rows(be, &mut model, &chunk, n_batch, |i, row| {
+            let enc = kld_file::read_position(r, header.n_vocab)?;
+            kld_file::decode_position(&enc, &mut base_lp);
+            out.push(compare_position_saved(
+                &base_lp,
+                row,
+                chunk[first + i + 1] as usize,
+            ));
+            Ok(())
+        })?;
+        on_chunk(c, &out);
+    }
+    Ok(out)
 }
 
 /// Summary statistics, named as llama-perplexity prints them.

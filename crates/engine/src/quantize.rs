@@ -157,8 +157,6 @@ pub struct QuantizeParams {
     pub types: TypeParams,
     /// Quantize tensors that are already quantized (dequantized to f32 first).
     pub allow_requantize: bool,
-    /// Worker threads (1 = the caller only).
-    pub threads: usize,
 }
 
 /// One output tensor: where it comes from and what it becomes.
@@ -366,7 +364,16 @@ pub fn write<W: Write>(
     let mut done = 0u64;
     let mut dw = plan.writer.start(CountingWriter { inner: out, n: 0 })?;
     for tp in &plan.tensors {
-        let t = &input.tensors[tp.src];
+        // A plan made from another input would index past these tensors' bytes.
+        let t = match input.tensors.get(tp.src) {
+            Some(t) if t.name == tp.name && t.data.len() as u64 == tp.bytes_in => t,
+            _ => {
+                return Err(QuantizeError::Metadata(format!(
+                    "the plan does not belong to this input (tensor {})",
+                    tp.name
+                )))
+            }
+        };
         if tp.to == tp.from {
             dw.write_tensor(t.data)?;
             done += tp.bytes_in;
@@ -405,7 +412,7 @@ pub fn write<W: Write>(
 }
 
 /// Quantizes `src` (rows of `n` values of `tp.from`) into `dst` (rows of `tp.to`), in
-/// chunks of rows pulled by `threads` workers from a shared counter.
+/// chunks of rows that `threads` workers take from a shared queue.
 fn quantize_rows(
     tp: &TensorPlan,
     src: &[u8],

@@ -40,7 +40,6 @@ fn q4_0_of(src: &Gguf) -> Gguf {
             pure: false,
         },
         allow_requantize: false,
-        threads: 2,
     };
     let plan = quantize::plan(&input, &p).unwrap();
     let mut out = Vec::new();
@@ -212,4 +211,97 @@ fn self_divergence_is_zero_and_perplexity_agrees() {
         s.ppl_base,
         ppl.ppl
     );
+}
+
+/// Base log-probabilities saved in llama-perplexity's base-file layout and read back give
+/// the divergence computed with both models side by side, up to the file's rounding: each
+/// log-prob is stored to half a step of (max − min)/65535 ≤ 16/65535, i.e. 1.2e-4, which
+/// moves a position's KL by at most that times (1 + Σ p|log p − log q|) — under 5e-4 here.
+#[test]
+fn saved_base_file_gives_the_same_divergence() {
+    use neagari_engine::kld::{kl_divergence_saved, save_base};
+    use neagari_engine::kld_file::BaseHeader;
+
+    let base_file = Arc::new(Gguf::open(dir().join("tiny_f16.gguf")).unwrap());
+    let model_file = Arc::new(q4_0_of(&base_file));
+    let be = CpuBackend::new(&CpuOptions {
+        threads: 2,
+        scalar_only: false,
+    });
+    let base = neagari_model::load(&be, &GgufSource::new(base_file.clone())).unwrap();
+    let model = neagari_model::load(&be, &GgufSource::new(model_file)).unwrap();
+    let tok = tokenizer_from_gguf(&base_file).unwrap();
+    let text = std::fs::read_to_string(dir().join("kld_text.txt")).unwrap();
+    let tokens = tok.encode(text.trim_end_matches('\n'), true, false);
+    let n_ctx = 64;
+    let mut sb = Session::new(base.as_ref(), &be, n_ctx, KvType::F16).unwrap();
+    let mut sm = Session::new(model.as_ref(), &be, n_ctx, KvType::F16).unwrap();
+
+    let mut file = Vec::new();
+    let nll = save_base(
+        &be,
+        Side {
+            model: base.as_ref(),
+            sess: &mut sb,
+        },
+        &tokens,
+        5,
+        None,
+        512,
+        &mut file,
+        |_| {},
+    )
+    .unwrap();
+    let per_chunk = n_ctx - 1 - n_ctx / 2;
+    assert_eq!(nll.len(), 5 * per_chunk);
+    // 8 magic + 3·4 header + tokens + positions of nv u16.
+    assert_eq!(
+        file.len(),
+        20 + 5 * n_ctx * 4 + 5 * per_chunk * (2 * 150 + 4) * 2
+    );
+
+    let mut r = file.as_slice();
+    let header = BaseHeader::read(&mut r).unwrap();
+    assert_eq!(header.tokens, tokens[..5 * n_ctx]);
+    let saved = kl_divergence_saved(
+        &be,
+        Side {
+            model: model.as_ref(),
+            sess: &mut sm,
+        },
+        &header,
+        &mut r,
+        None,
+        512,
+        |_, _| {},
+    )
+    .unwrap();
+    assert!(r.is_empty(), "every saved position was read");
+    let live = kl_divergence(
+        &be,
+        Side {
+            model: base.as_ref(),
+            sess: &mut sb,
+        },
+        Side {
+            model: model.as_ref(),
+            sess: &mut sm,
+        },
+        &tokens,
+        5,
+        None,
+        512,
+        |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(saved.len(), live.len());
+    let mut max_d = 0f64;
+    for ((s, l), n) in saved.iter().zip(&live).zip(&nll) {
+        max_d = max_d.max((s.kld - l.kld).abs());
+        assert!((s.nll_base - l.nll_base).abs() < 2e-4 && (n - l.nll_base).abs() < 1e-9);
+        assert_eq!(s.nll, l.nll);
+        assert_eq!(s.same_top, l.same_top);
+    }
+    eprintln!("saved vs live base: per-position max |ΔKLD| {max_d:.2e}");
+    assert!(max_d < 5e-4, "{max_d}");
 }

@@ -51,7 +51,6 @@ fn params(case: &Value) -> QuantizeParams {
             pure: opts["pure"].as_bool().unwrap_or(false),
         },
         allow_requantize: false,
-        threads: 2,
     }
 }
 
@@ -207,7 +206,6 @@ fn refuses_what_it_cannot_make() {
             pure: false,
         },
         allow_requantize: false,
-        threads: 1,
     };
     // llama.cpp refuses Q2_K_S without an importance matrix (recorded by the script).
     assert_eq!(reference()["q2_k_s_refused"], true);
@@ -274,7 +272,6 @@ fn gemma_requantization_equals_llama_cpp() {
                 pure: false,
             },
             allow_requantize: true,
-            threads: 2,
         };
         let plan = quantize::plan(&input, &p).unwrap();
         let file = std::io::BufWriter::new(std::fs::File::create(&tmp).unwrap());

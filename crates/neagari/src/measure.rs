@@ -25,9 +25,14 @@ pub struct MeasureArgs {
     pub ppl: Option<PathBuf>,
     /// The text file (same as --ppl).
     pub file: Option<PathBuf>,
-    /// Reference model (same tokenizer): report the KL divergence of -m from it.
+    /// Reference for KL divergence: a GGUF with the same tokenizer (run side by side), or
+    /// a base log-probability file from --kld-save or llama-perplexity --kl-divergence-base.
     #[arg(long = "kld-base")]
     pub kld_base: Option<PathBuf>,
+    /// Save -m's log-probabilities over the text's windows to this file (llama-perplexity's
+    /// --kl-divergence-base layout) for later `--kld-base FILE` runs.
+    #[arg(long = "kld-save")]
+    pub kld_save: Option<PathBuf>,
     /// Stop after this many chunks.
     #[arg(long = "chunks")]
     pub chunks: Option<usize>,
@@ -37,11 +42,19 @@ pub struct MeasureArgs {
 }
 
 pub fn run(a: &MeasureArgs) -> Result<()> {
+    if let Some(base) = &a.kld_base {
+        if crate::measure_kld::is_saved_base(base) {
+            return crate::measure_kld::run_saved(a, base);
+        }
+    }
     let Some(path) = a.ppl.as_ref().or(a.file.as_ref()) else {
         bail!("give the text file to measure over (as an argument or with --ppl)");
     };
     if let Some(base) = &a.kld_base {
         return crate::measure_kld::run(a, base, path);
+    }
+    if let Some(out) = &a.kld_save {
+        return crate::measure_kld::save(a, out, path);
     }
     let mut args = a.model.clone();
     let n_ctx = args.ctx_size.unwrap_or(512);

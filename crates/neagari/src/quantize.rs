@@ -97,7 +97,6 @@ pub fn run(a: &QuantizeArgs) -> Result<()> {
             pure: a.pure,
         },
         allow_requantize: a.allow_requantize,
-        threads,
     };
     let plan = quantize::plan(&input, &params)
         .with_context(|| format!("cannot quantize {} to {ftype}", a.input.display()))?;
