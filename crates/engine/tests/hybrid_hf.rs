@@ -166,6 +166,12 @@ fn qwen35_dense_hf_tensors_equal_the_converters() {
         let k = format!("qwen35.{k}");
         assert_eq!(hf.u64_opt(&k).unwrap(), gguf.u64_opt(&k).unwrap(), "{k}");
     }
+    let be = CpuBackend::new(&CpuOptions {
+        threads: 1,
+        scalar_only: false,
+    });
+    let m = neagari_model::qwen35::Qwen35::load(&be, &hf).unwrap();
+    assert_eq!(m.mtp().len(), 1);
     assert_eq!(
         hf.u64_array_opt("qwen35.attention.recurrent_layers")
             .unwrap(),

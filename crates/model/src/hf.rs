@@ -996,6 +996,55 @@ mod tests {
     }
 
     #[test]
+    fn qwen35_names_map() {
+        let m = |n| hf_to_gguf("qwen35moe", n);
+        let cases = [
+            ("model.layers.0.linear_attn.A_log", "blk.0.ssm_a"),
+            ("model.layers.2.linear_attn.dt_bias", "blk.2.ssm_dt.bias"),
+            (
+                "model.language_model.layers.1.linear_attn.in_proj_qkv.weight",
+                "blk.1.attn_qkv.weight",
+            ),
+            (
+                "model.layers.1.post_attention_layernorm.weight",
+                "blk.1.post_attention_norm.weight",
+            ),
+            (
+                "model.layers.3.mlp.experts.gate_up_proj",
+                "blk.3.ffn_gate_up_exps.weight",
+            ),
+            (
+                "model.layers.3.mlp.shared_expert_gate.weight",
+                "blk.3.ffn_gate_inp_shexp.weight",
+            ),
+            ("model.language_model.norm.weight", "output_norm.weight"),
+        ];
+        for (hf, g) in cases {
+            assert_eq!(m(hf).as_deref(), Some(g), "{hf}");
+        }
+        assert_eq!(m("model.visual.blocks.0.attn.qkv.weight"), None);
+        // Per-expert and MTP tensors are mapped by the source, not by name alone.
+        assert_eq!(m("model.layers.0.mlp.experts.5.up_proj.weight"), None);
+        assert_eq!(
+            per_expert("model.layers.0.mlp.experts.5.up_proj.weight"),
+            Some(("blk.0.ffn_up_exps.weight".into(), 5))
+        );
+        assert_eq!(
+            mtp_name("qwen35", "mtp.layers.0.self_attn.q_norm.weight", 6).as_deref(),
+            Some("blk.6.attn_q_norm.weight")
+        );
+        assert_eq!(
+            mtp_name("qwen35", "mtp.pre_fc_norm_hidden.weight", 6).as_deref(),
+            Some("blk.6.nextn.hnorm.weight")
+        );
+        // Qwen3.5-only names stay unmapped for the other families.
+        assert_eq!(
+            hf_to_gguf("qwen3", "model.layers.0.linear_attn.A_log"),
+            None
+        );
+    }
+
+    #[test]
     fn llama3_freqs_follow_the_published_rule() {
         let s: Json = serde_json::json!({"factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
