@@ -43,7 +43,7 @@ LCP = os.environ.get(
 N_IDS = 150  # several prefill chunks at n_batch 32, and more than one 64-token GDN chunk
 SEED = 1234
 # Models whose HF checkpoint is committed too.
-HF_DIRS = ("qwen35_dense", "qwen35_moe")
+HF_DIRS = ("qwen35_dense", "qwen35_moe", "qwen3next_moe")
 
 LT, FA = "linear_attention", "full_attention"
 
@@ -337,10 +337,11 @@ def main() -> None:
                 save_file(tensors, st, metadata={"format": "pt"})
             if name in HF_DIRS:
                 save_hf(d, os.path.join(OUT, "hf", name))
-            if any(k.endswith("experts.gate_up_proj") for k in model.state_dict()):
-                # transformers saves experts one by one (experts.E.gate_proj, …); checkpoints
-                # published in the fused layout (experts.gate_up_proj [E, 2F, H],
-                # experts.down_proj [E, H, F]) are what the model holds in memory.
+            fused = any(k.endswith("experts.gate_up_proj") for k in model.state_dict())
+            if fused and full["kind"] == "qwen3_5_moe":
+                # transformers saves experts one by one (experts.E.gate_proj, …); the fused
+                # layout the model holds in memory (experts.gate_up_proj [E, 2F, H],
+                # experts.down_proj [E, H, F]) is saved too, as hf/{name}_fused.
                 if name in HF_DIRS:
                     save_hf(d, os.path.join(OUT, "hf", name + "_fused"), dict(model.state_dict()))
             gguf_path = os.path.join(OUT, f"{name}.gguf")

@@ -2,7 +2,8 @@
 //! (`HfSource`) against transformers' logits. The checkpoints are the ones transformers ran
 //! (scripts/make_hybrid_fixtures.py saves them under
 //! crates/model/tests/fixtures/hybrid/hf/): `qwen35_moe` with experts one by one, as
-//! transformers saves them, `qwen35_moe_fused` with `experts.gate_up_proj [E, 2F, H]`.
+//! transformers saves them, `qwen35_moe_fused` with `experts.gate_up_proj [E, 2F, H]`;
+//! `qwen3next_moe` with its fused `in_proj_qkvz` / `in_proj_ba`.
 //!
 //! Bar as in hybrid_transformers.rs: the largest |Δlogit| over every position stays under
 //! 1e-3 of the largest |logit| (f32 KV cache; weights f16 on both sides).
@@ -117,6 +118,44 @@ fn qwen35_moe_hf_per_expert_matches_transformers() {
 #[test]
 fn qwen35_moe_hf_fused_experts_match_transformers() {
     check("qwen35_moe", "qwen35_moe_fused");
+}
+
+#[test]
+fn qwen3next_moe_hf_matches_transformers() {
+    check("qwen3next_moe", "qwen3next_moe");
+}
+
+/// Qwen3-Next: the split of `in_proj_qkvz` into `attn_qkv` / `attn_gate` equals the
+/// converter's (whose V heads stay grouped, so every tensor is comparable).
+#[test]
+fn qwen3next_hf_tensors_equal_the_converters() {
+    let gguf = GgufSource::new(Arc::new(
+        Gguf::open(dir().join("qwen3next_moe.gguf")).unwrap(),
+    ));
+    let hf = HfSource::open(&dir().join("hf/qwen3next_moe")).unwrap();
+    let file = Gguf::open(dir().join("qwen3next_moe.gguf")).unwrap();
+    for t in file.tensors() {
+        let g = gguf.tensor(&t.name).unwrap();
+        let h = hf
+            .tensor(&t.name)
+            .unwrap_or_else(|| panic!("{} missing from the HF source", t.name));
+        assert_eq!(h.shape, g.shape, "{}", t.name);
+        let vals = |x: &neagari_backend::HostTensor| {
+            let mut v = vec![0f32; x.n_elements()];
+            neagari_quant::dequantize_row(x.ty, x.bytes.as_slice(), &mut v).unwrap();
+            v
+        };
+        let (a, b) = (vals(&h), vals(&g));
+        if t.name.ends_with("ssm_a") {
+            // −exp computed by two libraries: equal to f32 rounding.
+            assert!(a
+                .iter()
+                .zip(&b)
+                .all(|(x, y)| (x - y).abs() <= 1e-6 * y.abs()));
+        } else {
+            assert_eq!(a, b, "{}", t.name);
+        }
+    }
 }
 
 /// Tensors the converter writes without reordering value heads: the HF source serves the

@@ -24,6 +24,10 @@
 //!   checkpoints (`experts.{e}.gate_proj`, as transformers saves them) are the one place a
 //!   matrix is copied: the experts are stacked into one owned `[E, F, H]` buffer, since
 //!   separate tensors of the file cannot be one view.
+//! - Qwen3-Next (`qwen3next`): as Qwen3.5, except that `in_proj_qkvz` interleaves
+//!   `[q | k | v | z]` per key head while the model reads `attn_qkv` (all q, all k, all v)
+//!   and `attn_gate` (all z): those two are row-gathered copies, the second place a matrix
+//!   is copied. `in_proj_ba` is served as `ssm_ba` unchanged.
 //!
 //! Matrices are never converted: bf16/f16/f32 tensors are views of the mmap with their
 //! ggml type; MLX codes/scales/biases go to the backend as an `AffineTensor`.
@@ -73,6 +77,8 @@ pub struct HfSource {
     llama3_freqs: Option<Vec<f32>>,
     /// Stacked GGUF expert tensor → the per-expert HF tensors, expert order.
     stacked: BTreeMap<String, Vec<String>>,
+    /// GGUF tensor → (HF matrix, its row ranges in order): Qwen3-Next's `in_proj_qkvz`.
+    gathered: BTreeMap<String, (String, Rows)>,
 }
 
 fn bad(key: &str, msg: impl Into<String>) -> ModelError {
@@ -82,9 +88,9 @@ fn bad(key: &str, msg: impl Into<String>) -> ModelError {
     }
 }
 
-/// The Qwen3.5 hybrid families (gated DeltaNet + gated attention).
+/// The hybrid families (gated DeltaNet + gated attention): Qwen3.5 and Qwen3-Next.
 fn is_qwen35(arch: &str) -> bool {
-    matches!(arch, "qwen35" | "qwen35moe")
+    matches!(arch, "qwen35" | "qwen35moe" | "qwen3next")
 }
 
 /// HF → GGUF names of one layer tensor (without the `model.layers.{i}.` prefix).
@@ -97,6 +103,7 @@ fn layer_name(arch: &str, rest: &str) -> Option<&'static str> {
         "linear_attn.in_proj_z" if q35 => "attn_gate",
         "linear_attn.in_proj_b" if q35 => "ssm_beta",
         "linear_attn.in_proj_a" if q35 => "ssm_alpha",
+        "linear_attn.in_proj_ba" if q35 => "ssm_ba",
         "linear_attn.conv1d" if q35 => "ssm_conv1d",
         "linear_attn.norm" if q35 => "ssm_norm",
         "linear_attn.out_proj" if q35 => "ssm_out",
@@ -401,6 +408,7 @@ impl HfSource {
             "gemma3" | "gemma3_text" => "gemma3",
             "qwen3_5" | "qwen3_5_text" => "qwen35",
             "qwen3_5_moe" | "qwen3_5_moe_text" => "qwen35moe",
+            "qwen3_next" => "qwen3next",
             other => return Err(ModelError::UnsupportedArch(other.to_string())),
         }
         .to_string();
@@ -408,6 +416,7 @@ impl HfSource {
         let mut names = BTreeMap::new();
         let mut experts: BTreeMap<String, BTreeMap<usize, String>> = BTreeMap::new();
         let mut mtp_layers = 0;
+        let mut gathered = BTreeMap::new();
         for (n, _) in st.tensors() {
             if let Some(g) = hf_to_gguf(&arch, n) {
                 names.insert(g, n.to_string());
@@ -416,7 +425,15 @@ impl HfSource {
             if !is_qwen35(&arch) {
                 continue;
             }
-            if let Some((g, e)) = per_expert(n) {
+            if let Some(i) = n
+                .strip_prefix("model.layers.")
+                .and_then(|r| r.strip_suffix(".linear_attn.in_proj_qkvz.weight"))
+                .and_then(|i| i.parse::<usize>().ok())
+            {
+                let (qkv, z) = qkvz_rows(c)?;
+                gathered.insert(format!("blk.{i}.attn_qkv.weight"), (n.to_string(), qkv));
+                gathered.insert(format!("blk.{i}.attn_gate.weight"), (n.to_string(), z));
+            } else if let Some((g, e)) = per_expert(n) {
                 experts.entry(g).or_default().insert(e, n.to_string());
             } else if let Some(g) = n_layers.and_then(|l| mtp_name(&arch, n, l)) {
                 // One MTP block (Qwen3.5 ships `mtp_num_hidden_layers = 1`).
@@ -448,6 +465,7 @@ impl HfSource {
             rotated: RotatedSet::default(),
             llama3_freqs: None,
             stacked,
+            gathered,
         };
         src.read_config(c)?;
         if is_qwen35(&arch) {
@@ -860,6 +878,9 @@ impl ModelSource for HfSource {
         if let Some(per) = self.stacked.get(name) {
             return self.stack(name, per);
         }
+        if let Some((hf, rows)) = self.gathered.get(name) {
+            return self.gather(name, hf, rows);
+        }
         let hf = self.names.get(name)?;
         let t = self.st.tensor(hf)?;
         // Gemma's and Qwen3.5's norms compute x·(1 + w); the models read GGUF's stored
@@ -888,7 +909,15 @@ impl ModelSource for HfSource {
     }
 
     fn weight(&self, name: &str) -> Result<Option<WeightDesc>> {
-        if self.stacked.contains_key(name) {
+        if let Some((hf, _)) = self.gathered.get(name) {
+            let module = hf.strip_suffix(".weight").unwrap_or(hf);
+            if self.affine_layout(module)?.is_some() {
+                return Err(ModelError::Unsupported(format!(
+                    "{hf}: splitting a quantized fused q/k/v/z projection"
+                )));
+            }
+        }
+        if self.stacked.contains_key(name) || self.gathered.contains_key(name) {
             return Ok(self.tensor(name).map(|t| WeightDesc {
                 name: name.to_string(),
                 shape: t.shape.clone(),
@@ -921,7 +950,60 @@ impl ModelSource for HfSource {
     }
 }
 
+/// Row ranges of a matrix, in serving order.
+type Rows = Vec<std::ops::Range<usize>>;
+
+/// Qwen3-Next `in_proj_qkvz` rows: per key head `[q dk | k dk | v r·dv | z r·dv]`. Returns
+/// the row ranges of `attn_qkv` (q of every head, then k, then v) and of `attn_gate` (z).
+fn qkvz_rows(c: &Json) -> Result<(Rows, Rows)> {
+    let req = |k: &str| {
+        c.get(k)
+            .and_then(Json::as_u64)
+            .map(|v| v as usize)
+            .ok_or_else(|| ModelError::MissingKey(format!("config.json {k}")))
+    };
+    let (nk, nv) = (req("linear_num_key_heads")?, req("linear_num_value_heads")?);
+    let (dk, dv) = (req("linear_key_head_dim")?, req("linear_value_head_dim")?);
+    if nk == 0 || nv % nk != 0 {
+        return Err(bad(
+            "linear_num_value_heads",
+            format!("{nv} value heads for {nk} key heads"),
+        ));
+    }
+    let vr = nv / nk * dv;
+    let per = 2 * dk + 2 * vr;
+    let head = |h: usize, off: usize, len: usize| h * per + off..h * per + off + len;
+    let mut qkv: Rows = (0..nk).map(|h| head(h, 0, dk)).collect();
+    qkv.extend((0..nk).map(|h| head(h, dk, dk)));
+    qkv.extend((0..nk).map(|h| head(h, 2 * dk, vr)));
+    let z = (0..nk).map(|h| head(h, 2 * dk + vr, vr)).collect();
+    Ok((qkv, z))
+}
+
 impl HfSource {
+    /// Rows `rows` of the matrix `hf`, copied in order into one `[Σ rows, cols]` tensor.
+    fn gather(&self, name: &str, hf: &str, rows: &Rows) -> Option<HostTensor> {
+        let t = self.st.tensor(hf)?;
+        let ty = ggml_type(t.dtype)?;
+        let [n_rows, cols] = t.shape[..] else {
+            return None;
+        };
+        let row_bytes = t.len / n_rows.max(1);
+        let src = self.st.bytes(t);
+        let mut bytes = Vec::with_capacity(t.len);
+        let mut n = 0;
+        for r in rows {
+            bytes.extend_from_slice(src.get(r.start * row_bytes..r.end * row_bytes)?);
+            n += r.len();
+        }
+        Some(HostTensor {
+            name: name.to_string(),
+            ty,
+            shape: vec![n, cols],
+            bytes: SharedBytes::from_vec(bytes),
+        })
+    }
+
     /// Per-expert matrices `[F, H]` copied into one `[E, F, H]` buffer (`None` when they
     /// differ in dtype or shape, or are not plain float/int tensors).
     fn stack(&self, name: &str, per: &[String]) -> Option<HostTensor> {
