@@ -16,7 +16,10 @@ For each config below the script
      f32 logits of every position ([N_IDS, n_vocab], little-endian).
 
 Output: crates/model/tests/fixtures/hybrid/{name}.gguf, {name}.logits.bin and
-reference.json (ids, shapes, versions). Read by crates/model/tests/hybrid_transformers.rs.
+reference.json (ids, shapes, versions); for the models in HF_DIRS also the HF checkpoint
+itself under hf/{name}/ (config.json + model.safetensors: matrices f16, which is exactly what
+the reference ran with, vectors kept f32 as the GGUF keeps them), read by neagari's
+safetensors source (crates/engine/tests/hybrid_hf.rs). Read by crates/model/tests/hybrid_transformers.rs.
 
 Usage: python3 scripts/make_hybrid_fixtures.py   (needs torch, transformers, safetensors)
 """
@@ -39,6 +42,8 @@ LCP = os.environ.get(
 )
 N_IDS = 150  # several prefill chunks at n_batch 32, and more than one 64-token GDN chunk
 SEED = 1234
+# Models whose HF checkpoint is committed too.
+HF_DIRS = ("qwen35_dense", "qwen35_moe", "qwen3next_moe")
 
 LT, FA = "linear_attention", "full_attention"
 
@@ -278,6 +283,23 @@ def convert(model_dir: str, out_path: str, no_mtp: bool, name: str) -> None:
         sys.argv = old
 
 
+def save_hf(src_dir: str, dst: str, t: dict | None = None) -> None:
+    """The checkpoint as transformers saved it (or the tensors `t`, with its config),
+    matrices as f16 (they hold f16 values already), 1-D tensors f32."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    os.makedirs(dst, exist_ok=True)
+    shutil.copy(os.path.join(src_dir, "config.json"), os.path.join(dst, "config.json"))
+    if t is None:
+        t = load_file(os.path.join(src_dir, "model.safetensors"))
+    out = {k: (v.half() if v.ndim >= 2 else v.float()).contiguous() for k, v in sorted(t.items())}
+    for k, v in t.items():
+        assert torch.equal(out[k].float(), v.float()), k
+    save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+
+
 def main() -> None:
     from safetensors.torch import load_file, save_file
 
@@ -313,6 +335,15 @@ def main() -> None:
                 extra = mtp_tensors(cfg, gen)
                 tensors.update({k: v.half().float() for k, v in extra.items()})
                 save_file(tensors, st, metadata={"format": "pt"})
+            if name in HF_DIRS:
+                save_hf(d, os.path.join(OUT, "hf", name))
+            fused = any(k.endswith("experts.gate_up_proj") for k in model.state_dict())
+            if fused and full["kind"] == "qwen3_5_moe":
+                # transformers saves experts one by one (experts.E.gate_proj, …); the fused
+                # layout the model holds in memory (experts.gate_up_proj [E, 2F, H],
+                # experts.down_proj [E, H, F]) is saved too, as hf/{name}_fused.
+                if name in HF_DIRS:
+                    save_hf(d, os.path.join(OUT, "hf", name + "_fused"), dict(model.state_dict()))
             gguf_path = os.path.join(OUT, f"{name}.gguf")
             convert(d, gguf_path, no_mtp=full["kind"] != "qwen3_moe" and not has_mtp, name=name)
         logits.astype("<f4").tofile(os.path.join(OUT, f"{name}.logits.bin"))

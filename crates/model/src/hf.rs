@@ -15,6 +15,20 @@
 //!   matrices per layer, this source keeps them as stored and declares
 //!   `neagari.rope_neox = true`, which `llama.rs` honours.
 //!
+//! - Qwen3.5 / Qwen3.5-MoE (`qwen35`, `qwen35moe`; docs/QWEN35_HF_TO_GGUF.md): zero-centred
+//!   norms get +1 (not the DeltaNet `linear_attn.norm`), `A_log` becomes `ssm_a = −exp(A_log)`,
+//!   `conv1d [C,1,K]` is served as `[C,K]` (same bytes), value heads stay in HF's grouped
+//!   order and `{arch}.ssm.v_head_order = "grouped"` says so (the converter permutes them to
+//!   tiled order instead), fused experts (`experts.gate_up_proj [E,2F,H]`) are served as
+//!   `ffn_gate_up_exps`, and the `mtp.*` block becomes block `num_hidden_layers`. Per-expert
+//!   checkpoints (`experts.{e}.gate_proj`, as transformers saves them) are the one place a
+//!   matrix is copied: the experts are stacked into one owned `[E, F, H]` buffer, since
+//!   separate tensors of the file cannot be one view.
+//! - Qwen3-Next (`qwen3next`): as Qwen3.5, except that `in_proj_qkvz` interleaves
+//!   `[q | k | v | z]` per key head while the model reads `attn_qkv` (all q, all k, all v)
+//!   and `attn_gate` (all z): those two are row-gathered copies, the second place a matrix
+//!   is copied. `in_proj_ba` is served as `ssm_ba` unchanged.
+//!
 //! Matrices are never converted: bf16/f16/f32 tensors are views of the mmap with their
 //! ggml type; MLX codes/scales/biases go to the backend as an `AffineTensor`.
 
@@ -61,6 +75,10 @@ pub struct HfSource {
     rotated: RotatedSet,
     /// Llama 3 `rope_freqs`, computed from `rope_scaling`.
     llama3_freqs: Option<Vec<f32>>,
+    /// Stacked GGUF expert tensor → the per-expert HF tensors, expert order.
+    stacked: BTreeMap<String, Vec<String>>,
+    /// GGUF tensor → (HF matrix, its row ranges in order): Qwen3-Next's `in_proj_qkvz`.
+    gathered: BTreeMap<String, (String, Rows)>,
 }
 
 fn bad(key: &str, msg: impl Into<String>) -> ModelError {
@@ -70,10 +88,30 @@ fn bad(key: &str, msg: impl Into<String>) -> ModelError {
     }
 }
 
+/// The hybrid families (gated DeltaNet + gated attention): Qwen3.5 and Qwen3-Next.
+fn is_qwen35(arch: &str) -> bool {
+    matches!(arch, "qwen35" | "qwen35moe" | "qwen3next")
+}
+
 /// HF → GGUF names of one layer tensor (without the `model.layers.{i}.` prefix).
 fn layer_name(arch: &str, rest: &str) -> Option<&'static str> {
     let gemma = arch == "gemma3";
+    let q35 = is_qwen35(arch);
     Some(match rest {
+        "post_attention_layernorm" if q35 => "post_attention_norm",
+        "linear_attn.in_proj_qkv" if q35 => "attn_qkv",
+        "linear_attn.in_proj_z" if q35 => "attn_gate",
+        "linear_attn.in_proj_b" if q35 => "ssm_beta",
+        "linear_attn.in_proj_a" if q35 => "ssm_alpha",
+        "linear_attn.in_proj_ba" if q35 => "ssm_ba",
+        "linear_attn.conv1d" if q35 => "ssm_conv1d",
+        "linear_attn.norm" if q35 => "ssm_norm",
+        "linear_attn.out_proj" if q35 => "ssm_out",
+        "mlp.gate" if q35 => "ffn_gate_inp",
+        "mlp.shared_expert.gate_proj" if q35 => "ffn_gate_shexp",
+        "mlp.shared_expert.up_proj" if q35 => "ffn_up_shexp",
+        "mlp.shared_expert.down_proj" if q35 => "ffn_down_shexp",
+        "mlp.shared_expert_gate" if q35 => "ffn_gate_inp_shexp",
         "input_layernorm" => "attn_norm",
         "self_attn.q_proj" => "attn_q",
         "self_attn.k_proj" => "attn_k",
@@ -92,9 +130,22 @@ fn layer_name(arch: &str, rest: &str) -> Option<&'static str> {
     })
 }
 
+/// `model.language_model.*` (Qwen3.5 VL) and `language_model.model.*` (Gemma 3 VL) →
+/// `model.*`; other prefixes unchanged.
+fn strip_vl(module: &str) -> std::borrow::Cow<'_, str> {
+    if let Some(r) = module.strip_prefix("model.language_model.") {
+        return format!("model.{r}").into();
+    }
+    module
+        .strip_prefix("language_model.")
+        .unwrap_or(module)
+        .into()
+}
+
 /// The module path (HF spelling, `language_model.` stripped) and suffix → GGUF name.
 fn module_to_gguf(arch: &str, module: &str, suffix: &str) -> Option<String> {
-    let m = module.strip_prefix("language_model.").unwrap_or(module);
+    let m = strip_vl(module);
+    let m = m.as_ref();
     let base = match m {
         "model.embed_tokens" => "token_embd".to_string(),
         "model.norm" => "output_norm".to_string(),
@@ -109,13 +160,67 @@ fn module_to_gguf(arch: &str, module: &str, suffix: &str) -> Option<String> {
     Some(format!("{base}.{suffix}"))
 }
 
-/// A full HF tensor name → GGUF name (`None` for tensors the models do not read).
+/// A full HF tensor name → GGUF name (`None` for tensors the models do not read, and for
+/// `mtp.*` and per-expert tensors, which `HfSource` maps itself).
 pub fn hf_to_gguf(arch: &str, name: &str) -> Option<String> {
     let (module, suffix) = name.rsplit_once('.')?;
     match suffix {
         "weight" | "bias" => module_to_gguf(arch, module, suffix),
+        _ if is_qwen35(arch) => {
+            // Parameters without a `.weight` suffix: GDN `A_log` / `dt_bias` and fused
+            // experts `mlp.experts.{gate_up_proj,down_proj}`.
+            let m = strip_vl(module);
+            let rest = m.strip_prefix("model.layers.")?;
+            let (i, rest) = rest.split_once('.')?;
+            let i: usize = i.parse().ok()?;
+            let g = match (rest, suffix) {
+                ("linear_attn", "A_log") => "ssm_a",
+                ("linear_attn", "dt_bias") => "ssm_dt.bias",
+                ("mlp.experts", "gate_up_proj") => "ffn_gate_up_exps.weight",
+                ("mlp.experts", "down_proj") => "ffn_down_exps.weight",
+                _ => return None,
+            };
+            Some(format!("blk.{i}.{g}"))
+        }
         _ => None,
     }
+}
+
+/// A per-expert tensor `model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight` →
+/// (stacked GGUF name, e).
+fn per_expert(name: &str) -> Option<(String, usize)> {
+    let m = strip_vl(name.strip_suffix(".weight")?);
+    let rest = m.strip_prefix("model.layers.")?;
+    let (i, rest) = rest.split_once(".mlp.experts.")?;
+    let i: usize = i.parse().ok()?;
+    let (e, proj) = rest.split_once('.')?;
+    let e: usize = e.parse().ok()?;
+    let g = match proj {
+        "gate_proj" => "ffn_gate_exps",
+        "up_proj" => "ffn_up_exps",
+        "down_proj" => "ffn_down_exps",
+        _ => return None,
+    };
+    Some((format!("blk.{i}.{g}.weight"), e))
+}
+
+/// A Qwen3.5 `mtp.*` tensor → GGUF name; the MTP block is block `n_layers`.
+fn mtp_name(arch: &str, name: &str, n_layers: u64) -> Option<String> {
+    let (module, suffix) = name.rsplit_once('.')?;
+    let g = match module {
+        "mtp.fc" => "nextn.eh_proj".to_string(),
+        "mtp.pre_fc_norm_embedding" => "nextn.enorm".to_string(),
+        "mtp.pre_fc_norm_hidden" => "nextn.hnorm".to_string(),
+        "mtp.norm" => "nextn.shared_head_norm".to_string(),
+        _ => {
+            let rest = module.strip_prefix("mtp.layers.")?;
+            let (j, rest) = rest.split_once('.')?;
+            let j: u64 = j.parse().ok()?;
+            let blk = n_layers + j;
+            return Some(format!("blk.{blk}.{}.{suffix}", layer_name(arch, rest)?));
+        }
+    };
+    Some(format!("blk.{n_layers}.{g}.{suffix}"))
 }
 
 fn ggml_type(d: Dtype) -> Option<GgmlType> {
@@ -301,13 +406,53 @@ impl HfSource {
             "qwen2" => "qwen2",
             "qwen3" => "qwen3",
             "gemma3" | "gemma3_text" => "gemma3",
+            "qwen3_5" | "qwen3_5_text" => "qwen35",
+            "qwen3_5_moe" | "qwen3_5_moe_text" => "qwen35moe",
+            "qwen3_next" => "qwen3next",
             other => return Err(ModelError::UnsupportedArch(other.to_string())),
         }
         .to_string();
+        let n_layers = c.get("num_hidden_layers").and_then(Json::as_u64);
         let mut names = BTreeMap::new();
+        let mut experts: BTreeMap<String, BTreeMap<usize, String>> = BTreeMap::new();
+        let mut mtp_layers = 0;
+        let mut gathered = BTreeMap::new();
         for (n, _) in st.tensors() {
             if let Some(g) = hf_to_gguf(&arch, n) {
                 names.insert(g, n.to_string());
+                continue;
+            }
+            if !is_qwen35(&arch) {
+                continue;
+            }
+            if let Some(i) = n
+                .strip_prefix("model.layers.")
+                .and_then(|r| r.strip_suffix(".linear_attn.in_proj_qkvz.weight"))
+                .and_then(|i| i.parse::<usize>().ok())
+            {
+                let (qkv, z) = qkvz_rows(c)?;
+                gathered.insert(format!("blk.{i}.attn_qkv.weight"), (n.to_string(), qkv));
+                gathered.insert(format!("blk.{i}.attn_gate.weight"), (n.to_string(), z));
+            } else if let Some((g, e)) = per_expert(n) {
+                experts.entry(g).or_default().insert(e, n.to_string());
+            } else if let Some(g) = n_layers.and_then(|l| mtp_name(&arch, n, l)) {
+                // One MTP block (Qwen3.5 ships `mtp_num_hidden_layers = 1`).
+                if n == "mtp.fc.weight" {
+                    mtp_layers = 1;
+                }
+                names.insert(g, n.to_string());
+            }
+        }
+        let mut stacked = BTreeMap::new();
+        for (g, per) in experts {
+            // Experts 0..E, every one present.
+            if per.keys().copied().eq(0..per.len()) {
+                stacked.insert(g, per.into_values().collect());
+            } else {
+                return Err(bad(
+                    &g,
+                    "per-expert tensors with gaps in the expert numbers",
+                ));
             }
         }
         let mut src = HfSource {
@@ -319,8 +464,13 @@ impl HfSource {
             quant,
             rotated: RotatedSet::default(),
             llama3_freqs: None,
+            stacked,
+            gathered,
         };
         src.read_config(c)?;
+        if is_qwen35(&arch) {
+            src.read_qwen35_config(c, mtp_layers)?;
+        }
         Ok(src)
     }
 
@@ -337,7 +487,12 @@ impl HfSource {
         let heads = req("num_attention_heads")?;
         put("block_count", Meta::U(n_layers));
         put("embedding_length", Meta::U(hidden));
-        put("feed_forward_length", Meta::U(req("intermediate_size")?));
+        // MoE configs (Qwen3.5-MoE) may have no dense FFN width.
+        match u("intermediate_size") {
+            Some(v) => put("feed_forward_length", Meta::U(v)),
+            None if arch == "qwen35moe" => {}
+            None => put("feed_forward_length", Meta::U(req("intermediate_size")?)),
+        }
         put("attention.head_count", Meta::U(heads));
         put(
             "attention.head_count_kv",
@@ -455,9 +610,102 @@ impl HfSource {
         Ok(())
     }
 
+    /// The hybrid keys: layer types, DeltaNet sizes, experts, partial RoPE and MTP.
+    fn read_qwen35_config(&mut self, c: &Json, mtp_layers: u64) -> Result<()> {
+        let arch = self.arch.clone();
+        let req = |k: &str| {
+            c.get(k)
+                .and_then(Json::as_u64)
+                .ok_or_else(|| ModelError::MissingKey(format!("config.json {k}")))
+        };
+        let n_layers = req("num_hidden_layers")?;
+        let head_dim = match self.meta.get(&format!("{arch}.attention.key_length")) {
+            Some(Meta::U(v)) => *v,
+            _ => return Err(ModelError::MissingKey("config.json head_dim".into())),
+        };
+        let rp = c.get("rope_parameters");
+        let partial = c
+            .get("partial_rotary_factor")
+            .or_else(|| rp.and_then(|r| r.get("partial_rotary_factor")))
+            .and_then(Json::as_f64)
+            .unwrap_or(1.0);
+        let recurrent: Vec<u64> = match c.get("layer_types") {
+            Some(Json::Array(lt)) => lt
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("linear_attention") => Ok(1),
+                    Some("full_attention") => Ok(0),
+                    _ => Err(bad("layer_types", format!("unknown layer type {t}"))),
+                })
+                .collect::<Result<_>>()?,
+            _ => {
+                let every = c
+                    .get("full_attention_interval")
+                    .and_then(Json::as_u64)
+                    .unwrap_or(4)
+                    .max(1);
+                (0..n_layers)
+                    .map(|i| u64::from((i + 1) % every != 0))
+                    .collect()
+            }
+        };
+        if recurrent.len() as u64 != n_layers {
+            return Err(bad(
+                "layer_types",
+                format!("{} entries for {n_layers} layers", recurrent.len()),
+            ));
+        }
+        let (nk, nv, dk, dv) = (
+            req("linear_num_key_heads")?,
+            req("linear_num_value_heads")?,
+            req("linear_key_head_dim")?,
+            req("linear_value_head_dim")?,
+        );
+        let mut put = |k: &str, v: Meta| {
+            self.meta.insert(format!("{arch}.{k}"), v);
+        };
+        put("block_count", Meta::U(n_layers + mtp_layers));
+        if mtp_layers > 0 {
+            put("nextn_predict_layers", Meta::U(mtp_layers));
+        }
+        put(
+            "rope.dimension_count",
+            Meta::U((head_dim as f64 * partial).round() as u64),
+        );
+        put("attention.recurrent_layers", Meta::Arr(recurrent));
+        put("ssm.conv_kernel", Meta::U(req("linear_conv_kernel_dim")?));
+        put("ssm.state_size", Meta::U(dk));
+        put("ssm.group_count", Meta::U(nk));
+        put("ssm.time_step_rank", Meta::U(nv));
+        put("ssm.inner_size", Meta::U(dv * nv));
+        // Value heads are served in HF order (grouped by key head), not llama.cpp's tiled one.
+        put("ssm.v_head_order", Meta::S("grouped".into()));
+        for (hk, gk) in [
+            ("num_experts", "expert_count"),
+            ("num_experts_per_tok", "expert_used_count"),
+            ("moe_intermediate_size", "expert_feed_forward_length"),
+            (
+                "shared_expert_intermediate_size",
+                "expert_shared_feed_forward_length",
+            ),
+        ] {
+            if let Some(v) = c.get(hk).and_then(Json::as_u64) {
+                put(gk, Meta::U(v));
+            }
+        }
+        Ok(())
+    }
+
     /// Applies a Hadamard declaration: every declared weight must be one this source maps.
     pub fn set_rotation(&mut self, spec: HadamardSpec) -> Result<()> {
         let arch = self.arch.clone();
+        if is_qwen35(&arch) {
+            // The rotation's V-head order (`gdn_v_grouped`) against the grouped order served
+            // here has not been checked against a reference.
+            return Err(ModelError::Unsupported(
+                "Hadamard-rotated weights on a Qwen3.5 hybrid safetensors checkpoint".into(),
+            ));
+        }
         let set = RotatedSet::resolve(spec, |n| {
             let n = n.strip_suffix(".weight").unwrap_or(n);
             module_to_gguf(&arch, n, "weight")
@@ -627,22 +875,56 @@ impl ModelSource for HfSource {
             let v = self.llama3_freqs.as_ref()?;
             return Some(owned_f32(name, v.clone()));
         }
+        if let Some(per) = self.stacked.get(name) {
+            return self.stack(name, per);
+        }
+        if let Some((hf, rows)) = self.gathered.get(name) {
+            return self.gather(name, hf, rows);
+        }
         let hf = self.names.get(name)?;
         let t = self.st.tensor(hf)?;
-        // Gemma's norms compute x·(1 + w); the models read GGUF's stored w + 1.
-        if self.arch == "gemma3" && name.ends_with("norm.weight") {
+        // Gemma's and Qwen3.5's norms compute x·(1 + w); the models read GGUF's stored
+        // w + 1. Qwen3.5's DeltaNet norm is a plain RMSNorm.
+        let zero_centred =
+            self.arch == "gemma3" || (is_qwen35(&self.arch) && !name.ends_with("ssm_norm.weight"));
+        if zero_centred && name.ends_with("norm.weight") {
             let v = self.floats(t)?.into_iter().map(|x| x + 1.0).collect();
             return Some(owned_f32(name, v));
         }
+        if name.ends_with(".ssm_a") {
+            let v = self.floats(t)?.into_iter().map(|x| -x.exp()).collect();
+            return Some(owned_f32(name, v));
+        }
+        let shape = match t.shape[..] {
+            // conv1d `[C, 1, K]`: the same bytes as `[C, K]`.
+            [c, 1, k] if name.ends_with("ssm_conv1d.weight") => vec![c, k],
+            _ => t.shape.clone(),
+        };
         Some(HostTensor {
             name: name.to_string(),
             ty: ggml_type(t.dtype)?,
-            shape: t.shape.clone(),
+            shape,
             bytes: self.view(t)?,
         })
     }
 
     fn weight(&self, name: &str) -> Result<Option<WeightDesc>> {
+        if let Some((hf, _)) = self.gathered.get(name) {
+            let module = hf.strip_suffix(".weight").unwrap_or(hf);
+            if self.affine_layout(module)?.is_some() {
+                return Err(ModelError::Unsupported(format!(
+                    "{hf}: splitting a quantized fused q/k/v/z projection"
+                )));
+            }
+        }
+        if self.stacked.contains_key(name) || self.gathered.contains_key(name) {
+            return Ok(self.tensor(name).map(|t| WeightDesc {
+                name: name.to_string(),
+                shape: t.shape.clone(),
+                data: WeightData::Ggml(t),
+                rotation: None,
+            }));
+        }
         let Some(hf) = self.names.get(name) else {
             return Ok(None);
         };
@@ -665,6 +947,84 @@ impl ModelSource for HfSource {
             data,
             rotation,
         }))
+    }
+}
+
+/// Row ranges of a matrix, in serving order.
+type Rows = Vec<std::ops::Range<usize>>;
+
+/// Qwen3-Next `in_proj_qkvz` rows: per key head `[q dk | k dk | v r·dv | z r·dv]`. Returns
+/// the row ranges of `attn_qkv` (q of every head, then k, then v) and of `attn_gate` (z).
+fn qkvz_rows(c: &Json) -> Result<(Rows, Rows)> {
+    let req = |k: &str| {
+        c.get(k)
+            .and_then(Json::as_u64)
+            .map(|v| v as usize)
+            .ok_or_else(|| ModelError::MissingKey(format!("config.json {k}")))
+    };
+    let (nk, nv) = (req("linear_num_key_heads")?, req("linear_num_value_heads")?);
+    let (dk, dv) = (req("linear_key_head_dim")?, req("linear_value_head_dim")?);
+    if nk == 0 || nv % nk != 0 {
+        return Err(bad(
+            "linear_num_value_heads",
+            format!("{nv} value heads for {nk} key heads"),
+        ));
+    }
+    let vr = nv / nk * dv;
+    let per = 2 * dk + 2 * vr;
+    let head = |h: usize, off: usize, len: usize| h * per + off..h * per + off + len;
+    let mut qkv: Rows = (0..nk).map(|h| head(h, 0, dk)).collect();
+    qkv.extend((0..nk).map(|h| head(h, dk, dk)));
+    qkv.extend((0..nk).map(|h| head(h, 2 * dk, vr)));
+    let z = (0..nk).map(|h| head(h, 2 * dk + vr, vr)).collect();
+    Ok((qkv, z))
+}
+
+impl HfSource {
+    /// Rows `rows` of the matrix `hf`, copied in order into one `[Σ rows, cols]` tensor.
+    fn gather(&self, name: &str, hf: &str, rows: &Rows) -> Option<HostTensor> {
+        let t = self.st.tensor(hf)?;
+        let ty = ggml_type(t.dtype)?;
+        let [n_rows, cols] = t.shape[..] else {
+            return None;
+        };
+        let row_bytes = t.len / n_rows.max(1);
+        let src = self.st.bytes(t);
+        let mut bytes = Vec::with_capacity(t.len);
+        let mut n = 0;
+        for r in rows {
+            bytes.extend_from_slice(src.get(r.start * row_bytes..r.end * row_bytes)?);
+            n += r.len();
+        }
+        Some(HostTensor {
+            name: name.to_string(),
+            ty,
+            shape: vec![n, cols],
+            bytes: SharedBytes::from_vec(bytes),
+        })
+    }
+
+    /// Per-expert matrices `[F, H]` copied into one `[E, F, H]` buffer (`None` when they
+    /// differ in dtype or shape, or are not plain float/int tensors).
+    fn stack(&self, name: &str, per: &[String]) -> Option<HostTensor> {
+        let first = self.st.tensor(per.first()?)?;
+        let ty = ggml_type(first.dtype)?;
+        let mut bytes = Vec::with_capacity(first.len * per.len());
+        for n in per {
+            let t = self.st.tensor(n)?;
+            if t.dtype != first.dtype || t.shape != first.shape {
+                return None;
+            }
+            bytes.extend_from_slice(self.st.bytes(t));
+        }
+        let mut shape = vec![per.len()];
+        shape.extend_from_slice(&first.shape);
+        Some(HostTensor {
+            name: name.to_string(),
+            ty,
+            shape,
+            bytes: SharedBytes::from_vec(bytes),
+        })
     }
 }
 
@@ -715,6 +1075,55 @@ mod tests {
         );
         assert_eq!(m("llama", "model.layers.0.self_attn.q_proj.scales"), None);
         assert_eq!(m("llama", "model.rotary_emb.inv_freq"), None);
+    }
+
+    #[test]
+    fn qwen35_names_map() {
+        let m = |n| hf_to_gguf("qwen35moe", n);
+        let cases = [
+            ("model.layers.0.linear_attn.A_log", "blk.0.ssm_a"),
+            ("model.layers.2.linear_attn.dt_bias", "blk.2.ssm_dt.bias"),
+            (
+                "model.language_model.layers.1.linear_attn.in_proj_qkv.weight",
+                "blk.1.attn_qkv.weight",
+            ),
+            (
+                "model.layers.1.post_attention_layernorm.weight",
+                "blk.1.post_attention_norm.weight",
+            ),
+            (
+                "model.layers.3.mlp.experts.gate_up_proj",
+                "blk.3.ffn_gate_up_exps.weight",
+            ),
+            (
+                "model.layers.3.mlp.shared_expert_gate.weight",
+                "blk.3.ffn_gate_inp_shexp.weight",
+            ),
+            ("model.language_model.norm.weight", "output_norm.weight"),
+        ];
+        for (hf, g) in cases {
+            assert_eq!(m(hf).as_deref(), Some(g), "{hf}");
+        }
+        assert_eq!(m("model.visual.blocks.0.attn.qkv.weight"), None);
+        // Per-expert and MTP tensors are mapped by the source, not by name alone.
+        assert_eq!(m("model.layers.0.mlp.experts.5.up_proj.weight"), None);
+        assert_eq!(
+            per_expert("model.layers.0.mlp.experts.5.up_proj.weight"),
+            Some(("blk.0.ffn_up_exps.weight".into(), 5))
+        );
+        assert_eq!(
+            mtp_name("qwen35", "mtp.layers.0.self_attn.q_norm.weight", 6).as_deref(),
+            Some("blk.6.attn_q_norm.weight")
+        );
+        assert_eq!(
+            mtp_name("qwen35", "mtp.pre_fc_norm_hidden.weight", 6).as_deref(),
+            Some("blk.6.nextn.hnorm.weight")
+        );
+        // Qwen3.5-only names stay unmapped for the other families.
+        assert_eq!(
+            hf_to_gguf("qwen3", "model.layers.0.linear_attn.A_log"),
+            None
+        );
     }
 
     #[test]
