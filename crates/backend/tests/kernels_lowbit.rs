@@ -251,6 +251,7 @@ fn bench_lowbit_gemv() {
             GgmlType::TQ2_0,
             GgmlType::IQ4_NL,
             GgmlType::IQ4_XS,
+            GgmlType::IQ2_XS,
             GgmlType::Q4_K,
             GgmlType::Q2_K,
             GgmlType::Q8_0,

@@ -1,9 +1,11 @@
 //! Q1_0 × Q8_0 micro-kernel, AVX2 + FMA + F16C.
 //!
-//! Per 32 weights (one activation block): the 32 sign bits become a byte mask (broadcast,
-//! `pshufb` byte `j/8` to lane `j`, test bit `j%8`), `psignb` turns `a` into `±a`, and
-//! `maddubs` with ones + `madd` with ones sums it into eight i32 lanes; the lanes are scaled
-//! by the activation block's scale and, per 128-weight block, by the weight scale.
+//! The driver lays the activation out in `Perm::Halves16` order (per 128 weights: the first
+//! 16 quants of each 32-block, then the second 16). Per 32 of those: the matching 32 sign
+//! bits become a byte mask (broadcast, `pshufb` byte `j/8` to lane `j`, test bit `j%8`),
+//! `psignb` turns `a` into `±a`, and `maddubs` + `madd` with ones sum it into eight i32
+//! lanes, four per activation block; both halves of a block add up in the same lanes
+//! before they meet the block's scale, and per 128 weights the weight scale.
 //! Tested against the quant crate's `q1_0::dot` in tests/kernels_lowbit.rs.
 
 // Per-activation-row accumulators are indexed by row inside unrolled constant loops.
@@ -59,19 +61,27 @@ impl WideMicro for Q1_0 {
             for b in 0..nb {
                 let wb = w.add(b * 18);
                 let dw = _mm256_set1_ps(load_f16(wb));
-                let mut t = [_mm256_setzero_ps(); NA];
-                for s in 0..4 {
-                    let sgn = sign_bytes((wb.add(2 + 4 * s) as *const u32).read_unaligned());
-                    for i in 0..NA {
-                        let a = load256(qs.add(i * k + 128 * b + 32 * s) as *const u8);
-                        let p = _mm256_maddubs_epi16(ones8, _mm256_sign_epi8(a, sgn));
-                        let isum = _mm256_madd_epi16(p, ones16);
-                        let d = _mm256_loadu_ps(dl.add(i * k / 4 + 32 * b + 8 * s));
-                        t[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, t[i]);
-                    }
-                }
+                // Sign bits of each ymm of the Halves16 layout: 16 bits of block 2r, then
+                // 16 of block 2r + 1, first halves (h = 0) or second halves (h = 1).
+                let h16 = |blk: usize, h: usize| {
+                    (wb.add(2 + 4 * blk + 2 * h) as *const u16).read_unaligned() as u32
+                };
+                let sgn = |r: usize, h: usize| sign_bytes(h16(2 * r, h) | h16(2 * r + 1, h) << 16);
+                let (s00, s10, s01, s11) = (sgn(0, 0), sgn(1, 0), sgn(0, 1), sgn(1, 1));
                 for i in 0..NA {
-                    acc[i] = _mm256_fmadd_ps(t[i], dw, acc[i]);
+                    let q = qs.add(i * k + 128 * b) as *const u8;
+                    let part = |off: usize, s: __m256i| {
+                        let p =
+                            _mm256_maddubs_epi16(ones8, _mm256_sign_epi8(load256(q.add(off)), s));
+                        _mm256_madd_epi16(p, ones16)
+                    };
+                    // Blocks 0, 1 (first halves at 0, second at 64), then blocks 2, 3.
+                    let i01 = _mm256_add_epi32(part(0, s00), part(64, s01));
+                    let i23 = _mm256_add_epi32(part(32, s10), part(96, s11));
+                    let d = dl.add(i * k / 4 + 32 * b);
+                    let t = _mm256_mul_ps(_mm256_cvtepi32_ps(i01), _mm256_loadu_ps(d));
+                    let t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i23), _mm256_loadu_ps(d.add(8)), t);
+                    acc[i] = _mm256_fmadd_ps(t, dw, acc[i]);
                 }
             }
             for (i, v) in acc.iter().enumerate() {

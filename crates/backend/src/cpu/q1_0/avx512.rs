@@ -1,12 +1,14 @@
 //! Q1_0 × Q8_0 micro-kernel, AVX-512 F/BW/VL/VNNI.
 //!
-//! Per 64 weights (two activation blocks, one zmm): the 64 sign bits are the mask of a
-//! masked byte subtraction (`a` where the bit is set, `0 − a` where clear), and one
-//! `vpdpbusd` against ones sums each four bytes into sixteen i32 lanes (lanes 0..8 one
-//! activation block, 8..16 the next), which meet their activation scales lane by lane;
-//! per 128-weight block the weight scale multiplies once. Q8_0 quants lie in −127..=127,
-//! so the negation never wraps. Tested against the quant crate's `q1_0::dot` in
-//! tests/kernels_lowbit.rs.
+//! The driver lays the activation out in `Perm::Halves16` order: per 128 weights, one zmm
+//! holds the first 16 quants of each of the four 32-weight activation blocks (one block per
+//! 128-bit lane), the next zmm their second 16. The weight's 128 sign bits are regrouped
+//! to match (u16 halves of each block's u32, one `pshufb`) and become the masks of masked
+//! byte subtractions (`a` where the bit is set, `0 − a` where clear; Q8_0 quants lie in
+//! −127..=127, so the negation never wraps). Two chained `vpdpbusd` against ones sum both
+//! zmm into the same sixteen i32 lanes, four per block, which meet their activation scales
+//! in one FMA per 128 weights (scaled by the weight's f16 scale). Tested against the quant
+//! crate's `q1_0::dot` in tests/kernels_lowbit.rs.
 
 // Per-activation-row accumulators are indexed by row inside unrolled constant loops.
 #![allow(clippy::needless_range_loop)]
@@ -38,24 +40,24 @@ impl WideMicro for Q1_0 {
         unsafe {
             let ones = _mm512_set1_epi8(1);
             let zero = _mm512_setzero_si512();
+            // u16 halves 0, 2, 4, 6 (first 16 bits of each block) then 1, 3, 5, 7.
+            let regroup = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
             let mut acc = [_mm512_setzero_ps(); NA];
             for b in 0..nb {
                 let wb = w.add(b * 18);
                 let dw = _mm512_set1_ps(load_f16(wb));
-                let m0: __mmask64 = (wb.add(2) as *const u64).read_unaligned();
-                let m1: __mmask64 = (wb.add(10) as *const u64).read_unaligned();
+                let bits = _mm_shuffle_epi8(_mm_loadu_si128(wb.add(2) as *const _), regroup);
+                let m0: __mmask64 = _mm_cvtsi128_si64(bits) as u64;
+                let m1: __mmask64 = _mm_extract_epi64::<1>(bits) as u64;
                 for i in 0..NA {
                     let q = qs.add(i * k + 128 * b);
                     let a0 = _mm512_loadu_si512(q as *const _);
                     let a1 = _mm512_loadu_si512(q.add(64) as *const _);
                     let s0 = _mm512_mask_sub_epi8(a0, !m0, zero, a0);
                     let s1 = _mm512_mask_sub_epi8(a1, !m1, zero, a1);
-                    let i0 = _mm512_dpbusd_epi32(zero, ones, s0);
-                    let i1 = _mm512_dpbusd_epi32(zero, ones, s1);
-                    let d = dl.add(i * k / 4 + 32 * b);
-                    let t = _mm512_mul_ps(_mm512_cvtepi32_ps(i0), _mm512_loadu_ps(d));
-                    let t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_loadu_ps(d.add(16)), t);
-                    acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
+                    let isum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, ones, s0), ones, s1);
+                    let d = _mm512_mul_ps(_mm512_loadu_ps(dl.add(i * k / 4 + 32 * b)), dw);
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), d, acc[i]);
                 }
             }
             for (i, v) in acc.iter().enumerate() {

@@ -16,7 +16,7 @@ pub(crate) struct Format;
 impl WideFormat for Format {
     const BLOCK: usize = 128;
     const BYTES: usize = 18;
-    const PERM: Perm = Perm::Identity;
+    const PERM: Perm = Perm::Halves16;
 
     fn dot(w: &[u8], a: &[u8]) -> f32 {
         q1_0::dot(

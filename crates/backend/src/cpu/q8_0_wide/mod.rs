@@ -28,6 +28,10 @@ pub(crate) enum Perm {
     /// `a'[8p + i] = a[4i + p]`: the order in which 2-bit codes packed four to a byte
     /// (weight `4i + p` in bits `2p` of byte `i`) come out of four shifts of one u64.
     Stride4,
+    /// Per 128 weights: the first halves (16 quants) of the four 32-blocks, then their
+    /// second halves. A 64-byte register then holds 16 quants of each block, one block per
+    /// 128-bit lane, so two registers accumulate into the same per-block lanes (Q1_0).
+    Halves16,
 }
 
 /// One weight format as this driver needs it.
@@ -63,27 +67,48 @@ impl WideActs {
             sa: vec![0; na * k / 4],
             k,
         };
+        // One row's quants in weight order and its block scales.
+        let mut q = vec![0i8; k];
+        let mut d = vec![0f32; nb];
         for i in 0..na {
             for b in 0..nb {
                 let at = (i * nb + b) * Q8_0_BYTES;
                 let blk = &a[at..at + Q8_0_BYTES];
-                let d = f16_to_f32([blk[0], blk[1]]);
-                let q = &mut x.qs[i * k + 32 * b..i * k + 32 * b + 32];
-                for (j, v) in q.iter_mut().enumerate() {
-                    let src = match perm {
-                        Perm::Identity => j,
-                        Perm::Stride4 => 4 * (j % 8) + j / 8,
-                    };
-                    *v = blk[2 + src] as i8;
+                d[b] = f16_to_f32([blk[0], blk[1]]);
+                for (v, &s) in q[32 * b..32 * b + 32].iter_mut().zip(&blk[2..]) {
+                    *v = s as i8;
                 }
-                for l in 0..8 {
-                    let o = i * k / 4 + 8 * b + l;
-                    x.dl[o] = d;
-                    x.sa[o] = q[4 * l..4 * l + 4].iter().map(|&v| v as i32).sum();
-                }
+            }
+            let row = &mut x.qs[i * k..(i + 1) * k];
+            for (p, v) in row.iter_mut().enumerate() {
+                *v = q[perm.source(p)];
+            }
+            for l in 0..k / 4 {
+                let o = i * k / 4 + l;
+                x.dl[o] = d[perm.source(4 * l) / 32];
+                x.sa[o] = row[4 * l..4 * l + 4].iter().map(|&v| v as i32).sum();
             }
         }
         x
+    }
+}
+
+impl Perm {
+    /// The weight index whose activation quant sits at repacked position `p`.
+    #[inline]
+    fn source(self, p: usize) -> usize {
+        match self {
+            Perm::Identity => p,
+            Perm::Stride4 => {
+                let j = p % 32;
+                p - j + 4 * (j % 8) + j / 8
+            }
+            Perm::Halves16 => {
+                let j = p % 128;
+                let (h, q, r) = (j / 64, (j % 64) / 16, j % 16);
+                p - j + 32 * q + 16 * h + r
+            }
+        }
     }
 }
 
