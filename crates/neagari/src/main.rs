@@ -2,11 +2,13 @@
 
 mod bench;
 mod chat;
+mod doctor;
 mod generate;
 mod inspect;
 mod load;
 mod measure;
 mod run;
+mod synth;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,6 +39,11 @@ enum Cmd {
     Inspect(inspect::InspectArgs),
     /// Perplexity of the model over a text file.
     Measure(measure::MeasureArgs),
+    /// What this machine offers: CPU features and threads, CUDA GPUs, driver and NVRTC.
+    Doctor,
+    /// A random-weight GGUF of a real model's shape (first cut; for GPU benchmarks).
+    #[command(hide = true)]
+    Synth(synth::SynthArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -57,6 +64,9 @@ pub struct ModelArgs {
     /// KV cache element type: f16 or q8_0.
     #[arg(long = "kv-type", default_value = "f16")]
     pub kv_type: KvType,
+    /// Where to run: cpu, cuda (GPU 0) or cuda:N.
+    #[arg(long = "device", default_value = "cpu")]
+    pub device: load::Device,
 }
 
 fn main() -> ExitCode {
@@ -67,6 +77,8 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Inspect(a) => inspect::run(a),
         Cmd::Measure(a) => measure::run(a),
+        Cmd::Doctor => doctor::run(),
+        Cmd::Synth(a) => synth::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
