@@ -140,6 +140,15 @@ const FORMATS: [GgmlType; 13] = [
 fn matmul_and_embed_every_format() {
     let Some(g) = gpu() else { return };
     let mut r = rng();
+    matmul_and_embed(&g, &mut r);
+    // The single-row GEMV variant with four weight rows per block.
+    std::env::set_var("NEAGARI_CUDA_MV_ROWS", "4");
+    let g4 = CudaBackend::new(0).expect("open GPU 0");
+    std::env::remove_var("NEAGARI_CUDA_MV_ROWS");
+    matmul_and_embed(&g4, &mut r);
+}
+
+fn matmul_and_embed(g: &CudaBackend, r: &mut StdRng) {
     for ty in FORMATS {
         let block = if ty.row_bytes(32).is_some() { 32 } else { 256 };
         // (rows, cols): fewer rows than a block's warps, ragged rows, several blocks per row.
@@ -149,10 +158,10 @@ fn matmul_and_embed_every_format() {
             shapes.push((7, 70)); // nor a multiple of 4 values
         }
         for (rows, cols) in shapes {
-            let (t, deq) = random_mat(&mut r, ty, rows, cols);
+            let (t, deq) = random_mat(r, ty, rows, cols);
             let m = g.load_mat(&t).expect("load_mat");
             for n in [1usize, 2, 3, 8, 13, 64] {
-                let x = randv(&mut r, n * cols, 1.0);
+                let x = randv(r, n * cols, 1.0);
                 let mut want = vec![0f32; n * rows];
                 for i in 0..n {
                     for j in 0..rows {
@@ -163,11 +172,11 @@ fn matmul_and_embed_every_format() {
                         want[i * rows + j] = s as f32;
                     }
                 }
-                let xb = upload(&g, &x, n, cols);
+                let xb = upload(g, &x, n, cols);
                 let mut out = g.buf(1, 1).expect("buf");
                 g.matmul(&m, &xb, &mut out).expect("matmul");
                 assert_eq!(g.buf_shape(&out), (n, rows));
-                let got = download(&g, &out);
+                let got = download(g, &out);
                 let e = rel(&got, &want);
                 // GEMV (≤ 8 rows) is f32 throughout; larger batches meet cuBLAS in f16.
                 // (F32 weights go through an f32 GEMM.)
@@ -182,7 +191,7 @@ fn matmul_and_embed_every_format() {
             let ids: Vec<u32> = (0..7).map(|_| r.gen_range(0..rows as u32)).collect();
             let mut out = g.buf(1, 1).expect("buf");
             g.embed(&m, &ids, 1.5, &mut out).expect("embed");
-            let got = download(&g, &out);
+            let got = download(g, &out);
             let want: Vec<f32> = ids
                 .iter()
                 .flat_map(|&id| {

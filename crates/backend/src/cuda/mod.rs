@@ -134,6 +134,7 @@ pub fn compile_all(arch: &str) -> Result<()> {
 /// The float-op kernels, loaded once per backend.
 struct OpsKernels {
     rms_norm: CudaFunction,
+    rms_norm_warp: CudaFunction,
     add: CudaFunction,
     add_bias: CudaFunction,
     softcap: CudaFunction,
@@ -149,6 +150,7 @@ struct OpsKernels {
 /// The kernels of one weight format.
 struct FmtKernels {
     mv: [CudaFunction; 4],
+    mv1x4: CudaFunction,
     embed: CudaFunction,
     dequant_f16: CudaFunction,
 }
@@ -172,6 +174,8 @@ pub struct CudaBackend {
     fmts: Mutex<HashMap<GgmlType, Arc<FmtKernels>>>,
     blas: Option<CudaBlas>,
     scratch: Mutex<Scratch>,
+    /// Single-row GEMV with four weight rows per block (NEAGARI_CUDA_MV_ROWS=4).
+    mv_rows4: bool,
 }
 
 /// f32 activations `[rows, cols]` in device memory; `data` may be longer than needed.
@@ -256,6 +260,7 @@ impl CudaBackend {
         let f = |n: &str| m.load_function(n).map_err(drv);
         let ops = OpsKernels {
             rms_norm: f("rms_norm")?,
+            rms_norm_warp: f("rms_norm_warp")?,
             add: f("add")?,
             add_bias: f("add_bias")?,
             softcap: f("softcap")?,
@@ -284,6 +289,7 @@ impl CudaBackend {
             fmts: Mutex::new(HashMap::new()),
             blas,
             scratch: Mutex::new(Scratch::default()),
+            mv_rows4: std::env::var("NEAGARI_CUDA_MV_ROWS").is_ok_and(|v| v == "4"),
         })
     }
 
@@ -367,6 +373,7 @@ impl CudaBackend {
         let f = |n: &str| m.load_function(n).map_err(drv);
         let k = Arc::new(FmtKernels {
             mv: [f("mv1")?, f("mv2")?, f("mv4")?, f("mv8")?],
+            mv1x4: f("mv1x4")?,
             embed: f("embed")?,
             dequant_f16: f("dequant_f16")?,
         });
@@ -418,28 +425,22 @@ impl CudaBackend {
                 3 | 4 => 2,
                 _ => 3,
             };
+            let (func, rows_per_block) = if which == 0 && self.mv_rows4 {
+                (&w.k.mv1x4, 4)
+            } else {
+                (&w.k.mv[which], MV_ROWS_PER_BLOCK[which])
+            };
             // One to four warps per block: as many as the row has 32-wide units for.
             let warps = w.cols.div_ceil(32 * 32).clamp(1, MV_WARPS);
             let cfg = LaunchConfig {
-                grid_dim: (w.rows.div_ceil(MV_ROWS_PER_BLOCK[which]) as u32, 1, 1),
+                grid_dim: (w.rows.div_ceil(rows_per_block) as u32, 1, 1),
                 block_dim: ((warps * 32) as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             let xr = xp + (r0 * w.cols * 4) as u64;
             let orr = op + (r0 * w.rows * 4) as u64;
             let nr_i = nr as i32;
-            launch!(
-                self,
-                &w.k.mv[which],
-                cfg,
-                &wp,
-                &xr,
-                &orr,
-                &rows_i,
-                &cols_i,
-                &rb,
-                &nr_i
-            )?;
+            launch!(self, func, cfg, &wp, &xr, &orr, &rows_i, &cols_i, &rb, &nr_i)?;
             r0 += nr;
         }
         Ok(())
@@ -565,6 +566,49 @@ impl CudaBackend {
             )
         }
         .map_err(drv)
+    }
+
+    /// RMSNorm of `x`'s groups into the buffer at `op` (which may be x's own).
+    fn rms_norm_into(&self, x: &CudaBuf, w: &CudaVector, eps: f32, op: u64) -> Result<()> {
+        let g = w.len;
+        if g == 0 || !x.cols.is_multiple_of(g) {
+            return Err(shape_err(
+                "rms_norm",
+                format!("{} cols, weight of {g}", x.cols),
+            ));
+        }
+        let groups = x.rows * x.cols / g;
+        if groups == 0 {
+            return Ok(());
+        }
+        let (xp, wp) = (self.dptr(&x.data), self.dptr(&w.data));
+        let g_i = g as i32;
+        if g <= 4096 {
+            let groups_i = groups as i32;
+            let cfg = LaunchConfig {
+                grid_dim: (groups.div_ceil(4) as u32, 1, 1),
+                block_dim: (32 * groups.min(4) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(
+                self,
+                &self.ops.rms_norm_warp,
+                cfg,
+                &xp,
+                &wp,
+                &op,
+                &groups_i,
+                &g_i,
+                &eps
+            )
+        } else {
+            let cfg = LaunchConfig {
+                grid_dim: (groups as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(self, &self.ops.rms_norm, cfg, &xp, &wp, &op, &g_i, &eps)
+        }
     }
 
     fn elementwise(&self, f: &CudaFunction, x: &mut CudaBuf, y: Option<&CudaBuf>) -> Result<()> {
@@ -761,48 +805,14 @@ impl Backend for CudaBackend {
     }
 
     fn rms_norm(&self, x: &CudaBuf, w: &CudaVector, eps: f32, out: &mut CudaBuf) -> Result<()> {
-        let g = w.len;
-        if g == 0 || !x.cols.is_multiple_of(g) {
-            return Err(shape_err(
-                "rms_norm",
-                format!("{} cols, weight of {g}", x.cols),
-            ));
-        }
         self.reshape(out, x.rows, x.cols)?;
-        let groups = x.rows * x.cols / g;
-        if groups == 0 {
-            return Ok(());
-        }
-        let (xp, wp, op) = (self.dptr(&x.data), self.dptr(&w.data), self.dptr(&out.data));
-        let g_i = g as i32;
-        let cfg = LaunchConfig {
-            grid_dim: (groups as u32, 1, 1),
-            block_dim: (256.min(g.div_ceil(32) * 32) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        launch!(self, &self.ops.rms_norm, cfg, &xp, &wp, &op, &g_i, &eps)
+        let op = self.dptr(&out.data);
+        self.rms_norm_into(x, w, eps, op)
     }
 
     fn rms_norm_inplace(&self, x: &mut CudaBuf, w: &CudaVector, eps: f32) -> Result<()> {
-        let g = w.len;
-        if g == 0 || !x.cols.is_multiple_of(g) {
-            return Err(shape_err(
-                "rms_norm",
-                format!("{} cols, weight of {g}", x.cols),
-            ));
-        }
-        let groups = x.rows * x.cols / g;
-        if groups == 0 {
-            return Ok(());
-        }
-        let (xp, wp) = (self.dptr(&x.data), self.dptr(&w.data));
-        let g_i = g as i32;
-        let cfg = LaunchConfig {
-            grid_dim: (groups as u32, 1, 1),
-            block_dim: (256.min(g.div_ceil(32) * 32) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        launch!(self, &self.ops.rms_norm, cfg, &xp, &wp, &xp, &g_i, &eps)
+        let op = self.dptr(&x.data);
+        self.rms_norm_into(x, w, eps, op)
     }
 
     fn add(&self, x: &mut CudaBuf, y: &CudaBuf) -> Result<()> {

@@ -112,16 +112,19 @@ __device__ __forceinline__ void mv_impl(const u8* __restrict__ W, const float* _
 }
 
 // mvN: up to N activation rows; R weight rows per block (the host's MV_ROWS_PER_BLOCK).
-#define MV(NR, R)                                                                            \
+#define MV(NAME, NR, R)                                                                      \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                               \
-        mv##NR(const u8* W, const float* x, float* y, int rows, int cols, i64 row_bytes,      \
-               int nr) {                                                                      \
+        NAME(const u8* W, const float* x, float* y, int rows, int cols, i64 row_bytes,        \
+             int nr) {                                                                        \
         mv_impl<FMT, NR, R>(W, x, y, rows, cols, row_bytes, nr);                              \
     }
-MV(1, 2)
-MV(2, 2)
-MV(4, 1)
-MV(8, 1)
+MV(mv1, 1, 2)
+MV(mv2, 2, 2)
+MV(mv4, 4, 1)
+MV(mv8, 8, 1)
+// Single row, four weight rows per block (more loads in flight per thread; chosen with
+// NEAGARI_CUDA_MV_ROWS=4 while the two are compared).
+MV(mv1x4, 1, 4)
 
 // out[i, :] = W[ids[i], :] * scale. Grid: (ids, ceil(units / 128)).
 extern "C" __global__ void embed(const u8* W, const u32* ids, float* out, int cols,
