@@ -141,11 +141,13 @@ fn matmul_and_embed_every_format() {
     let Some(g) = gpu() else { return };
     let mut r = rng();
     matmul_and_embed(&g, &mut r);
-    // The single-row GEMV variant with four weight rows per block.
-    std::env::set_var("NEAGARI_CUDA_MV_ROWS", "4");
-    let g4 = CudaBackend::new(0).expect("open GPU 0");
-    std::env::remove_var("NEAGARI_CUDA_MV_ROWS");
-    matmul_and_embed(&g4, &mut r);
+    // Both single-row GEMV variants on every shape (by default the shape picks one).
+    for rows in ["4", "2"] {
+        std::env::set_var("NEAGARI_CUDA_MV_ROWS", rows);
+        let gv = CudaBackend::new(0).expect("open GPU 0");
+        std::env::remove_var("NEAGARI_CUDA_MV_ROWS");
+        matmul_and_embed(&gv, &mut r);
+    }
 }
 
 fn matmul_and_embed(g: &CudaBackend, r: &mut StdRng) {
@@ -294,6 +296,7 @@ fn float_ops_match_the_cpu() {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn rope_run<B: Backend>(
     be: &B,
     x: &[f32],

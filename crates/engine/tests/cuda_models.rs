@@ -115,11 +115,15 @@ fn tiny_llama_family_equals_llama_cpp_on_gpu() {
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         let expected = m["numpy_f32_softmax_max_delta"].as_f64().unwrap() as f32;
         // Q8_0: llama.cpp rounds every matmul input to 8 bits and the GPU (f32 GEMV, f16
-        // GEMM) does not, so the GPU sits one activation-rounding noise away: 5.0% of the
-        // logit scale measured on the H200 (the CPU, which rounds as llama.cpp does, stays
-        // under 5%). A wrong kernel is off by the order of the scale.
-        let cap = if name.contains("q8") { 8e-2 } else { 4e-3 };
-        let tol = (1.25 * expected + 1e-3 * scale).min(cap * scale);
+        // GEMM) does not, so the GPU sits one activation-rounding noise away from it: 0.79 =
+        // 5.0% of the logit scale on the H200 (2026-11-29), where the NumPy pass with
+        // llama.cpp's roundings but f32 softmax is 0.55 away. We allow 6% of the scale; a
+        // wrong kernel is off by the order of the scale.
+        let tol = if name.contains("q8") {
+            0.06 * scale
+        } else {
+            (1.25 * expected + 1e-3 * scale).min(4e-3 * scale)
+        };
         note(&format!(
             "gpu {name}: max |Δlogit| {max_d:.2e} vs llama.cpp (tolerance {tol:.2e})"
         ));

@@ -77,9 +77,12 @@ fn is_float(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
 }
 
+/// (module name, arch, defines) → PTX.
+type PtxCache = Mutex<HashMap<(String, String, String), String>>;
+
 /// PTX per (module name, arch, defines), shared by every backend of the process.
-fn ptx_cache() -> &'static Mutex<HashMap<(String, String, String), String>> {
-    static C: OnceLock<Mutex<HashMap<(String, String, String), String>>> = OnceLock::new();
+fn ptx_cache() -> &'static PtxCache {
+    static C: OnceLock<PtxCache> = OnceLock::new();
     C.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -134,7 +137,6 @@ pub fn compile_all(arch: &str) -> Result<()> {
 /// The float-op kernels, loaded once per backend.
 struct OpsKernels {
     rms_norm: CudaFunction,
-    rms_norm_warp: CudaFunction,
     add: CudaFunction,
     add_bias: CudaFunction,
     softcap: CudaFunction,
@@ -174,8 +176,9 @@ pub struct CudaBackend {
     fmts: Mutex<HashMap<GgmlType, Arc<FmtKernels>>>,
     blas: Option<CudaBlas>,
     scratch: Mutex<Scratch>,
-    /// Single-row GEMV with four weight rows per block (NEAGARI_CUDA_MV_ROWS=4).
-    mv_rows4: bool,
+    /// Rows per block of the single-row GEMV: `None` picks by shape (four from 4096-wide
+    /// rows), NEAGARI_CUDA_MV_ROWS=2 or 4 forces one (for measuring).
+    mv_rows: Option<usize>,
 }
 
 /// f32 activations `[rows, cols]` in device memory; `data` may be longer than needed.
@@ -260,7 +263,6 @@ impl CudaBackend {
         let f = |n: &str| m.load_function(n).map_err(drv);
         let ops = OpsKernels {
             rms_norm: f("rms_norm")?,
-            rms_norm_warp: f("rms_norm_warp")?,
             add: f("add")?,
             add_bias: f("add_bias")?,
             softcap: f("softcap")?,
@@ -289,7 +291,10 @@ impl CudaBackend {
             fmts: Mutex::new(HashMap::new()),
             blas,
             scratch: Mutex::new(Scratch::default()),
-            mv_rows4: std::env::var("NEAGARI_CUDA_MV_ROWS").is_ok_and(|v| v == "4"),
+            mv_rows: std::env::var("NEAGARI_CUDA_MV_ROWS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|&n| n == 2 || n == 4),
         })
     }
 
@@ -425,7 +430,11 @@ impl CudaBackend {
                 3 | 4 => 2,
                 _ => 3,
             };
-            let (func, rows_per_block) = if which == 0 && self.mv_rows4 {
+            // Four weight rows per block for wide rows: Llama-3-8B-shaped Q4_K decode 146 vs
+            // 122 tok/s on the H200; on 640–3072-wide rows (Gemma 3 270M, Qwen3 0.6B
+            // shapes) two rows were 3–4% faster (docs/BENCHMARKS.md).
+            let four = self.mv_rows.map_or(w.cols >= 4096, |n| n == 4);
+            let (func, rows_per_block) = if which == 0 && four {
                 (&w.k.mv1x4, 4)
             } else {
                 (&w.k.mv[which], MV_ROWS_PER_BLOCK[which])
@@ -583,32 +592,14 @@ impl CudaBackend {
         }
         let (xp, wp) = (self.dptr(&x.data), self.dptr(&w.data));
         let g_i = g as i32;
-        if g <= 4096 {
-            let groups_i = groups as i32;
-            let cfg = LaunchConfig {
-                grid_dim: (groups.div_ceil(4) as u32, 1, 1),
-                block_dim: (32 * groups.min(4) as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            launch!(
-                self,
-                &self.ops.rms_norm_warp,
-                cfg,
-                &xp,
-                &wp,
-                &op,
-                &groups_i,
-                &g_i,
-                &eps
-            )
-        } else {
-            let cfg = LaunchConfig {
-                grid_dim: (groups as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            launch!(self, &self.ops.rms_norm, cfg, &xp, &wp, &op, &g_i, &eps)
-        }
+        // One block per group: a warp-per-group variant (no block barrier) measured 8.9 µs
+        // per call against this one's 3.9 µs on the H200 (ncu, synthetic Gemma 3 decode).
+        let cfg = LaunchConfig {
+            grid_dim: (groups as u32, 1, 1),
+            block_dim: (256.min(g.div_ceil(32) * 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(self, &self.ops.rms_norm, cfg, &xp, &wp, &op, &g_i, &eps)
     }
 
     fn elementwise(&self, f: &CudaFunction, x: &mut CudaBuf, y: Option<&CudaBuf>) -> Result<()> {
@@ -975,7 +966,7 @@ impl Backend for CudaBackend {
             .ok_or_else(|| BackendError::OutOfMemory("KV cache size overflows".into()))?;
         let alloc = || {
             self.stream.alloc_zeros::<u16>(n.max(1)).map_err(|e| {
-                BackendError::OutOfMemory(format!("KV cache of {} MiB: {e:?}", n * 2 >> 20))
+                BackendError::OutOfMemory(format!("KV cache of {} MiB: {e:?}", (n * 2) >> 20))
             })
         };
         Ok(CudaKv {

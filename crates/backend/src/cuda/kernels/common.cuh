@@ -37,9 +37,3 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 #define NEG_INF __int_as_float(0xff800000)
-
-// (float)v − off for 0 ≤ v < 2^23 without the quarter-rate int→float conversion: OR the
-// integer into the mantissa of 2^23 and subtract 2^23 + off (exact for off < 2^23).
-__device__ __forceinline__ float mf(u32 v, float off) {
-    return __uint_as_float(0x4B000000u | v) - (8388608.0f + off);
-}

@@ -43,10 +43,10 @@ struct F_Q4_0 {
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             u16 v = q[i];
-            w[2 * i] = mf(v & 0xF, 8.f) * d;
-            w[2 * i + 16] = mf((v >> 4) & 0xF, 8.f) * d;
-            w[2 * i + 1] = mf((v >> 8) & 0xF, 8.f) * d;
-            w[2 * i + 17] = mf(v >> 12, 8.f) * d;
+            w[2 * i] = (float)((int)(v & 0xF) - 8) * d;
+            w[2 * i + 16] = (float)((int)((v >> 4) & 0xF) - 8) * d;
+            w[2 * i + 1] = (float)((int)((v >> 8) & 0xF) - 8) * d;
+            w[2 * i + 17] = (float)((int)(v >> 12) - 8) * d;
         }
     }
 };
@@ -76,8 +76,8 @@ struct F_Q5_0 {
         for (int j = 0; j < 16; j++) {
             int h0 = ((qh >> j) << 4) & 0x10;
             int h1 = (qh >> (j + 12)) & 0x10;
-            w[j] = mf((q[j] & 0xF) | h0, 16.f) * d;
-            w[j + 16] = mf((q[j] >> 4) | h1, 16.f) * d;
+            w[j] = (float)(((q[j] & 0xF) | h0) - 16) * d;
+            w[j + 16] = (float)(((q[j] >> 4) | h1) - 16) * d;
         }
     }
 };
@@ -108,9 +108,8 @@ struct F_Q8_0 {
 #pragma unroll
         for (int i = 0; i < 16; i++) {
             u16 v = q[i];
-            // Byte b of a signed q is q + 128 after b ^ 0x80.
-            w[2 * i] = mf((v & 0xFF) ^ 0x80, 128.f) * d;
-            w[2 * i + 1] = mf((v >> 8) ^ 0x80, 128.f) * d;
+            w[2 * i] = (float)(i8)(v & 0xFF) * d;
+            w[2 * i + 1] = (float)(i8)(v >> 8) * d;
         }
     }
 };
@@ -146,7 +145,7 @@ struct F_Q4_K {
 #pragma unroll
                 for (int byte = 0; byte < 4; byte++)
                     w[16 * h + 4 * k + byte] =
-                        fmaf(d1, mf((words[k] >> (8 * byte + sh)) & 0xF, 0.f), -m1);
+                        d1 * (float)((words[k] >> (8 * byte + sh)) & 0xF) - m1;
         }
     }
 };
@@ -184,8 +183,8 @@ struct F_Q6_K {
         float d0 = d * (float)sc[0], d1 = d * (float)sc[1];
 #pragma unroll
         for (int l = 0; l < 32; l++) {
-            const u32 q = ((ql[l] >> nsh) & 0xF) | (((qh[l] >> hsh) & 3) << 4);
-            w[l] = (l < 16 ? d0 : d1) * mf(q, 32.f);
+            int q = (((ql[l] >> nsh) & 0xF) | (((qh[l] >> hsh) & 3) << 4)) - 32;
+            w[l] = (l < 16 ? d0 : d1) * (float)q;
         }
     }
 };

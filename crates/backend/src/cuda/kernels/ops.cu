@@ -28,26 +28,6 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
     for (int i = threadIdx.x; i < g; i += blockDim.x) out[base + i] = x[base + i] * scale * w[i];
 }
 
-// RMSNorm of groups of g ≤ 4096 values, one warp per group, four groups per block (no
-// block barrier: most norms of a decode step are 1–16 groups of 128–4096 values).
-extern "C" __global__ void rms_norm_warp(const float* x, const float* w, float* out, int groups,
-                                         int g, float eps) {
-    const int grp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (grp >= groups) return;
-    const i64 base = (i64)grp * g;
-    double s = 0.0;
-    for (int i = lane; i < g; i += 32) {
-        double v = x[base + i];
-        s += v * v;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    const float mean = (float)(s / (double)g);
-    const float scale = 1.0f / sqrtf(mean + eps);
-    for (int i = lane; i < g; i += 32) out[base + i] = x[base + i] * scale * w[i];
-}
-
 extern "C" __global__ void add(float* x, const float* y, i64 n) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
