@@ -7,6 +7,8 @@
 //! values in its GGUF type (ggml's `ne = [in, out]`).
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use std::sync::Arc;
 

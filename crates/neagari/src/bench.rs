@@ -5,10 +5,9 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use neagari_backend::Backend;
 use serde::Serialize;
 
-use crate::load::Loaded;
+use crate::load::{DeviceBackend, Loaded};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -75,7 +74,10 @@ fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
-    let l = Loaded::open(&args.model, false)?;
+    crate::on_device!(args.model, false, run_on, args)
+}
+
+fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
     let info = l.model.info().clone();
     let n_ctx = (args.n_prompt + args.n_gen + 1).max(16);
     let vocab = info.n_vocab;
@@ -97,6 +99,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             sess.truncate(&l.be, 0)?;
             let t = Instant::now();
             sess.prefill(l.model.as_ref(), &l.be, &toks, l.n_batch, |_, _| true)?;
+            l.be.sync()?;
             pp.push(args.n_prompt as f64 / t.elapsed().as_secs_f64());
         }
         if args.n_gen > 0 {
@@ -107,6 +110,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             for &tok in &toks[1..] {
                 sess.decode(l.model.as_ref(), &l.be, tok)?;
             }
+            l.be.sync()?;
             tg.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
         }
     }
@@ -114,7 +118,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let bw = if args.no_bandwidth {
         None
     } else {
-        Some(measure_read_bandwidth(&l.be))
+        Some(l.be.read_bandwidth()?)
     };
     let pp_s = (!pp.is_empty()).then(|| mean_sd(&pp));
     let tg_s = (!tg.is_empty()).then(|| mean_sd(&tg));
@@ -165,11 +169,18 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         info.decode_bytes as f64 / (1u64 << 20) as f64
     );
     if let Some(bw) = bw {
-        println!(
-            "measured read bandwidth ({} threads): {:.1} GB/s",
-            l.be.threads(),
-            bw / 1e9
-        );
+        if l.be.threads() > 0 {
+            println!(
+                "measured read bandwidth ({} threads): {:.1} GB/s",
+                l.be.threads(),
+                bw / 1e9
+            );
+        } else {
+            println!(
+                "measured device copy bandwidth (read + write): {:.1} GB/s",
+                bw / 1e9
+            );
+        }
     }
     if let Some(s) = share {
         println!("decode uses {:.0}% of it", s * 100.0);
@@ -179,7 +190,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
 /// Streams a 512 MiB buffer with every thread of the pool and returns bytes per second
 /// (best of three passes).
-fn measure_read_bandwidth(be: &neagari_backend::cpu::CpuBackend) -> f64 {
+pub(crate) fn measure_read_bandwidth(be: &neagari_backend::cpu::CpuBackend) -> f64 {
     const BYTES: usize = 512 << 20;
     let buf: Vec<f32> = vec![1.0; BYTES / 4];
     let threads = be.threads();

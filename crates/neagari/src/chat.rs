@@ -29,7 +29,10 @@ pub struct ChatArgs {
 const HELP: &str = "commands: /new (forget the conversation), /system TEXT (set the system prompt and start over), /stats (last turn's timing), /exit";
 
 pub fn run(a: &ChatArgs) -> Result<()> {
-    let l = Loaded::open(&a.model, true)?;
+    crate::on_device!(a.model, true, run_on, a)
+}
+
+fn run_on<B: Backend>(l: Loaded<B>, a: &ChatArgs) -> Result<()> {
     let template = l
         .template
         .as_ref()

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use neagari_backend::cpu::CpuBackend;
+use neagari_backend::Backend;
 use neagari_engine::sampler::{Sampler, SamplerConfig};
 use neagari_engine::session::Session;
 
@@ -118,9 +118,9 @@ impl Utf8Stream {
 
 /// Generates after `prompt`, reusing whatever prefix `sess` already holds, calling
 /// `emit(text)` for each complete piece. Returns the generated ids and timing.
-pub fn generate(
-    l: &Loaded,
-    sess: &mut Session<CpuBackend>,
+pub fn generate<B: Backend>(
+    l: &Loaded<B>,
+    sess: &mut Session<B>,
     prompt: &[u32],
     sampler: &mut Sampler,
     max_tokens: usize,

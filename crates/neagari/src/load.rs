@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use neagari_backend::cpu::{CpuBackend, CpuOptions};
-use neagari_backend::KvType;
+use neagari_backend::{Backend, KvType};
 use neagari_engine::loader::{chat_template, tokenizer_from_gguf};
 use neagari_engine::session::Session;
 use neagari_formats::Gguf;
@@ -18,10 +18,97 @@ use neagari_tokenizer::Tokenizer;
 
 use crate::ModelArgs;
 
-pub struct Loaded {
+/// Where the model runs (`--device`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    /// GPU ordinal.
+    Cuda(usize),
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let s = s.to_ascii_lowercase();
+        match s.as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "gpu" => Ok(Device::Cuda(0)),
+            _ => match s.strip_prefix("cuda:") {
+                Some(n) => n
+                    .parse()
+                    .map(Device::Cuda)
+                    .map_err(|_| format!("bad GPU number in '{s}'")),
+                None => Err(format!(
+                    "unknown device '{s}' (expected cpu, cuda or cuda:N)"
+                )),
+            },
+        }
+    }
+}
+
+/// What the commands need from a backend beyond the model ops: its thread count, a
+/// barrier for timing, and its memory read bandwidth for the bench's share figure.
+pub trait DeviceBackend: Backend {
+    fn threads(&self) -> usize;
+    /// Waits until queued work is done (a no-op on CPU).
+    fn sync(&self) -> Result<()>;
+    /// Measured read bandwidth in bytes per second.
+    fn read_bandwidth(&self) -> Result<f64>;
+}
+
+impl DeviceBackend for CpuBackend {
+    fn threads(&self) -> usize {
+        CpuBackend::threads(self)
+    }
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+    fn read_bandwidth(&self) -> Result<f64> {
+        Ok(crate::bench::measure_read_bandwidth(self))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl DeviceBackend for neagari_backend::cuda::CudaBackend {
+    fn threads(&self) -> usize {
+        0
+    }
+    fn sync(&self) -> Result<()> {
+        Ok(self.synchronize()?)
+    }
+    /// Device-to-device copy (bytes read + written), the figure the speed bar is set in.
+    fn read_bandwidth(&self) -> Result<f64> {
+        Ok(self.copy_bandwidth()?)
+    }
+}
+
+/// Opens the model on the device `args` names and calls `$f(loaded, $extra...)`, generic
+/// over the backend.
+#[macro_export]
+macro_rules! on_device {
+    ($args:expr, $want_template:expr, $f:ident $(, $extra:expr)*) => {
+        match $args.device {
+            $crate::load::Device::Cpu => {
+                $f($crate::load::Loaded::open_cpu(&$args, $want_template)? $(, $extra)*)
+            }
+            #[cfg(feature = "cuda")]
+            $crate::load::Device::Cuda(n) => {
+                let be = neagari_backend::cuda::CudaBackend::new(n)
+                    .map_err(|e| anyhow::anyhow!("cannot use GPU {n}: {e}"))?;
+                $f($crate::load::Loaded::open_on(be, &$args, $want_template)? $(, $extra)*)
+            }
+            #[cfg(not(feature = "cuda"))]
+            $crate::load::Device::Cuda(_) => {
+                anyhow::bail!("this build of neagari has no CUDA support (feature `cuda`)")
+            }
+        }
+    };
+}
+
+pub struct Loaded<B: Backend = CpuBackend> {
     pub file_bytes: u64,
-    pub be: CpuBackend,
-    pub model: Box<dyn CausalLm<CpuBackend>>,
+    pub be: B,
+    pub model: Box<dyn CausalLm<B>>,
     pub tokenizer: Tokenizer,
     /// The file's chat template, or its architecture's built-in format.
     pub template: Option<ChatTemplate>,
@@ -82,19 +169,25 @@ fn hf_tokenizer(dir: &Path, want_template: bool) -> Result<(Tokenizer, Option<Ch
     Ok((tokenizer, template))
 }
 
-impl Loaded {
-    pub fn open(args: &ModelArgs, want_template: bool) -> Result<Self> {
-        if is_hf_path(&args.model) {
-            return Self::open_hf(args, want_template);
-        }
-        let file = open_gguf(&args.model)?;
-        let file_bytes = std::fs::metadata(&args.model).map(|m| m.len()).unwrap_or(0);
+impl Loaded<CpuBackend> {
+    pub fn open_cpu(args: &ModelArgs, want_template: bool) -> Result<Self> {
         let be = CpuBackend::new(&CpuOptions {
             threads: args
                 .threads
                 .unwrap_or_else(neagari_backend::cpu::default_threads),
             scalar_only: false,
         });
+        Self::open_on(be, args, want_template)
+    }
+}
+
+impl<B: Backend> Loaded<B> {
+    pub fn open_on(be: B, args: &ModelArgs, want_template: bool) -> Result<Self> {
+        if is_hf_path(&args.model) {
+            return Self::open_hf_on(be, args, want_template);
+        }
+        let file = open_gguf(&args.model)?;
+        let file_bytes = std::fs::metadata(&args.model).map(|m| m.len()).unwrap_or(0);
         let src = GgufSource::new(file.clone());
         let model = neagari_model::load(&be, &src)
             .with_context(|| format!("cannot load {}", args.model.display()))?;
@@ -124,7 +217,7 @@ impl Loaded {
     }
 
     /// An HF checkpoint or MLX pack directory (see `neagari_model::hf`).
-    fn open_hf(args: &ModelArgs, want_template: bool) -> Result<Self> {
+    fn open_hf_on(be: B, args: &ModelArgs, want_template: bool) -> Result<Self> {
         if !args.model.exists() {
             bail!("model not found: {}", args.model.display());
         }
@@ -140,12 +233,6 @@ impl Loaded {
                     .sum()
             })
             .unwrap_or(0);
-        let be = CpuBackend::new(&CpuOptions {
-            threads: args
-                .threads
-                .unwrap_or_else(neagari_backend::cpu::default_threads),
-            scalar_only: false,
-        });
         let model = neagari_model::load(&be, &src)
             .with_context(|| format!("cannot load {}", args.model.display()))?;
         let (tokenizer, template) = hf_tokenizer(&dir, want_template)?;
@@ -167,7 +254,7 @@ impl Loaded {
         })
     }
 
-    pub fn session(&self, n_ctx: usize) -> Result<Session<CpuBackend>> {
+    pub fn session(&self, n_ctx: usize) -> Result<Session<B>> {
         Ok(Session::new(
             self.model.as_ref(),
             &self.be,

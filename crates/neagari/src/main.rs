@@ -2,6 +2,7 @@
 
 mod bench;
 mod chat;
+mod doctor;
 mod generate;
 mod inspect;
 mod load;
@@ -9,6 +10,7 @@ mod measure;
 mod measure_kld;
 mod quantize;
 mod run;
+mod synth;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,6 +43,11 @@ enum Cmd {
     Measure(measure::MeasureArgs),
     /// Rewrite a GGUF with another quantization type (llama.cpp's mixtures).
     Quantize(quantize::QuantizeArgs),
+    /// What this machine offers: CPU features and threads, CUDA GPUs, driver and NVRTC.
+    Doctor,
+    /// A random-weight GGUF of a real model's shape (first cut; for GPU benchmarks).
+    #[command(hide = true)]
+    Synth(synth::SynthArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -61,6 +68,9 @@ pub struct ModelArgs {
     /// KV cache element type: f16 or q8_0.
     #[arg(long = "kv-type", default_value = "f16")]
     pub kv_type: KvType,
+    /// Where to run: cpu, cuda (GPU 0) or cuda:N.
+    #[arg(long = "device", default_value = "cpu")]
+    pub device: load::Device,
 }
 
 fn main() -> ExitCode {
@@ -72,6 +82,8 @@ fn main() -> ExitCode {
         Cmd::Inspect(a) => inspect::run(a),
         Cmd::Measure(a) => measure::run(a),
         Cmd::Quantize(a) => quantize::run(a),
+        Cmd::Doctor => doctor::run(),
+        Cmd::Synth(a) => synth::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -59,7 +59,15 @@ pub fn run(a: &MeasureArgs) -> Result<()> {
     let mut args = a.model.clone();
     let n_ctx = args.ctx_size.unwrap_or(512);
     args.ctx_size = Some(n_ctx);
-    let l = Loaded::open(&args, false)?;
+    crate::on_device!(args, false, measure_on, a, path, n_ctx)
+}
+
+fn measure_on<B: neagari_backend::Backend>(
+    l: Loaded<B>,
+    a: &MeasureArgs,
+    path: &std::path::Path,
+    n_ctx: usize,
+) -> Result<()> {
     let text = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut text = String::from_utf8_lossy(&text).into_owned();
     // llama-perplexity reads the file the same way: one trailing newline dropped.

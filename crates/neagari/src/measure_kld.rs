@@ -105,7 +105,7 @@ pub fn save(a: &MeasureArgs, out: &Path, text_path: &Path) -> Result<()> {
     let mut args = a.model.clone();
     let n_ctx = args.ctx_size.unwrap_or(512);
     args.ctx_size = Some(n_ctx);
-    let l = Loaded::open(&args, false)?;
+    let l = Loaded::open_cpu(&args, false)?;
     let (tokens, n_chunk) = windows(a, &l.tokenizer, text_path, n_ctx)?;
     let mut sess = l.session(n_ctx)?;
     let mut w = BufWriter::new(
@@ -146,7 +146,7 @@ pub fn run_saved(a: &MeasureArgs, base: &Path) -> Result<()> {
     let header = BaseHeader::read(&mut r).with_context(|| format!("reading {}", base.display()))?;
     let mut args = a.model.clone();
     args.ctx_size = Some(header.n_ctx);
-    let l = Loaded::open(&args, false)?;
+    let l = Loaded::open_cpu(&args, false)?;
     if l.tokenizer.n_vocab() != header.n_vocab {
         bail!(
             "{} was made with a vocabulary of {} tokens; the model has {}",
@@ -207,10 +207,10 @@ pub fn run(a: &MeasureArgs, base_path: &Path, text_path: &Path) -> Result<()> {
     if n_ctx < 8 {
         bail!("--ctx-size {n_ctx} is too small");
     }
-    let l = Loaded::open(&args, false)?;
+    let l = Loaded::open_cpu(&args, false)?;
     let mut base_args = args.clone();
     base_args.model = base_path.to_path_buf();
-    let b = Loaded::open(&base_args, false).context("cannot load the --kld-base model")?;
+    let b = Loaded::open_cpu(&base_args, false).context("cannot load the --kld-base model")?;
     same_tokenizer(&b.tokenizer, &l.tokenizer)?;
     if b.model.info().n_vocab != l.model.info().n_vocab {
         bail!(

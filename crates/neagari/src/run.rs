@@ -3,6 +3,7 @@
 use std::io::Write;
 
 use anyhow::{Context, Result};
+use neagari_backend::Backend;
 use neagari_engine::sampler::Sampler;
 use serde_json::json;
 
@@ -38,7 +39,10 @@ pub struct RunArgs {
 }
 
 pub fn run(a: &RunArgs) -> Result<()> {
-    let l = Loaded::open(&a.model, a.chat)?;
+    crate::on_device!(a.model, a.chat, run_on, a)
+}
+
+fn run_on<B: Backend>(l: Loaded<B>, a: &RunArgs) -> Result<()> {
     let text = if a.chat {
         let t = l
             .template
@@ -88,7 +92,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     Ok(())
 }
 
-fn bos_text(l: &Loaded) -> String {
+fn bos_text<B: Backend>(l: &Loaded<B>) -> String {
     l.tokenizer
         .bos()
         .map(|b| String::from_utf8_lossy(&l.tokenizer.token_to_piece(b, true)).into_owned())
