@@ -7,6 +7,7 @@ mod inspect;
 mod load;
 mod measure;
 mod run;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,6 +38,8 @@ enum Cmd {
     Inspect(inspect::InspectArgs),
     /// Perplexity of the model over a text file.
     Measure(measure::MeasureArgs),
+    /// OpenAI- and Anthropic-compatible HTTP server.
+    Serve(serve::ServeArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Inspect(a) => inspect::run(a),
         Cmd::Measure(a) => measure::run(a),
+        Cmd::Serve(a) => serve::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
