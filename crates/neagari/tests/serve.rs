@@ -110,10 +110,7 @@ fn serve_with_official_sdks() {
     let Some(pypath) = python_env() else { return };
     let key = "test-key-123";
     // A small context keeps the too-long and clamp-to-context cases quick to prefill.
-    let srv = start(
-        &model,
-        &["-c", "1024", "--api-key", key, "--max-queue", "9"],
-    );
+    let srv = start(&model, &["-c", "512", "--api-key", key, "--max-queue", "9"]);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_e2e.py");
     let status = Command::new("python3")
         .arg(&script)

@@ -306,6 +306,7 @@ async fn messages_inner(
         stop: stops.clone(),
         top_logprobs: None,
         constraint: None,
+        ignore_eos: false,
         debug_panic: st.test_hooks
             && chat
                 .messages

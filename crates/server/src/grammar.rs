@@ -73,6 +73,17 @@ pub enum OutputFormat {
     Lark(String),
 }
 
+/// Single-line JSON with `, ` and `: ` separators unless the schema says otherwise: with
+/// free whitespace a small model can emit blank lines until it runs out of tokens.
+pub fn compact(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(o) = schema.as_object_mut() {
+        o.entry("x-guidance").or_insert_with(|| {
+            serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+        });
+    }
+    schema
+}
+
 pub struct Guided {
     m: Matcher,
 }
@@ -81,9 +92,9 @@ pub struct Guided {
 pub fn compile(f: &ParserFactory, format: &OutputFormat) -> Result<Guided, String> {
     let g = match format {
         OutputFormat::JsonObject => {
-            TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"}))
+            TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
         }
-        OutputFormat::JsonSchema(s) => TopLevelGrammar::from_json_schema(s.clone()),
+        OutputFormat::JsonSchema(s) => TopLevelGrammar::from_json_schema(compact(s.clone())),
         OutputFormat::Lark(s) => TopLevelGrammar::from_lark(s.clone()),
     };
     let parser = f.create_parser(g).map_err(|e| e.to_string())?;

@@ -122,6 +122,9 @@ struct CompletionReq {
     max_tokens: Option<u64>,
     logprobs: Option<u32>,
     response_format: Option<Value>,
+    /// llama.cpp's and vLLM's extension: generate exactly max_tokens.
+    #[serde(default)]
+    ignore_eos: bool,
 }
 
 pub fn sampler_config(
@@ -170,6 +173,7 @@ fn params_from(s: &Sampling, max_tokens: usize) -> Result<GenParams, ApiError> {
         stop,
         top_logprobs: None,
         constraint: None,
+        ignore_eos: false,
         debug_panic: false,
     })
 }
@@ -668,6 +672,7 @@ async fn completions_inner(
     let max = clamp_max(req.max_tokens.or(Some(16)), prompt.len(), ready.n_ctx);
     let mut params = params_from(&req.sampling, max)?;
     params.top_logprobs = req.logprobs.map(|n| n.min(20) as usize);
+    params.ignore_eos = req.ignore_eos;
     if let Some(f) = output_format(req.response_format.as_ref())? {
         params.constraint = Some(constraint(ready, &f)?);
     }

@@ -181,11 +181,11 @@ fn forced_call_grammar(tools: &[Value], choice: &ToolChoice) -> Option<OutputFor
     if alts.is_empty() {
         return None;
     }
-    let schema = if alts.len() == 1 {
+    let schema = crate::grammar::compact(if alts.len() == 1 {
         alts[0].clone()
     } else {
         json!({"anyOf": alts})
-    };
+    });
     Some(OutputFormat::Lark(format!(
         "start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}\n"
     )))

@@ -61,6 +61,8 @@ pub struct GenParams {
     pub top_logprobs: Option<usize>,
     /// Structured output: a token mask and a parser that follows the sampled tokens.
     pub constraint: Option<Box<dyn Constraint>>,
+    /// Never stop at an end-of-generation token (benchmarks: a fixed number of tokens).
+    pub ignore_eos: bool,
     /// Test hook: panic inside the job (only set when the server runs with the test env var).
     pub debug_panic: bool,
 }
@@ -334,6 +336,7 @@ impl<B: Backend> Worker<B> {
         let mut stop = StopMatcher::new(params.stop.clone());
         let mut finish = Finish::Length;
         let mut n = 0usize;
+        let eog = tok.eog_ids();
         while n < params.max_tokens {
             if events.is_closed() {
                 usage.completion_tokens = n;
@@ -342,6 +345,13 @@ impl<B: Backend> Worker<B> {
             }
             if let Some(c) = params.constraint.as_mut() {
                 c.mask(&mut logits)?;
+            }
+            if params.ignore_eos {
+                for &e in &eog {
+                    if let Some(l) = logits.get_mut(e as usize) {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
             }
             let lp = params
                 .top_logprobs
