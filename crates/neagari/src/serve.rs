@@ -23,10 +23,15 @@ pub struct ServeArgs {
     /// Requests waiting or running at most; beyond it clients get 429 with Retry-After.
     #[arg(long = "max-queue", default_value_t = 64)]
     pub max_queue: usize,
+    /// KV caches kept, each of the full context: conversations (an agent's main thread and
+    /// its side requests) each keep their prefix in one. Memory grows with each.
+    #[arg(long = "slots", default_value_t = 2)]
+    pub slots: usize,
 }
 
 pub fn run(a: &ServeArgs) -> Result<()> {
     let margs = a.model.clone();
+    let slots = a.slots;
     let cfg = ServeConfig {
         host: a.host.clone(),
         port: a.port,
@@ -58,6 +63,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             n_ctx: l.n_ctx,
             n_batch: l.n_batch,
             kv_type: l.kv_type,
+            slots,
             model_name,
         })
     });

@@ -154,6 +154,9 @@ fn serve_claude_code() {
         .env("ANTHROPIC_MODEL", "claude-sonnet-4-5")
         .env("ANTHROPIC_SMALL_FAST_MODEL", "claude-haiku-4-5")
         .env("CLAUDE_CODE_MAX_OUTPUT_TOKENS", "24")
+        // A 27K-token prompt on a busy 2-core machine can take minutes to prefill.
+        .env("CLAUDE_STREAM_IDLE_TIMEOUT_MS", "1200000")
+        .env("API_TIMEOUT_MS", "1200000")
         .env("DISABLE_TELEMETRY", "1")
         .env("DISABLE_AUTOUPDATER", "1")
         .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")

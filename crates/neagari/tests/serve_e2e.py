@@ -124,6 +124,22 @@ def chat_stream_equals_non_stream_and_prefix_reuse():
 
 
 @check
+def prefix_cache_survives_a_side_request():
+    # An agent's main conversation, then a side request (another system prompt), then the
+    # main conversation's next turn: that turn still finds its prefix (second KV slot).
+    main = [{"role": "system", "content": "You are a helpful assistant for sailors. " * 8},
+            {"role": "user", "content": "Name a knot."}]
+    r1 = oai.chat.completions.create(model="any", messages=main, max_tokens=3, temperature=0)
+    side = [{"role": "system", "content": "Summarize in five words."},
+            {"role": "user", "content": "The sea is big and blue and deep."}]
+    oai.chat.completions.create(model="any", messages=side, max_tokens=3, temperature=0)
+    main += [{"role": "assistant", "content": r1.choices[0].message.content},
+             {"role": "user", "content": "Another."}]
+    r2 = oai.chat.completions.create(model="any", messages=main, max_tokens=3, temperature=0)
+    assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens - 1, (r1.usage, r2.usage)
+
+
+@check
 def stop_sequence_and_seed():
     r = oai.chat.completions.create(model="any", messages=MSG, max_tokens=12, temperature=0)
     full = r.choices[0].message.content

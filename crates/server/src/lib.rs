@@ -165,6 +165,7 @@ async fn metrics(State(st): State<Shared>) -> Response {
 
 async fn not_found(req: Request) -> Response {
     let path = req.uri().path().to_string();
+    eprintln!("neagari serve: 404 {} {path}", req.method());
     ApiError::new(
         StatusCode::NOT_FOUND,
         format!("no route for {} {path}", req.method()),

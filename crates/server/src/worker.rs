@@ -36,6 +36,9 @@ pub struct EngineParts<B: Backend> {
     pub n_ctx: usize,
     pub n_batch: usize,
     pub kv_type: KvType,
+    /// KV caches kept (each `n_ctx` tokens): requests go to the one sharing the longest
+    /// prefix, so interleaved conversations each keep their cache.
+    pub slots: usize,
     /// The id `/v1/models` lists.
     pub model_name: String,
 }
@@ -213,10 +216,19 @@ pub fn spawn<B: Backend>(
     })
 }
 
+/// One KV cache and when it was last used.
+struct Slot<B: Backend> {
+    sess: Session<B>,
+    used: u64,
+}
+
 struct Worker<B: Backend> {
     be: B,
     model: Box<dyn CausalLm<B>>,
-    sess: Session<B>,
+    slots: Vec<Slot<B>>,
+    /// The slot the current job runs in.
+    cur: usize,
+    clock: u64,
     tokenizer: Arc<Tokenizer>,
     template: Option<Arc<ChatTemplate>>,
     template_source: Option<String>,
@@ -233,12 +245,18 @@ enum Outcome {
 
 impl<B: Backend> Worker<B> {
     fn new(p: EngineParts<B>, metrics: Arc<Metrics>) -> Result<Self, String> {
-        let sess = Session::new(p.model.as_ref(), &p.be, p.n_ctx, p.kv_type)
-            .map_err(|e| format!("cannot allocate the KV cache: {e}"))?;
+        let mut slots = Vec::new();
+        for _ in 0..p.slots.max(1) {
+            let sess = Session::new(p.model.as_ref(), &p.be, p.n_ctx, p.kv_type)
+                .map_err(|e| format!("cannot allocate the KV cache: {e}"))?;
+            slots.push(Slot { sess, used: 0 });
+        }
         Ok(Worker {
             be: p.be,
             model: p.model,
-            sess,
+            slots,
+            cur: 0,
+            clock: 0,
             tokenizer: Arc::new(p.tokenizer),
             template: p.template.map(Arc::new),
             template_source: p.template_source,
@@ -256,9 +274,13 @@ impl<B: Backend> Worker<B> {
         match r {
             Ok(Ok(Outcome::Done(finish, usage))) => {
                 m.record_job(&usage, false);
+                log_job(&usage, &format!("{finish:?}"));
                 let _ = events.send(Event::Done { finish, usage });
             }
-            Ok(Ok(Outcome::Cancelled(usage))) => m.record_job(&usage, true),
+            Ok(Ok(Outcome::Cancelled(usage))) => {
+                m.record_job(&usage, true);
+                log_job(&usage, "cancelled");
+            }
             Ok(Err(msg)) => {
                 let _ = events.send(Event::Failed(msg));
             }
@@ -270,10 +292,40 @@ impl<B: Backend> Worker<B> {
                     .unwrap_or_else(|| "unknown panic".into());
                 eprintln!("neagari serve: a request panicked in the engine: {what}");
                 // The cache may be half-written; start the next job from an empty one.
-                let _ = self.sess.truncate(&self.be, 0);
+                let _ = self.slots[self.cur].sess.truncate(&self.be, 0);
                 let _ = events.send(Event::Failed(format!("internal error: {what}")));
             }
         }
+    }
+
+    /// The slot whose cache shares the longest prefix with `prompt`, unless using it would
+    /// throw away more than half of what it holds (an agent's side request sharing only the
+    /// template's first tokens): then the least recently used slot, so the main
+    /// conversation's cache survives for its next turn.
+    fn choose_slot(&self, prompt: &[u32]) -> usize {
+        let common = |s: &Session<B>| {
+            s.tokens()
+                .iter()
+                .zip(prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
+        let (best, c) = self
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (i, common(&s.sess), s.used))
+            .max_by_key(|&(_, c, used)| (c, used))
+            .map(|(i, c, _)| (i, c))
+            .unwrap_or((0, 0));
+        if c * 2 >= self.slots[best].sess.tokens().len() {
+            return best;
+        }
+        self.slots
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, s)| s.used)
+            .map_or(best, |(i, _)| i)
     }
 
     fn generate(&mut self, job: Job) -> Result<Outcome, String> {
@@ -298,7 +350,10 @@ impl<B: Backend> Worker<B> {
             ..Default::default()
         };
         let t0 = Instant::now();
-        let keep = self
+        self.cur = self.choose_slot(&prompt);
+        self.clock += 1;
+        self.slots[self.cur].used = self.clock;
+        let keep = self.slots[self.cur]
             .sess
             .reuse_prefix(&self.be, &prompt)
             .map_err(|e| e.to_string())?;
@@ -316,18 +371,24 @@ impl<B: Backend> Worker<B> {
         for &t in &prompt[prompt.len() - window..] {
             sampler.accept(t);
         }
-        let logits = self
+        let mut prefilled = 0;
+        let logits = self.slots[self.cur]
             .sess
             .prefill(
                 self.model.as_ref(),
                 &self.be,
                 &prompt[keep..],
                 self.n_batch,
-                |_, _| !events.is_closed(),
+                |done, _| {
+                    prefilled = done;
+                    !events.is_closed()
+                },
             )
             .map_err(|e| e.to_string())?;
         usage.prefill_s = t0.elapsed().as_secs_f64();
         let Some(mut logits) = logits else {
+            // Count only what was prefilled; those tokens stay cached for a retry.
+            usage.prompt_tokens = keep + prefilled;
             return Ok(Outcome::Cancelled(usage));
         };
 
@@ -396,10 +457,11 @@ impl<B: Backend> Worker<B> {
                 finish = Finish::Eog;
                 break;
             }
-            if n == params.max_tokens || self.sess.tokens().len() + 1 >= self.n_ctx {
+            if n == params.max_tokens || self.slots[self.cur].sess.tokens().len() + 1 >= self.n_ctx
+            {
                 break;
             }
-            logits = self
+            logits = self.slots[self.cur]
                 .sess
                 .decode(self.model.as_ref(), &self.be, t)
                 .map_err(|e| e.to_string())?;
@@ -422,6 +484,25 @@ impl<B: Backend> Worker<B> {
         usage.decode_s = t1.elapsed().as_secs_f64();
         Ok(Outcome::Done(finish, usage))
     }
+}
+
+/// One line per request on stderr: what was prefilled, what was reused, how fast.
+fn log_job(u: &Usage, end: &str) {
+    let pre = u.prompt_tokens - u.cached_tokens;
+    let pp = if u.prefill_s > 0.0 {
+        pre as f64 / u.prefill_s
+    } else {
+        0.0
+    };
+    let tg = if u.decode_s > 0.0 {
+        u.completion_tokens.saturating_sub(1) as f64 / u.decode_s
+    } else {
+        0.0
+    };
+    eprintln!(
+        "neagari serve: prompt {} tok ({} cached), prefill {pre} tok {:.2} s ({pp:.0} tok/s), {} generated ({tg:.1} tok/s), end: {end}",
+        u.prompt_tokens, u.cached_tokens, u.prefill_s, u.completion_tokens
+    );
 }
 
 /// Log-sum-exp of `logits` and the `k` best (id, log-probability) pairs.
