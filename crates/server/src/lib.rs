@@ -175,6 +175,8 @@ async fn not_found(req: Request) -> Response {
 
 pub fn router(st: Shared) -> Router {
     Router::new()
+        // Clients (Claude Code among them) probe the base URL with HEAD / first.
+        .route("/", get(health))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(openai::models))
