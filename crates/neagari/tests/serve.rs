@@ -13,6 +13,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The two tests run one at a time: each loads the model and its timing checks (disconnect
+/// noticed within seconds) should not compete with the other's 27K-token prefill.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn test_model() -> Option<PathBuf> {
     let p = PathBuf::from(std::env::var_os("NEAGARI_TEST_MODEL")?);
     p.is_file().then_some(p)
@@ -108,6 +112,7 @@ fn serve_with_official_sdks() {
         return;
     };
     let Some(pypath) = python_env() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let key = "test-key-123";
     // A small context keeps the too-long and clamp-to-context cases quick to prefill.
     let srv = start(&model, &["-c", "512", "--api-key", key, "--max-queue", "9"]);
@@ -132,8 +137,9 @@ fn serve_claude_code() {
         eprintln!("skipping: NEAGARI_CLAUDE_CODE (the claude executable) is not set");
         return;
     };
-    // Claude Code sends ~20K tokens of system prompt and tools; the model's 32K context
-    // holds them.
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // Claude Code sends ~27K tokens of system prompt and tools (rendered into the Gemma
+    // prompt); the model's 32K context holds them.
     let srv = start(&model, &["-c", "32768"]);
     let home = std::env::temp_dir().join(format!("neagari-claude-home-{}", srv.port));
     let _ = std::fs::create_dir_all(&home);
