@@ -11,6 +11,7 @@ mod measure_kld;
 mod quantize;
 mod run;
 mod synth;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,6 +49,8 @@ enum Cmd {
     /// A random-weight GGUF of a real model's shape (first cut; for GPU benchmarks).
     #[command(hide = true)]
     Synth(synth::SynthArgs),
+    /// OpenAI- and Anthropic-compatible HTTP server.
+    Serve(serve::ServeArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -84,6 +87,7 @@ fn main() -> ExitCode {
         Cmd::Quantize(a) => quantize::run(a),
         Cmd::Doctor => doctor::run(),
         Cmd::Synth(a) => synth::run(a),
+        Cmd::Serve(a) => serve::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

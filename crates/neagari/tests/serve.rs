@@ -1,0 +1,190 @@
+//! End-to-end tests of `neagari serve`: the real binary on a free loopback port with the test
+//! model, driven by the official `openai` and `anthropic` Python SDKs
+//! (tests/serve_e2e.py) and by Claude Code itself.
+//!
+//! Needs NEAGARI_TEST_MODEL (the Gemma 3 270M GGUF); the SDKs are found on PYTHONPATH or in
+//! NEAGARI_PY_SDK (a `pip install --target` directory); Claude Code through
+//! NEAGARI_CLAUDE_CODE (the `claude` executable). Each test skips with a note when its
+//! prerequisite is missing.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The two tests run one at a time: each loads the model and its timing checks (disconnect
+/// noticed within seconds) should not compete with the other's 27K-token prefill.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn test_model() -> Option<PathBuf> {
+    let p = PathBuf::from(std::env::var_os("NEAGARI_TEST_MODEL")?);
+    p.is_file().then_some(p)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn get(port: u16, path: &str) -> Option<String> {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+fn start(model: &Path, extra: &[&str]) -> Server {
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_neagari"))
+        .args(["serve", "-m"])
+        .arg(model)
+        .args(["--port", &port.to_string(), "-t", "2"])
+        .args(extra)
+        .env("NEAGARI_SERVE_TEST_HOOKS", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start neagari serve");
+    let srv = Server { child, port };
+    let t = Instant::now();
+    loop {
+        if get(port, "/health").is_some_and(|r| r.contains("\"ok\"")) {
+            return srv;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "server not ready after 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// PYTHONPATH with the SDK directory, or None (and a note) when the SDKs are missing.
+fn python_env() -> Option<String> {
+    let mut path = std::env::var("PYTHONPATH").unwrap_or_default();
+    if let Ok(d) = std::env::var("NEAGARI_PY_SDK") {
+        path = if path.is_empty() {
+            d
+        } else {
+            format!("{d}:{path}")
+        };
+    }
+    let ok = Command::new("python3")
+        .args(["-c", "import openai, anthropic"])
+        .env("PYTHONPATH", &path)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!(
+            "skipping: the openai/anthropic Python SDKs are not installed (set NEAGARI_PY_SDK)"
+        );
+        return None;
+    }
+    Some(path)
+}
+
+#[test]
+fn serve_with_official_sdks() {
+    let Some(model) = test_model() else {
+        eprintln!("skipping: NEAGARI_TEST_MODEL is not set");
+        return;
+    };
+    let Some(pypath) = python_env() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let key = "test-key-123";
+    // A small context keeps the too-long and clamp-to-context cases quick to prefill.
+    let srv = start(&model, &["-c", "512", "--api-key", key, "--max-queue", "9"]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_e2e.py");
+    let status = Command::new("python3")
+        .arg(&script)
+        .arg(format!("http://127.0.0.1:{}", srv.port))
+        .arg(key)
+        .env("PYTHONPATH", pypath)
+        .status()
+        .expect("run python3");
+    assert!(status.success(), "serve_e2e.py failed");
+}
+
+#[test]
+fn serve_claude_code() {
+    let Some(model) = test_model() else {
+        eprintln!("skipping: NEAGARI_TEST_MODEL is not set");
+        return;
+    };
+    let Some(claude) = std::env::var_os("NEAGARI_CLAUDE_CODE").map(PathBuf::from) else {
+        eprintln!("skipping: NEAGARI_CLAUDE_CODE (the claude executable) is not set");
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // Claude Code sends ~27K tokens of system prompt and tools (rendered into the Gemma
+    // prompt); the model's 32K context holds them.
+    let srv = start(&model, &["-c", "32768"]);
+    let home = std::env::temp_dir().join(format!("neagari-claude-home-{}", srv.port));
+    let _ = std::fs::create_dir_all(&home);
+    let t = Instant::now();
+    let out = Command::new(&claude)
+        .args([
+            "-p",
+            "Reply with one short sentence about the sea.",
+            "--max-turns",
+            "1",
+        ])
+        .env("HOME", &home)
+        .env(
+            "ANTHROPIC_BASE_URL",
+            format!("http://127.0.0.1:{}", srv.port),
+        )
+        .env("ANTHROPIC_AUTH_TOKEN", "local")
+        .env("ANTHROPIC_MODEL", "claude-sonnet-4-5")
+        .env("ANTHROPIC_SMALL_FAST_MODEL", "claude-haiku-4-5")
+        .env("CLAUDE_CODE_MAX_OUTPUT_TOKENS", "24")
+        // A 27K-token prompt on a busy 2-core machine can take minutes to prefill.
+        .env("CLAUDE_STREAM_IDLE_TIMEOUT_MS", "1200000")
+        .env("API_TIMEOUT_MS", "1200000")
+        .env("DISABLE_TELEMETRY", "1")
+        .env("DISABLE_AUTOUPDATER", "1")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run claude");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("claude -p took {:.1} s", t.elapsed().as_secs_f64());
+    assert!(
+        out.status.success(),
+        "claude failed: {}\nstdout: {stdout}\nstderr: {stderr}",
+        out.status
+    );
+    assert!(
+        !stdout.trim().is_empty(),
+        "claude printed no reply; stderr: {stderr}"
+    );
+    eprintln!("claude replied: {}", stdout.trim());
+    let metrics = get(srv.port, "/metrics").unwrap_or_default();
+    assert!(
+        metrics.contains("neagari_requests_total{status=\"200\"}"),
+        "{metrics}"
+    );
+}
