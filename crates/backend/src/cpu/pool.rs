@@ -138,7 +138,7 @@ impl WaitGuard<'_> {
         let mut polls = 0u32;
         while self.s.done.load(Ordering::Acquire) < n {
             polls = polls.wrapping_add(1);
-            if polls % POLLS_PER_YIELD == 0 {
+            if polls.is_multiple_of(POLLS_PER_YIELD) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -210,7 +210,7 @@ fn worker(s: Arc<Shared>) {
             }
             if polls < SPIN_POLLS {
                 polls += 1;
-                if polls % POLLS_PER_YIELD == 0 {
+                if polls.is_multiple_of(POLLS_PER_YIELD) {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();
