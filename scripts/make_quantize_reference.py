@@ -60,7 +60,8 @@ KLD_N_CTX = 64
 FTYPE = {
     "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10,
     "Q3_K_S": 11, "Q3_K_M": 12, "Q3_K_L": 13, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16,
-    "Q5_K_M": 17, "Q6_K": 18, "Q2_K_S": 21, "BF16": 32,
+    "Q5_K_M": 17, "Q6_K": 18, "Q2_K_S": 21, "BF16": 32, "TQ1_0": 36, "TQ2_0": 37,
+    "Q1_0": 40,
 }
 GGML_TYPE = {"Q8_0": 8, "F16": 1}
 GGML_TYPE_COUNT = 42  # "unset" for output_tensor_type / token_embedding_type
@@ -93,6 +94,13 @@ CASES = [
     ("../tiny/llama", "Q4_K_M", {}, False),
     ("../tiny/qwen3", "Q6_K", {}, False),
     ("../tiny/qwen2", "Q5_K_S", {}, False),
+    # Ternary and 1-bit types (appended so the cases above keep their bytes). TQ*: rows of
+    # 256 ternary, token_embd -> Q4_K, output -> Q6_K, ffn_down's rows of 320 -> Q4_0.
+    ("tiny_f16", "TQ2_0", {}, True),
+    ("tiny_f16", "TQ1_0", {}, False),
+    # Q1_0 (128-blocks) on the bf16 model, whose rows are all 256: llama.cpp has no
+    # fallback for Q1_0 and refuses tiny_f16 (rows of 320), recorded as q1_0_ragged_refused.
+    ("tiny_tied_bf16", "Q1_0", {}, False),
 ]
 
 
@@ -345,6 +353,9 @@ def main():
         rc = llama_quantize(os.path.join(OUT, "tiny_f16.gguf"), os.path.join(tmp, "x.gguf"),
                             "Q2_K_S", {})
         out["q2_k_s_refused"] = rc != 0
+        rc = llama_quantize(os.path.join(OUT, "tiny_f16.gguf"), os.path.join(tmp, "x.gguf"),
+                            "Q1_0", {})
+        out["q1_0_ragged_refused"] = rc != 0
         with open(os.path.join(OUT, "kld_text.txt"), "w") as f:
             f.write(KLD_TEXT)
         ks = Settings(n_ctx=KLD_N_CTX, n_batch=KLD_N_CTX, n_ubatch=KLD_N_CTX, n_threads=2,

@@ -22,7 +22,8 @@ pub struct QuantizeArgs {
     /// Output GGUF.
     pub output: PathBuf,
     /// Target mixture, named as llama-quantize names it: Q8_0, Q4_0, Q4_K_M (= Q4_K),
-    /// Q6_K, Q2_K, F16, …; tensors llama.cpp keeps wider stay wider.
+    /// Q6_K, Q2_K, TQ2_0, TQ1_0, Q1_0, Q2_0, F16, …; tensors llama.cpp keeps wider stay
+    /// wider.
     #[arg(long = "type", short = 'T')]
     pub ty: String,
     /// Type of the token embeddings and the output head (both), e.g. Q8_0 or F16.
