@@ -10,8 +10,8 @@ mod measure;
 mod measure_kld;
 mod quantize;
 mod run;
-mod synth;
 mod serve;
+mod synth;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
