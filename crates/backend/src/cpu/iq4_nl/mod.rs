@@ -7,8 +7,8 @@ pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 
-use super::kernels::{ActFormat, CpuFeatures, MatKernel};
-use super::q8_0_wide::{gemm_scalar, Perm, WideFormat};
+use super::kernels::{CpuFeatures, MatKernel};
+use super::q8_0_wide::{Perm, WideFormat};
 use neagari_quant::{iq4_nl, BlockIQ4_NL, BlockQ8_0};
 
 pub(crate) struct Format;
@@ -29,28 +29,12 @@ impl WideFormat for Format {
 /// The IQ4_NL kernel for this CPU: AVX-512 VNNI, else AVX2, else scalar.
 pub(crate) fn kernel(feats: &CpuFeatures, scalar_only: bool) -> MatKernel {
     #[cfg(target_arch = "x86_64")]
-    if !scalar_only && feats.has_avx512vnni() {
-        return MatKernel {
-            act: ActFormat::Q8_0,
-            quantize_act: super::q8_0::quantize_act_avx2,
-            gemm: super::q8_0_wide::x86::gemm_avx512vnni::<Format, avx512::Iq4Nl>,
-            isa: "avx512vnni",
-        };
+    {
+        super::q8_0_wide::kernel::<Format, avx2::Iq4Nl, avx512::Iq4Nl>(feats, scalar_only)
     }
-    #[cfg(target_arch = "x86_64")]
-    if !scalar_only && feats.has_avx2() {
-        return MatKernel {
-            act: ActFormat::Q8_0,
-            quantize_act: super::q8_0::quantize_act_avx2,
-            gemm: super::q8_0_wide::x86::gemm_avx2::<Format, avx2::Iq4Nl>,
-            isa: "avx2",
-        };
-    }
-    let _ = (feats, scalar_only);
-    MatKernel {
-        act: ActFormat::Q8_0,
-        quantize_act: super::q8_0::quantize_act_scalar,
-        gemm: gemm_scalar::<Format>,
-        isa: "scalar",
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (feats, scalar_only);
+        super::q8_0_wide::scalar_kernel::<Format>()
     }
 }

@@ -8,8 +8,8 @@ pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 
-use super::kernels::{ActFormat, CpuFeatures, GemmFn, MatKernel};
-use super::q8_0_wide::{gemm_scalar, Perm, WideFormat};
+use super::kernels::{CpuFeatures, MatKernel};
+use super::q8_0_wide::{Perm, WideFormat};
 use neagari_quant::{pq2_0, q2_0, BlockPQ2_0, BlockQ2_0, BlockQ8_0};
 
 pub(crate) struct Q2_0;
@@ -41,81 +41,28 @@ impl WideFormat for PQ2_0 {
     }
 }
 
-fn pick(
-    feats: &CpuFeatures,
-    scalar_only: bool,
-    vnni: GemmFn,
-    avx2: GemmFn,
-    scalar: GemmFn,
-) -> MatKernel {
-    let mk = |gemm, isa, simd: bool| MatKernel {
-        act: ActFormat::Q8_0,
-        quantize_act: if simd {
-            #[cfg(target_arch = "x86_64")]
-            {
-                super::q8_0::quantize_act_avx2
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            {
-                super::q8_0::quantize_act_scalar
-            }
-        } else {
-            super::q8_0::quantize_act_scalar
-        },
-        gemm,
-        isa,
-    };
-    if !scalar_only && feats.has_avx512vnni() {
-        return mk(vnni, "avx512vnni", true);
-    }
-    if !scalar_only && feats.has_avx2() {
-        return mk(avx2, "avx2", true);
-    }
-    mk(scalar, "scalar", false)
-}
-
 /// The Q2_0 kernel for this CPU: AVX-512 VNNI, else AVX2, else scalar.
 pub(crate) fn kernel_q2_0(feats: &CpuFeatures, scalar_only: bool) -> MatKernel {
     #[cfg(target_arch = "x86_64")]
     {
-        use super::q8_0_wide::x86::{gemm_avx2, gemm_avx512vnni};
-        pick(
-            feats,
-            scalar_only,
-            gemm_avx512vnni::<Q2_0, avx512::Codes2<2>>,
-            gemm_avx2::<Q2_0, avx2::Codes2<2>>,
-            gemm_scalar::<Q2_0>,
-        )
+        super::q8_0_wide::kernel::<Q2_0, avx2::Codes2<2>, avx512::Codes2<2>>(feats, scalar_only)
     }
     #[cfg(not(target_arch = "x86_64"))]
-    pick(
-        feats,
-        true,
-        gemm_scalar::<Q2_0>,
-        gemm_scalar::<Q2_0>,
-        gemm_scalar::<Q2_0>,
-    )
+    {
+        let _ = (feats, scalar_only);
+        super::q8_0_wide::scalar_kernel::<Q2_0>()
+    }
 }
 
 /// The PQ2_0 kernel for this CPU: AVX-512 VNNI, else AVX2, else scalar.
 pub(crate) fn kernel_pq2_0(feats: &CpuFeatures, scalar_only: bool) -> MatKernel {
     #[cfg(target_arch = "x86_64")]
     {
-        use super::q8_0_wide::x86::{gemm_avx2, gemm_avx512vnni};
-        pick(
-            feats,
-            scalar_only,
-            gemm_avx512vnni::<PQ2_0, avx512::Codes2<4>>,
-            gemm_avx2::<PQ2_0, avx2::Codes2<4>>,
-            gemm_scalar::<PQ2_0>,
-        )
+        super::q8_0_wide::kernel::<PQ2_0, avx2::Codes2<4>, avx512::Codes2<4>>(feats, scalar_only)
     }
     #[cfg(not(target_arch = "x86_64"))]
-    pick(
-        feats,
-        true,
-        gemm_scalar::<PQ2_0>,
-        gemm_scalar::<PQ2_0>,
-        gemm_scalar::<PQ2_0>,
-    )
+    {
+        let _ = (feats, scalar_only);
+        super::q8_0_wide::scalar_kernel::<PQ2_0>()
+    }
 }

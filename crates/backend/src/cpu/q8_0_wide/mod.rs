@@ -14,6 +14,7 @@
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 
+use super::kernels::{ActFormat, CpuFeatures, MatKernel};
 use super::tiles::{check, scalar_gemm};
 use neagari_quant::float::f16_to_f32;
 
@@ -109,6 +110,42 @@ impl Perm {
                 p - j + 32 * q + 16 * h + r
             }
         }
+    }
+}
+
+/// The kernel of format `F` on this CPU: the AVX-512 VNNI micro-kernel `V`, else the AVX2
+/// micro-kernel `A`, else the scalar reference.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn kernel<F: WideFormat, A: x86::WideMicro, V: x86::WideMicro>(
+    feats: &CpuFeatures,
+    scalar_only: bool,
+) -> MatKernel {
+    if !scalar_only && feats.has_avx512vnni() {
+        return MatKernel {
+            act: ActFormat::Q8_0,
+            quantize_act: super::q8_0::quantize_act_avx2,
+            gemm: x86::gemm_avx512vnni::<F, V>,
+            isa: "avx512vnni",
+        };
+    }
+    if !scalar_only && feats.has_avx2() {
+        return MatKernel {
+            act: ActFormat::Q8_0,
+            quantize_act: super::q8_0::quantize_act_avx2,
+            gemm: x86::gemm_avx2::<F, A>,
+            isa: "avx2",
+        };
+    }
+    scalar_kernel::<F>()
+}
+
+/// The scalar reference kernel of format `F` (the only one off x86).
+pub(crate) fn scalar_kernel<F: WideFormat>() -> MatKernel {
+    MatKernel {
+        act: ActFormat::Q8_0,
+        quantize_act: super::q8_0::quantize_act_scalar,
+        gemm: gemm_scalar::<F>,
+        isa: "scalar",
     }
 }
 
