@@ -226,6 +226,50 @@ pub struct Attn {
     pub softcap: Option<f32>,
 }
 
+impl Attn {
+    /// Checks an `attention` call's operands (`[rows, cols]` of q, k, v) against this layer
+    /// and the cache it writes (`layer` of `kv`, positions `pos0..pos0 + rows`): the one
+    /// shape contract every backend enforces before touching memory.
+    pub fn check(
+        &self,
+        kv: &KvShape,
+        layer: usize,
+        pos0: usize,
+        q: (usize, usize),
+        k: (usize, usize),
+        v: (usize, usize),
+    ) -> Result<()> {
+        let (nh, nkv, hd) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let rows = q.0;
+        if layer >= kv.n_layers
+            || nkv != kv.n_kv_heads
+            || hd != kv.head_dim
+            || nkv == 0
+            || nh % nkv != 0
+            || q.1 != nh * hd
+            || k.1 != nkv * hd
+            || v.1 != nkv * hd
+            || k.0 != rows
+            || v.0 != rows
+        {
+            return Err(BackendError::Shape {
+                op: "attention",
+                detail: format!(
+                    "q {}x{}, k {}x{}, heads {nh}/{nkv}x{hd}",
+                    q.0, q.1, k.0, k.1
+                ),
+            });
+        }
+        if pos0 + rows > kv.n_ctx {
+            return Err(BackendError::Shape {
+                op: "attention",
+                detail: format!("positions up to {} > n_ctx {}", pos0 + rows, kv.n_ctx),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// Element type of the KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum KvType {

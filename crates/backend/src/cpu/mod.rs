@@ -646,30 +646,18 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         let (nh, nkv, hd) = (attn.n_heads, attn.n_kv_heads, attn.head_dim);
         let rows = q.rows;
-        if layer >= kv.shape.n_layers
-            || layer >= kv.k.len()
-            || nkv != kv.shape.n_kv_heads
-            || hd != kv.shape.head_dim
-            || nkv == 0
-            || nh % nkv != 0
-            || q.cols != nh * hd
-            || k.cols != nkv * hd
-            || v.cols != nkv * hd
-            || k.rows != rows
-            || v.rows != rows
-        {
+        attn.check(
+            &kv.shape,
+            layer,
+            pos0,
+            (q.rows, q.cols),
+            (k.rows, k.cols),
+            (v.rows, v.cols),
+        )?;
+        if layer >= kv.k.len() {
             return Err(shape_err(
                 "attention",
-                format!(
-                    "q {}x{}, k {}x{}, heads {nh}/{nkv}x{hd}",
-                    q.rows, q.cols, k.rows, k.cols
-                ),
-            ));
-        }
-        if pos0 + rows > kv.shape.n_ctx {
-            return Err(shape_err(
-                "attention",
-                format!("positions up to {} > n_ctx {}", pos0 + rows, kv.shape.n_ctx),
+                format!("layer {layer} has no cache"),
             ));
         }
         // Store the new keys and values.
