@@ -43,6 +43,25 @@ pub(crate) fn le_i16(b: &[u8], i: usize) -> i16 {
     i16::from_le_bytes([b[2 * i], b[2 * i + 1]])
 }
 
+/// `o[256]` ← one Q4_K/Q5_K block's values from its unpacked quants `q`:
+/// `(d·sc)·q − (dmin·m)` per 32-weight sub-block, in f32 as ggml computes them.
+pub fn dequantize_scale_min_k4(
+    d: [u8; 2],
+    dmin: [u8; 2],
+    scales: &[u8; 12],
+    q: &[u8; QK_K],
+    o: &mut [f32],
+) {
+    let (d, dmin) = (f16_to_f32(d), f16_to_f32(dmin));
+    for j in 0..8 {
+        let (sc, m) = scale_min_k4(j, scales);
+        let (d1, m1) = (d * sc as f32, dmin * m as f32);
+        for l in 32 * j..32 * j + 32 {
+            o[l] = d1 * q[l] as f32 - m1;
+        }
+    }
+}
+
 /// Scale and min of sub-block `j` (0..8) from the 12 packed bytes of Q4_K/Q5_K: sub-blocks
 /// 0..4 keep 6 bits in bytes j (scale) and j+4 (min); 4..8 keep their low 4 bits in byte
 /// j+4 (scale low, min high) and their top 2 bits in the top bits of bytes j−4 / j.

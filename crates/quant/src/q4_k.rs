@@ -13,7 +13,8 @@
 
 pub use crate::k_common::scale_min_k4;
 use crate::k_common::{
-    f16_to_f32, f32_to_f16, make_qkx2_quants, nearest_int, pack_scale_min_k4, Qkx2, QK_K,
+    dequantize_scale_min_k4, f16_to_f32, f32_to_f16, make_qkx2_quants, nearest_int,
+    pack_scale_min_k4, Qkx2, QK_K,
 };
 use crate::q8_k::BlockQ8_K;
 use bytemuck::{Pod, Zeroable};
@@ -55,16 +56,7 @@ pub fn unpack(b: &BlockQ4_K) -> [u8; QK_K] {
 pub fn dequantize(blocks: &[BlockQ4_K], out: &mut [f32]) {
     assert_eq!(out.len(), blocks.len() * QK_K, "Q4_K row length");
     for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-        let d = f16_to_f32(b.d);
-        let dmin = f16_to_f32(b.dmin);
-        let q = unpack(b);
-        for j in 0..8 {
-            let (sc, m) = scale_min_k4(j, &b.scales);
-            let (d1, m1) = (d * sc as f32, dmin * m as f32);
-            for l in 32 * j..32 * j + 32 {
-                o[l] = d1 * q[l] as f32 - m1;
-            }
-        }
+        dequantize_scale_min_k4(b.d, b.dmin, &b.scales, &unpack(b), o);
     }
 }
 

@@ -10,7 +10,7 @@
 // Index loops here follow the layout formulas (weight 128h + 32k + l, ...) literally.
 #![allow(clippy::needless_range_loop)]
 
-use crate::k_common::{f16_to_f32, scale_min_k4, Qkx2, QK_K};
+use crate::k_common::{dequantize_scale_min_k4, f16_to_f32, scale_min_k4, Qkx2, QK_K};
 use crate::q4_k::{quantize_block_from_fits, sub_block_fits};
 use crate::q8_k::BlockQ8_K;
 use bytemuck::{Pod, Zeroable};
@@ -52,16 +52,7 @@ pub fn unpack(b: &BlockQ5_K) -> [u8; QK_K] {
 pub fn dequantize(blocks: &[BlockQ5_K], out: &mut [f32]) {
     assert_eq!(out.len(), blocks.len() * QK_K, "Q5_K row length");
     for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-        let d = f16_to_f32(b.d);
-        let dmin = f16_to_f32(b.dmin);
-        let q = unpack(b);
-        for j in 0..8 {
-            let (sc, m) = scale_min_k4(j, &b.scales);
-            let (d1, m1) = (d * sc as f32, dmin * m as f32);
-            for l in 32 * j..32 * j + 32 {
-                o[l] = d1 * q[l] as f32 - m1;
-            }
-        }
+        dequantize_scale_min_k4(b.d, b.dmin, &b.scales, &unpack(b), o);
     }
 }
 

@@ -394,9 +394,7 @@ mod tests {
         let feats = CpuFeatures::detect();
         let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
         for bits in [1u32, 2, 3, 4, 5, 6, 8] {
-            let Some((gemm, isa)) = Some(pick(&feats, false, bits)) else {
-                continue;
-            };
+            let (gemm, isa) = pick(&feats, false, bits);
             if isa == "scalar" {
                 eprintln!("no SIMD kernel for {bits}-bit on this CPU");
                 continue;
