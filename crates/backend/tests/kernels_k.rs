@@ -4,8 +4,10 @@
 //! |Δ| / Σ|w·a| below a per-format threshold. Also the SIMD Q8_K quantizer against the
 //! scalar one, byte for byte.
 
+mod common;
+use common::{dequant_rows, gauss, quantize_acts};
 use neagari_backend::cpu::kernels::{kernel_for, ActFormat, CpuFeatures, MatKernel};
-use neagari_quant::{dequantize_row, quantize_row, GgmlType};
+use neagari_quant::{quantize_row, GgmlType};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -24,13 +26,6 @@ fn threshold(ty: GgmlType) -> f64 {
         GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 2e-6,
         _ => unreachable!(),
     }
-}
-
-fn gauss(rng: &mut StdRng) -> f32 {
-    // Box–Muller; rand 0.8 alone has no normal distribution.
-    let u1: f32 = rng.gen_range(f32::EPSILON..1.0);
-    let u2: f32 = rng.gen();
-    (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
 }
 
 /// Offsets of the f16 scale fields inside one block: (d, optional dmin).
@@ -85,24 +80,6 @@ fn random_acts(k: usize, na: usize, rng: &mut StdRng) -> Vec<f32> {
         }
     }
     a
-}
-
-fn quantize_acts(kern: &MatKernel, x: &[f32], k: usize) -> Vec<u8> {
-    let rb = kern.act.row_bytes(k);
-    let mut out = vec![0u8; x.len() / k * rb];
-    for (xr, orow) in x.chunks_exact(k).zip(out.chunks_exact_mut(rb)) {
-        (kern.quantize_act)(xr, orow);
-    }
-    out
-}
-
-fn dequant_rows(ty: GgmlType, bytes: &[u8], k: usize) -> Vec<f32> {
-    let rb = ty.row_bytes(k).expect("whole blocks");
-    let mut out = vec![0f32; bytes.len() / rb * k];
-    for (src, o) in bytes.chunks_exact(rb).zip(out.chunks_exact_mut(k)) {
-        dequantize_row(ty, src, o).expect("dequantize");
-    }
-    out
 }
 
 /// Every SIMD kernel this CPU can run for `ty`: the one `kernel_for` picks, and the ones it

@@ -3,8 +3,10 @@
 //! dots, themselves tested against ggml in the quant crate), on fresh random weights and
 //! activations over a grid of shapes; normalized error |Δ| / Σ|w·a| below a threshold.
 
+mod common;
+use common::{dequant_rows, gauss, quantize_acts};
 use neagari_backend::cpu::kernels::{kernel_for, ActFormat, CpuFeatures, MatKernel};
-use neagari_quant::{dequantize_row, quantize_row, GgmlType};
+use neagari_quant::{quantize_row, GgmlType};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -30,13 +32,6 @@ const TYPES: [GgmlType; 15] = [
 /// Both paths compute the same exact integer sums per activation block; only the f32
 /// accumulation order differs, so a few ulps of Σ|w·a| is the budget.
 const THRESHOLD: f64 = 2e-6;
-
-fn gauss(rng: &mut StdRng) -> f32 {
-    // Box–Muller; rand 0.8 alone has no normal distribution.
-    let u1: f32 = rng.gen_range(f32::EPSILON..1.0);
-    let u2: f32 = rng.gen();
-    (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
-}
 
 /// Offset of the f16 scale `d` inside one block.
 fn scale_offset(ty: GgmlType) -> usize {
@@ -84,24 +79,6 @@ fn random_acts(k: usize, na: usize, rng: &mut StdRng) -> Vec<f32> {
         }
     }
     a
-}
-
-fn quantize_acts(kern: &MatKernel, x: &[f32], k: usize) -> Vec<u8> {
-    let rb = kern.act.row_bytes(k);
-    let mut out = vec![0u8; x.len() / k * rb];
-    for (xr, orow) in x.chunks_exact(k).zip(out.chunks_exact_mut(rb)) {
-        (kern.quantize_act)(xr, orow);
-    }
-    out
-}
-
-fn dequant_rows(ty: GgmlType, bytes: &[u8], k: usize) -> Vec<f32> {
-    let rb = ty.row_bytes(k).expect("whole blocks");
-    let mut out = vec![0f32; bytes.len() / rb * k];
-    for (src, o) in bytes.chunks_exact(rb).zip(out.chunks_exact_mut(k)) {
-        dequantize_row(ty, src, o).expect("dequantize");
-    }
-    out
 }
 
 fn act_type(act: ActFormat) -> GgmlType {

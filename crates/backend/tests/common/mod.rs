@@ -1,0 +1,33 @@
+//! Helpers shared by the kernel-vs-reference tests: random data and the reference side of
+//! a comparison (activation quantization through the kernel's own quantizer, dequantized
+//! weight rows).
+
+use neagari_backend::cpu::kernels::MatKernel;
+use neagari_quant::{dequantize_row, GgmlType};
+use rand::rngs::StdRng;
+use rand::Rng;
+
+pub fn gauss(rng: &mut StdRng) -> f32 {
+    // Box–Muller; rand 0.8 alone has no normal distribution.
+    let u1: f32 = rng.gen_range(f32::EPSILON..1.0);
+    let u2: f32 = rng.gen();
+    (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+}
+
+pub fn quantize_acts(kern: &MatKernel, x: &[f32], k: usize) -> Vec<u8> {
+    let rb = kern.act.row_bytes(k);
+    let mut out = vec![0u8; x.len() / k * rb];
+    for (xr, orow) in x.chunks_exact(k).zip(out.chunks_exact_mut(rb)) {
+        (kern.quantize_act)(xr, orow);
+    }
+    out
+}
+
+pub fn dequant_rows(ty: GgmlType, bytes: &[u8], k: usize) -> Vec<f32> {
+    let rb = ty.row_bytes(k).expect("whole blocks");
+    let mut out = vec![0f32; bytes.len() / rb * k];
+    for (src, o) in bytes.chunks_exact(rb).zip(out.chunks_exact_mut(k)) {
+        dequantize_row(ty, src, o).expect("dequantize");
+    }
+    out
+}
