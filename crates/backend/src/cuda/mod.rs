@@ -29,12 +29,16 @@ use cudarc::driver::{
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use neagari_quant::GgmlType;
 
-use crate::{Attn, Backend, BackendError, GluAct, HostTensor, KvShape, KvType, Result, Rope};
+use crate::{
+    Attn, Backend, BackendError, DeltaNet, GluAct, HostTensor, KvShape, KvType, RecShape, Result,
+    Rope,
+};
 
 const COMMON: &str = include_str!("kernels/common.cuh");
 const DEQUANT: &str = include_str!("kernels/dequant.cuh");
 const MATMUL: &str = include_str!("kernels/matmul.cu");
 const OPS: &str = include_str!("kernels/ops.cu");
+const LOWBIT: &str = include_str!("kernels/lowbit.cu");
 
 /// Rows a GEMV kernel handles per launch (the largest `mvN`).
 const MV_MAX_ROWS: usize = 8;
@@ -68,6 +72,9 @@ fn fmt_struct(ty: GgmlType) -> Option<&'static str> {
         Q4_K => "F_Q4_K",
         Q5_K => "F_Q5_K",
         Q6_K => "F_Q6_K",
+        Q1_0 => "F_Q1_0",
+        Q2_0 => "F_Q2_0",
+        TQ2_0 => "F_TQ2_0",
         _ => return None,
     })
 }
@@ -119,10 +126,11 @@ pub fn nvrtc_present() -> bool {
 /// suffices, so a machine without a GPU can check that the kernels build.
 pub fn compile_all(arch: &str) -> Result<()> {
     compile("ops", arch, "", OPS)?;
-    let src = format!("{DEQUANT}\n{MATMUL}");
+    compile("hybrid", arch, "", hybrid::HYBRID)?;
+    let src = format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}");
     for st in [
         "F_F32", "F_F16", "F_BF16", "F_Q4_0", "F_Q4_1", "F_Q5_0", "F_Q5_1", "F_Q8_0", "F_Q2_K",
-        "F_Q3_K", "F_Q4_K", "F_Q5_K", "F_Q6_K",
+        "F_Q3_K", "F_Q4_K", "F_Q5_K", "F_Q6_K", "F_Q1_0", "F_Q2_0", "F_TQ2_0",
     ] {
         compile(
             &format!("matmul_{st}"),
@@ -173,6 +181,7 @@ pub struct CudaBackend {
     name: String,
     n_sm: usize,
     ops: OpsKernels,
+    hybrid: hybrid::HybridKernels,
     fmts: Mutex<HashMap<GgmlType, Arc<FmtKernels>>>,
     blas: Option<CudaBlas>,
     scratch: Mutex<Scratch>,
@@ -210,6 +219,8 @@ pub struct CudaKv {
     len: usize,
     k: CudaSlice<u16>,
     v: CudaSlice<u16>,
+    /// Gated DeltaNet state of hybrid models (`rec_alloc`).
+    rec: Option<hybrid::CudaRec>,
 }
 
 macro_rules! launch {
@@ -221,6 +232,9 @@ macro_rules! launch {
         unsafe { b.launch($cfg) }.map(|_| ()).map_err(drv)
     }};
 }
+
+// After `launch!`, which it uses (macros are in scope textually).
+mod hybrid;
 
 fn cfg1(n: usize, block: u32) -> LaunchConfig {
     LaunchConfig {
@@ -274,6 +288,7 @@ impl CudaBackend {
             attention: f("attention")?,
             att_combine: f("att_combine")?,
         };
+        let hybrid = hybrid::HybridKernels::load(&ctx, &arch)?;
         // cuBLAS is optional: without it, batches run through the GEMV 8 rows at a time.
         // SAFETY: only checks whether the shared library can be opened.
         let blas = if unsafe { cudarc::cublas::sys::is_culib_present() } {
@@ -288,6 +303,7 @@ impl CudaBackend {
             name,
             n_sm,
             ops,
+            hybrid,
             fmts: Mutex::new(HashMap::new()),
             blas,
             scratch: Mutex::new(Scratch::default()),
@@ -369,7 +385,7 @@ impl CudaBackend {
             ty,
         })?;
         let defines = format!("#define FMT {st}");
-        let src = format!("{DEQUANT}\n{MATMUL}");
+        let src = format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}");
         let ptx = compile(&format!("matmul_{st}"), &self.arch, &defines, &src)?;
         let m = self
             .ctx
@@ -974,6 +990,7 @@ impl Backend for CudaBackend {
             len: 0,
             k: alloc()?,
             v: alloc()?,
+            rec: None,
         })
     }
 
@@ -986,6 +1003,7 @@ impl Backend for CudaBackend {
     }
 
     fn kv_truncate(&self, kv: &mut CudaKv, len: usize) -> Result<()> {
+        self.hy_truncate(kv, len)?;
         kv.len = kv.len.min(len);
         Ok(())
     }
@@ -1123,5 +1141,87 @@ impl Backend for CudaBackend {
             )?;
         }
         Ok(())
+    }
+
+    fn rec_alloc(&self, kv: &mut CudaKv, shape: &RecShape) -> Result<()> {
+        self.hy_rec_alloc(kv, shape)
+    }
+
+    fn kv_snapshot(&self, kv: &CudaKv) -> Result<CudaKv> {
+        self.hy_snapshot(kv)
+    }
+
+    fn kv_restore(&self, kv: &mut CudaKv, snap: &CudaKv) -> Result<()> {
+        self.hy_restore(kv, snap)
+    }
+
+    fn ssm_conv(
+        &self,
+        kv: &mut CudaKv,
+        layer: usize,
+        x: &mut CudaBuf,
+        w: &CudaVector,
+    ) -> Result<()> {
+        self.hy_ssm_conv(kv, layer, x, w)
+    }
+
+    fn gated_delta(
+        &self,
+        kv: &mut CudaKv,
+        layer: usize,
+        qkv: &CudaBuf,
+        alpha: &CudaBuf,
+        beta: &CudaBuf,
+        a_neg: &CudaVector,
+        dt_bias: &CudaVector,
+        net: &DeltaNet,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.hy_gated_delta(kv, layer, qkv, alpha, beta, a_neg, dt_bias, net, out)
+    }
+
+    fn rms_norm_gated(&self, x: &mut CudaBuf, w: &CudaVector, z: &CudaBuf, eps: f32) -> Result<()> {
+        self.hy_rms_norm_gated(x, w, z, eps)
+    }
+
+    fn mul_sigmoid(&self, x: &mut CudaBuf, gate: &CudaBuf) -> Result<()> {
+        self.hy_mul_sigmoid(x, gate)
+    }
+
+    fn copy_cols(
+        &self,
+        src: &CudaBuf,
+        col0: usize,
+        width: usize,
+        stride: usize,
+        n_blocks: usize,
+        dst: &mut CudaBuf,
+    ) -> Result<()> {
+        self.hy_copy_cols(src, col0, width, stride, n_blocks, dst)
+    }
+
+    fn matmul_rows(
+        &self,
+        w: &CudaMat,
+        row0: usize,
+        n_rows: usize,
+        x: &CudaBuf,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.hy_matmul_rows(w, row0, n_rows, x, out)
+    }
+
+    fn gather_rows(&self, src: &CudaBuf, rows: &[u32], dst: &mut CudaBuf) -> Result<()> {
+        self.hy_gather_rows(src, rows, dst)
+    }
+
+    fn scatter_add_rows(
+        &self,
+        dst: &mut CudaBuf,
+        rows: &[u32],
+        scale: &[f32],
+        src: &CudaBuf,
+    ) -> Result<()> {
+        self.hy_scatter_add_rows(dst, rows, scale, src)
     }
 }

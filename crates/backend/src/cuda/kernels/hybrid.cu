@@ -1,0 +1,205 @@
+// The ops of hybrid (Gated DeltaNet) and MoE models: the causal short conv over the
+// recurrent window, the gated delta rule (one kernel for decode and prefill: the state
+// stays in registers while the block walks the tokens), gated RMSNorm, sigmoid gating,
+// strided column copies and the row gather / scatter-add around MoE experts.
+// The numerics follow the CPU backend (cpu/gated_delta.rs).
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+// torch's softplus (beta 1, threshold 20), as the CPU's.
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+#define CONV_MAXK 16
+
+// Depthwise causal conv of x ([rows, ch], in place) after the window win ([k − 1, ch],
+// oldest first), then SiLU; the window moves to the last k − 1 inputs. w is [ch, k], oldest
+// tap first. One thread per channel walks the rows, the window in registers.
+extern "C" __global__ void ssm_conv(float* x, float* win, const float* w, int rows, int ch,
+                                    int k) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= ch) return;
+    const int hist = k - 1;
+    float h[CONV_MAXK], tap[CONV_MAXK];
+#pragma unroll
+    for (int j = 0; j < CONV_MAXK; j++) {
+        h[j] = j < hist ? win[(i64)j * ch + c] : 0.f;
+        tap[j] = j < k ? w[(i64)c * k + j] : 0.f;
+    }
+    for (int t = 0; t < rows; t++) {
+        const float xin = x[(i64)t * ch + c];
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < CONV_MAXK; j++)
+            if (j < hist) s += h[j] * tap[j];
+        s += xin * tap[hist];
+        x[(i64)t * ch + c] = silu_f(s);
+        // Shift the window by one input.
+#pragma unroll
+        for (int j = 0; j + 1 < CONV_MAXK; j++)
+            if (j + 1 < hist) h[j] = h[j + 1];
+        if (hist > 0) {
+#pragma unroll
+            for (int j = 0; j < CONV_MAXK; j++)
+                if (j == hist - 1) h[j] = xin;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < CONV_MAXK; j++)
+        if (j < hist) win[(i64)j * ch + c] = h[j];
+}
+
+// Rows of the state each thread keeps in registers: the block has ceil(d_k / GD_RPT) warps.
+#define GD_RPT 8
+#define GD_MAXW 32
+
+// Block sum of one value per thread of a [nw][32] layout over the warps: out[lane] = Σ_w v.
+// Every thread returns the column total of its lane.
+__device__ __forceinline__ float col_sum(float v, float (*red)[32], int nw) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    red[warp][lane] = v;
+    __syncthreads();
+    float s = 0.f;
+    for (int i = 0; i < nw; i++) s += red[i][lane];
+    __syncthreads();
+    return s;
+}
+
+// Full block sum (every thread gets it).
+__device__ __forceinline__ float block_sum(float v, float* red, int nw) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.f;
+    for (int i = 0; i < nw; i++) s += red[i];
+    __syncthreads();
+    return s;
+}
+
+// The gated delta rule of one value head over n tokens, continuing its state S
+// ([d_k, d_v] f32, in place). Grid: (n_v, ceil(d_v / 32)); block: 32 × nw threads, lane =
+// column of the tile, warp w keeps rows w + nw·r (r < GD_RPT) of those columns in
+// registers. Per token: q, k of the head's key head are L2-normalised (q also by
+// 1/√d_k), g = a_neg·softplus(alpha + dt_bias), β = sigmoid(beta), then
+//   δ = β (v − exp(g) Sᵀk);  S ← exp(g) S + k δᵀ;  o = Sᵀq.
+// qkv rows are [q n_k·d_k | k n_k·d_k | v n_v·d_v]; out is [n, n_v·d_v].
+extern "C" __global__ void __launch_bounds__(1024)
+    gated_delta(const float* qkv, const float* alpha, const float* beta, const float* a_neg,
+                const float* dt_bias, float* state, float* out, int n, int nk, int nv, int dk,
+                int dv, int tiled) {
+    const int h = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nw = blockDim.x >> 5;
+    const int j = blockIdx.y * 32 + lane;
+    const bool col = j < dv;
+    const int kh = tiled ? h % nk : h / max(nv / nk, 1);
+    const int key_dim = nk * dk;
+    const int cols = 2 * key_dim + nv * dv;
+    float* S = state + (i64)h * dk * dv;
+
+    __shared__ float qs[GD_RPT * GD_MAXW], ks[GD_RPT * GD_MAXW];
+    __shared__ float red[GD_MAXW][32];
+    __shared__ float red1[GD_MAXW];
+
+    float s[GD_RPT];
+#pragma unroll
+    for (int r = 0; r < GD_RPT; r++) {
+        const int i = warp + nw * r;
+        s[r] = (col && i < dk) ? S[(i64)i * dv + j] : 0.f;
+    }
+    const float qscale = 1.0f / sqrtf((float)dk);
+    for (int t = 0; t < n; t++) {
+        const float* row = qkv + (i64)t * cols;
+        // q, k of the key head into shared memory, with their squared norms.
+        float sq = 0.f, sk = 0.f;
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+            const float a = row[kh * dk + i], b = row[key_dim + kh * dk + i];
+            qs[i] = a;
+            ks[i] = b;
+            sq += a * a;
+            sk += b * b;
+        }
+        sq = block_sum(sq, red1, nw);
+        sk = block_sum(sk, red1, nw);
+        const float iq = qscale / sqrtf(sq + 1e-6f), ik = 1.0f / sqrtf(sk + 1e-6f);
+        const float g = a_neg[h] * softplus_f(alpha[(i64)t * nv + h] + dt_bias[h]);
+        const float bt = sigmoid_f(beta[(i64)t * nv + h]);
+        const float decay = expf(g);
+        // Sᵀk over this thread's rows, then the column total.
+        float p = 0.f;
+#pragma unroll
+        for (int r = 0; r < GD_RPT; r++) {
+            const int i = warp + nw * r;
+            if (i < dk) p += ks[i] * ik * s[r];
+        }
+        const float sk_col = col_sum(p, red, nw);
+        const float v = col ? row[2 * key_dim + h * dv + j] : 0.f;
+        const float delta = bt * (v - decay * sk_col);
+        float o = 0.f;
+#pragma unroll
+        for (int r = 0; r < GD_RPT; r++) {
+            const int i = warp + nw * r;
+            if (i < dk) {
+                s[r] = decay * s[r] + ks[i] * ik * delta;
+                o += qs[i] * iq * s[r];
+            }
+        }
+        o = col_sum(o, red, nw);
+        if (col && warp == 0) out[(i64)t * nv * dv + (i64)h * dv + j] = o;
+    }
+#pragma unroll
+    for (int r = 0; r < GD_RPT; r++) {
+        const int i = warp + nw * r;
+        if (col && i < dk) S[(i64)i * dv + j] = s[r];
+    }
+}
+
+// x = x · rsqrt(mean(x²) + eps) · w · silu(z) over groups of g values; one block per group.
+extern "C" __global__ void rms_norm_gated(float* x, const float* w, const float* z, int g,
+                                          float eps) {
+    const i64 base = (i64)blockIdx.x * g;
+    __shared__ float red1[32];
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < g; i += blockDim.x) {
+        const float v = x[base + i];
+        ss += v * v;
+    }
+    ss = block_sum(ss, red1, blockDim.x >> 5);
+    const float inv = 1.0f / sqrtf(ss / (float)g + eps);
+    for (int i = threadIdx.x; i < g; i += blockDim.x)
+        x[base + i] = x[base + i] * inv * w[i] * silu_f(z[base + i]);
+}
+
+extern "C" __global__ void mul_sigmoid(float* x, const float* g, i64 n) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= sigmoid_f(g[i]);
+}
+
+// dst[r, b·width + i] = src[r, col0 + b·stride + i]; one thread per dst value.
+extern "C" __global__ void copy_cols(const float* src, float* dst, int rows, int src_cols,
+                                     int col0, int width, int stride, int n_blocks) {
+    const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    const int dc = n_blocks * width;
+    if (t >= (i64)rows * dc) return;
+    const int r = (int)(t / dc), c = (int)(t % dc);
+    const int b = c / width, i = c % width;
+    dst[t] = src[(i64)r * src_cols + col0 + (i64)b * stride + i];
+}
+
+// dst[i, :] = src[ids[i], :]; one thread per dst value.
+extern "C" __global__ void gather_rows(const float* src, const u32* ids, float* dst, int n,
+                                       int cols) {
+    const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (i64)n * cols) return;
+    const int i = (int)(t / cols), c = (int)(t % cols);
+    dst[t] = src[(i64)ids[i] * cols + c];
+}
+
+// dst[ids[i], :] += scale[i] · src[i, :]. One thread per column walks the rows in order,
+// so repeated ids add up without races.
+extern "C" __global__ void scatter_add_rows(float* dst, const u32* ids, const float* scale,
+                                            const float* src, int n, int cols) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    for (int i = 0; i < n; i++) dst[(i64)ids[i] * cols + c] += scale[i] * src[(i64)i * cols + c];
+}

@@ -1,0 +1,486 @@
+//! The CUDA backend's hybrid (Gated DeltaNet) and MoE ops against the CPU backend through
+//! the same `Backend` calls, on fresh random inputs (seed printed; NEAGARI_SEED replays),
+//! at several shapes with ragged tails; and the 1- and 2-bit GEMV decoders (Q1_0, Q2_0,
+//! TQ2_0) against the CPU's reference dequantizer.
+//!
+//! Runs only where a CUDA GPU is usable; elsewhere (CI) each test prints why and passes.
+#![cfg(feature = "cuda")]
+
+use std::io::Write;
+
+use neagari_backend::cpu::{CpuBackend, CpuOptions};
+use neagari_backend::cuda::{probe, CudaBackend};
+use neagari_backend::{
+    Backend, BackendError, DeltaNet, HeadMap, HostTensor, KvShape, KvType, RecShape, SharedBytes,
+};
+use neagari_quant::GgmlType;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+fn gpu() -> Option<CudaBackend> {
+    if let Some(why) = probe().unavailable {
+        // Straight to stderr: the test harness would swallow eprintln! of a passing test.
+        let _ = writeln!(
+            std::io::stderr(),
+            "note: skipping a CUDA hybrid test: {why}"
+        );
+        return None;
+    }
+    Some(CudaBackend::new(0).expect("open GPU 0"))
+}
+
+fn cpu() -> CpuBackend {
+    CpuBackend::new(&CpuOptions {
+        threads: 2,
+        scalar_only: false,
+    })
+}
+
+fn rng() -> StdRng {
+    let seed: u64 = std::env::var("NEAGARI_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::thread_rng().gen());
+    eprintln!("seed {seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+fn randv(r: &mut StdRng, n: usize, amp: f32) -> Vec<f32> {
+    (0..n).map(|_| r.gen_range(-amp..amp)).collect()
+}
+
+/// ‖a − b‖ / ‖b‖; a non-finite output fails.
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let (mut num, mut den) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        assert!(x.is_finite(), "non-finite output {x}");
+        num += ((x - y) as f64).powi(2);
+        den += (*y as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn tensor(ty: GgmlType, shape: Vec<usize>, bytes: Vec<u8>) -> HostTensor {
+    HostTensor {
+        name: "t".into(),
+        ty,
+        shape,
+        bytes: SharedBytes::from_vec(bytes),
+    }
+}
+
+fn upload<B: Backend>(be: &B, x: &[f32], rows: usize, cols: usize) -> B::Buf {
+    let mut b = be.buf(rows, cols).expect("buf");
+    be.write(&mut b, x, rows, cols).expect("write");
+    b
+}
+
+fn download<B: Backend>(be: &B, b: &B::Buf) -> Vec<f32> {
+    let (rows, cols) = be.buf_shape(b);
+    let mut h = vec![f32::NAN; rows * cols];
+    be.read(b, 0, rows, &mut h).expect("read");
+    h
+}
+
+fn vector<B: Backend>(be: &B, v: &[f32]) -> B::Vector {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    be.load_vector(&tensor(GgmlType::F32, vec![v.len()], bytes))
+        .expect("vector")
+}
+
+/// A cache with recurrent state of `rs` (one attention layer, unused).
+fn rec_kv<B: Backend>(be: &B, rs: &RecShape) -> B::Kv {
+    let mut kv = be
+        .kv_alloc(&KvShape {
+            n_layers: 1,
+            n_ctx: 512,
+            n_kv_heads: 1,
+            head_dim: 32,
+            ty: KvType::F16,
+        })
+        .expect("kv");
+    be.rec_alloc(&mut kv, rs).expect("rec_alloc");
+    kv
+}
+
+fn check(name: &str, tol: f64, got: &[f32], want: &[f32]) {
+    let e = rel(got, want);
+    println!("{name}: rel error {e:.2e}");
+    assert!(e < tol, "{name}: rel error {e:.2e} ≥ {tol:.0e}");
+}
+
+/// Runs of rows through `ssm_conv`, continuing the window from run to run.
+#[test]
+fn ssm_conv_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut r = rng();
+    for (ch, kernel) in [(70, 4), (320, 4), (33, 2), (64, 7)] {
+        let rs = RecShape {
+            n_layers: 2,
+            conv_channels: ch,
+            conv_kernel: kernel,
+            n_v_heads: 1,
+            d_k: 8,
+            d_v: 8,
+        };
+        let (mut kg, mut kc) = (rec_kv(&g, &rs), rec_kv(&c, &rs));
+        let w = randv(&mut r, ch * kernel, 0.5);
+        let (wg, wc) = (vector(&g, &w), vector(&c, &w));
+        for rows in [5, 1, 1, 40, 2] {
+            for layer in 0..2 {
+                let x = randv(&mut r, rows * ch, 1.5);
+                let mut xg = upload(&g, &x, rows, ch);
+                let mut xc = upload(&c, &x, rows, ch);
+                g.ssm_conv(&mut kg, layer, &mut xg, &wg).expect("gpu conv");
+                c.ssm_conv(&mut kc, layer, &mut xc, &wc).expect("cpu conv");
+                check(
+                    &format!("ssm_conv ch {ch} k {kernel} rows {rows} layer {layer}"),
+                    1e-5,
+                    &download(&g, &xg),
+                    &download(&c, &xc),
+                );
+            }
+        }
+    }
+}
+
+struct GdInputs {
+    qkv: Vec<f32>,
+    alpha: Vec<f32>,
+    beta: Vec<f32>,
+}
+
+fn gd_inputs(r: &mut StdRng, net: &DeltaNet, n: usize) -> GdInputs {
+    let cols = 2 * net.n_k_heads * net.d_k + net.n_v_heads * net.d_v;
+    GdInputs {
+        qkv: randv(r, n * cols, 1.0),
+        alpha: randv(r, n * net.n_v_heads, 2.0),
+        beta: randv(r, n * net.n_v_heads, 3.0),
+    }
+}
+
+/// One `gated_delta` call on a backend.
+fn gd_run<B: Backend>(
+    be: &B,
+    kv: &mut B::Kv,
+    layer: usize,
+    net: &DeltaNet,
+    a_neg: &B::Vector,
+    dt_bias: &B::Vector,
+    inp: &GdInputs,
+) -> Vec<f32> {
+    let n = inp.alpha.len() / net.n_v_heads;
+    let cols = 2 * net.n_k_heads * net.d_k + net.n_v_heads * net.d_v;
+    let qkv = upload(be, &inp.qkv, n, cols);
+    let alpha = upload(be, &inp.alpha, n, net.n_v_heads);
+    let beta = upload(be, &inp.beta, n, net.n_v_heads);
+    let mut out = be.buf(1, 1).expect("buf");
+    be.gated_delta(
+        kv, layer, &qkv, &alpha, &beta, a_neg, dt_bias, net, &mut out,
+    )
+    .expect("gated_delta");
+    assert_eq!(be.buf_shape(&out), (n, net.n_v_heads * net.d_v));
+    download(be, &out)
+}
+
+/// Prefill runs (CPU: the 64-token chunked form) and decode steps, continuing the state,
+/// with both head maps and head sizes up to Qwen3.6-27B's 128.
+#[test]
+fn gated_delta_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut r = rng();
+    let nets = [
+        (2, 4, 16, 16, HeadMap::Grouped),
+        (2, 6, 32, 48, HeadMap::Tiled),
+        (1, 3, 20, 40, HeadMap::Grouped), // ragged: d_k not a multiple of 8, d_v of 32
+        (4, 12, 128, 128, HeadMap::Tiled),
+    ];
+    for (nk, nv, dk, dv, map) in nets {
+        let net = DeltaNet {
+            n_k_heads: nk,
+            n_v_heads: nv,
+            d_k: dk,
+            d_v: dv,
+            map,
+        };
+        let rs = RecShape {
+            n_layers: 2,
+            conv_channels: 8,
+            conv_kernel: 4,
+            n_v_heads: nv,
+            d_k: dk,
+            d_v: dv,
+        };
+        let (mut kg, mut kc) = (rec_kv(&g, &rs), rec_kv(&c, &rs));
+        let a_neg: Vec<f32> = (0..nv).map(|_| -r.gen_range(1.0f32..8.0)).collect();
+        let dt = randv(&mut r, nv, 0.5);
+        let (ag, ac) = (vector(&g, &a_neg), vector(&c, &a_neg));
+        let (dg, dc) = (vector(&g, &dt), vector(&c, &dt));
+        for n in [70, 1, 1, 1, 130, 3, 1] {
+            let layer = n % 2;
+            let inp = gd_inputs(&mut r, &net, n);
+            let og = gd_run(&g, &mut kg, layer, &net, &ag, &dg, &inp);
+            let oc = gd_run(&c, &mut kc, layer, &net, &ac, &dc, &inp);
+            check(
+                &format!(
+                    "gated_delta {nk}/{nv} heads {dk}x{dv} {map:?}, {n} tokens, layer {layer}"
+                ),
+                2e-4,
+                &og,
+                &oc,
+            );
+        }
+    }
+}
+
+/// A snapshot brings the recurrent state back; the cache refuses to rewind without one and
+/// a truncate to 0 starts over.
+#[test]
+fn snapshot_restore_and_rewind() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng();
+    let net = DeltaNet {
+        n_k_heads: 2,
+        n_v_heads: 4,
+        d_k: 32,
+        d_v: 32,
+        map: HeadMap::Grouped,
+    };
+    let rs = RecShape {
+        n_layers: 1,
+        conv_channels: 2 * 2 * 32 + 4 * 32,
+        conv_kernel: 4,
+        n_v_heads: 4,
+        d_k: 32,
+        d_v: 32,
+    };
+    let a_neg: Vec<f32> = (0..4).map(|_| -r.gen_range(1.0f32..8.0)).collect();
+    let (ag, dg) = (vector(&g, &a_neg), vector(&g, &randv(&mut r, 4, 0.5)));
+    let w = vector(&g, &randv(&mut r, rs.conv_channels * 4, 0.5));
+    let cols = rs.conv_channels;
+    // One step: conv then the delta rule, as a layer runs them.
+    let step = |kv: &mut <CudaBackend as Backend>::Kv, inp: &GdInputs, n: usize| {
+        let mut x = upload(&g, &inp.qkv, n, cols);
+        g.ssm_conv(kv, 0, &mut x, &w).expect("conv");
+        let conv = download(&g, &x);
+        let inp = GdInputs {
+            qkv: conv,
+            alpha: inp.alpha.clone(),
+            beta: inp.beta.clone(),
+        };
+        gd_run(&g, kv, 0, &net, &ag, &dg, &inp)
+    };
+    let first = gd_inputs(&mut r, &net, 9);
+    let next = gd_inputs(&mut r, &net, 5);
+    let mut kv = rec_kv(&g, &rs);
+    let o_first = step(&mut kv, &first, 9);
+    g.kv_commit(&mut kv, 9).expect("commit");
+    let snap = g.kv_snapshot(&kv).expect("snapshot");
+    let o_next = step(&mut kv, &next, 5);
+    g.kv_commit(&mut kv, 14).expect("commit");
+    assert!(matches!(
+        g.kv_truncate(&mut kv, 9),
+        Err(BackendError::CannotRewind { from: 14, to: 9 })
+    ));
+    g.kv_restore(&mut kv, &snap).expect("restore");
+    assert_eq!(g.kv_len(&kv), 9);
+    assert_eq!(step(&mut kv, &next, 5), o_next, "same state after restore");
+    g.kv_truncate(&mut kv, 0).expect("reset");
+    assert_eq!(g.kv_len(&kv), 0);
+    assert_eq!(
+        step(&mut kv, &first, 9),
+        o_first,
+        "zero state after a reset"
+    );
+}
+
+/// Gated RMSNorm, sigmoid gating and strided column copies.
+#[test]
+fn gating_ops_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut r = rng();
+    for (rows, cols, group) in [(1, 128, 128), (7, 96, 32), (3, 6144, 128), (2, 300, 300)] {
+        let x = randv(&mut r, rows * cols, 2.0);
+        let z = randv(&mut r, rows * cols, 3.0);
+        let w = randv(&mut r, group, 1.5);
+        let mut xg = upload(&g, &x, rows, cols);
+        let mut xc = upload(&c, &x, rows, cols);
+        let (zg, zc) = (upload(&g, &z, rows, cols), upload(&c, &z, rows, cols));
+        g.rms_norm_gated(&mut xg, &vector(&g, &w), &zg, 1e-6)
+            .expect("gpu");
+        c.rms_norm_gated(&mut xc, &vector(&c, &w), &zc, 1e-6)
+            .expect("cpu");
+        check(
+            &format!("rms_norm_gated {rows}x{cols}/{group}"),
+            1e-5,
+            &download(&g, &xg),
+            &download(&c, &xc),
+        );
+        g.mul_sigmoid(&mut xg, &zg).expect("gpu");
+        c.mul_sigmoid(&mut xc, &zc).expect("cpu");
+        check(
+            &format!("mul_sigmoid {rows}x{cols}"),
+            1e-5,
+            &download(&g, &xg),
+            &download(&c, &xc),
+        );
+    }
+    // (src cols, col0, width, stride, blocks): gated-query halves, β/α splits, a ragged one.
+    for (sc, col0, width, stride, nb) in [
+        (12288, 0, 256, 512, 24),
+        (12288, 256, 256, 512, 24),
+        (96, 3, 3, 6, 16),
+        (50, 7, 5, 9, 4),
+    ] {
+        for rows in [1, 9] {
+            let x = randv(&mut r, rows * sc, 1.0);
+            let (sg, scb) = (upload(&g, &x, rows, sc), upload(&c, &x, rows, sc));
+            let (mut dg, mut dc) = (g.buf(1, 1).expect("buf"), c.buf(1, 1).expect("buf"));
+            g.copy_cols(&sg, col0, width, stride, nb, &mut dg)
+                .expect("gpu");
+            c.copy_cols(&scb, col0, width, stride, nb, &mut dc)
+                .expect("cpu");
+            assert_eq!(g.buf_shape(&dg), (rows, nb * width));
+            assert_eq!(download(&g, &dg), download(&c, &dc), "copy_cols exact");
+        }
+    }
+    let src = upload(&g, &[0.0; 20], 2, 10);
+    let mut d = g.buf(1, 1).expect("buf");
+    assert!(
+        g.copy_cols(&src, 4, 4, 4, 2, &mut d).is_err(),
+        "past the row"
+    );
+}
+
+/// The MoE plumbing: a row gather, an expert's rows of a stacked matrix, a weighted
+/// scatter-add (with a repeated destination row).
+#[test]
+fn moe_ops_match() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut r = rng();
+    let (n, h) = (11, 96);
+    let x = randv(&mut r, n * h, 1.0);
+    let (xg, xc) = (upload(&g, &x, n, h), upload(&c, &x, n, h));
+    let ids = [3u32, 0, 10, 3, 7];
+    let (mut gg, mut gc) = (g.buf(1, 1).expect("buf"), c.buf(1, 1).expect("buf"));
+    g.gather_rows(&xg, &ids, &mut gg).expect("gpu gather");
+    c.gather_rows(&xc, &ids, &mut gc).expect("cpu gather");
+    assert_eq!(download(&g, &gg), download(&c, &gc), "gather exact");
+    assert!(g.gather_rows(&xg, &[11], &mut gg).is_err());
+
+    // Expert e of a stacked [4·f, h] Q8_0 matrix: the same rows of the whole product.
+    let f = 40;
+    let rb = GgmlType::Q8_0.row_bytes(h).expect("blocks");
+    let mut bytes = vec![0u8; 4 * f * rb];
+    for row in 0..4 * f {
+        let v = randv(&mut r, h, 1.0);
+        neagari_quant::quantize_row(GgmlType::Q8_0, &v, &mut bytes[row * rb..(row + 1) * rb])
+            .expect("quant");
+    }
+    let m = g
+        .load_mat(&tensor(GgmlType::Q8_0, vec![4 * f, h], bytes))
+        .expect("load");
+    for rows in [1usize, 5, 11] {
+        let xs = upload(&g, &x[..rows * h], rows, h);
+        let mut whole = g.buf(1, 1).expect("buf");
+        g.matmul(&m, &xs, &mut whole).expect("matmul");
+        let whole = download(&g, &whole);
+        for e in [0usize, 2, 3] {
+            let mut o = g.buf(1, 1).expect("buf");
+            g.matmul_rows(&m, e * f, f, &xs, &mut o)
+                .expect("matmul_rows");
+            assert_eq!(g.buf_shape(&o), (rows, f));
+            let want: Vec<f32> = (0..rows)
+                .flat_map(|t| whole[t * 4 * f + e * f..t * 4 * f + (e + 1) * f].to_vec())
+                .collect();
+            assert_eq!(download(&g, &o), want, "expert {e}, {rows} rows");
+        }
+    }
+    assert!(g.matmul_rows(&m, 3 * f, f + 1, &xg, &mut gg).is_err());
+
+    let d0 = randv(&mut r, n * h, 1.0);
+    let (mut dg, mut dc) = (upload(&g, &d0, n, h), upload(&c, &d0, n, h));
+    let src = randv(&mut r, ids.len() * h, 1.0);
+    let (sg, scb) = (
+        upload(&g, &src, ids.len(), h),
+        upload(&c, &src, ids.len(), h),
+    );
+    let scale = [0.5f32, -1.0, 0.25, 2.0, 0.125];
+    g.scatter_add_rows(&mut dg, &ids, &scale, &sg)
+        .expect("gpu scatter");
+    c.scatter_add_rows(&mut dc, &ids, &scale, &scb)
+        .expect("cpu scatter");
+    check(
+        "scatter_add_rows",
+        1e-6,
+        &download(&g, &dg),
+        &download(&c, &dc),
+    );
+}
+
+/// The 1- and 2-bit decoders through the GEMV (1–8 rows, f32), cuBLAS (13 rows, f16) and
+/// the embedding lookup, against f64 products of the CPU-dequantized weights.
+#[test]
+fn lowbit_matmul_and_embed() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng();
+    for ty in [GgmlType::Q1_0, GgmlType::Q2_0, GgmlType::TQ2_0] {
+        for (rows, cols) in [(5, 256), (37, 768), (300, 5120)] {
+            let rb = ty.row_bytes(cols).expect("whole blocks");
+            let mut bytes = vec![0u8; rb * rows];
+            let mut deq = vec![0f32; rows * cols];
+            for row in 0..rows {
+                let v = randv(&mut r, cols, 1.0);
+                let b = &mut bytes[row * rb..(row + 1) * rb];
+                neagari_quant::quantize_row(ty, &v, b).expect("quant");
+                neagari_quant::dequantize_row(ty, b, &mut deq[row * cols..(row + 1) * cols])
+                    .expect("dequant");
+            }
+            let m = g
+                .load_mat(&tensor(ty, vec![rows, cols], bytes))
+                .expect("load_mat");
+            for n in [1usize, 2, 3, 8, 13] {
+                let x = randv(&mut r, n * cols, 1.0);
+                let mut want = vec![0f32; n * rows];
+                for i in 0..n {
+                    for j in 0..rows {
+                        let s: f64 = (0..cols)
+                            .map(|k| deq[j * cols + k] as f64 * x[i * cols + k] as f64)
+                            .sum();
+                        want[i * rows + j] = s as f32;
+                    }
+                }
+                let xb = upload(&g, &x, n, cols);
+                let mut out = g.buf(1, 1).expect("buf");
+                g.matmul(&m, &xb, &mut out).expect("matmul");
+                let tol = if n <= 8 || !g.has_cublas() {
+                    1e-5
+                } else {
+                    3e-3
+                };
+                check(
+                    &format!("{ty} {rows}x{cols}, {n} rows"),
+                    tol,
+                    &download(&g, &out),
+                    &want,
+                );
+            }
+            let ids: Vec<u32> = (0..5).map(|_| r.gen_range(0..rows as u32)).collect();
+            let mut out = g.buf(1, 1).expect("buf");
+            g.embed(&m, &ids, 1.5, &mut out).expect("embed");
+            let want: Vec<f32> = ids
+                .iter()
+                .flat_map(|&id| {
+                    deq[id as usize * cols..(id as usize + 1) * cols]
+                        .iter()
+                        .map(|v| v * 1.5)
+                })
+                .collect();
+            check(&format!("{ty} embed"), 1e-6, &download(&g, &out), &want);
+        }
+    }
+}

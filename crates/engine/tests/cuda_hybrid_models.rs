@@ -1,0 +1,180 @@
+//! The hybrid fixtures (Qwen3.5 dense and MoE, Qwen3-Next MoE, Qwen3-MoE; tiny random
+//! models under crates/model/tests/fixtures/hybrid, scripts/make_hybrid_fixtures.py) on the
+//! GPU against transformers' logits, as hybrid_transformers.rs checks the CPU: prefill in
+//! batches of 32 (the cuBLAS f16 path) and of 150, token-by-token decode (the f32 GEMV),
+//! and a checkpoint/restore round trip of the recurrent state in VRAM.
+//!
+//! Bar: the largest |Δlogit| over every position under REL_TOL of the largest |logit|. The
+//! GPU keeps an f16 KV cache (the CPU test uses f32) and its prefill matmuls round
+//! activations to f16, so the bar is looser than the CPU's 1e-3.
+//!
+//! Skips with a note where no CUDA GPU is usable (CI). NEAGARI_HYBRID_FIXTURES overrides
+//! where the fixtures are (the test binary may run from another checkout).
+#![cfg(feature = "cuda")]
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use neagari_backend::cuda::{probe, CudaBackend};
+use neagari_backend::KvType;
+use neagari_engine::session::Session;
+use neagari_formats::Gguf;
+use neagari_model::gguf::GgufSource;
+use neagari_model::CausalLm;
+use serde_json::Value;
+
+const REL_TOL: f32 = 1e-2;
+
+fn note(msg: &str) {
+    // Straight to stderr: the harness swallows eprintln! of a passing test.
+    let _ = writeln!(std::io::stderr(), "note: {msg}");
+}
+
+fn dir() -> PathBuf {
+    std::env::var_os("NEAGARI_HYBRID_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/hybrid")
+        })
+}
+
+struct Case {
+    be: CudaBackend,
+    model: Box<dyn CausalLm<CudaBackend>>,
+    ids: Vec<u32>,
+    /// `[ids.len(), n_vocab]`.
+    want: Vec<f32>,
+    n_vocab: usize,
+}
+
+fn case(name: &str) -> Option<Case> {
+    if let Some(why) = probe().unavailable {
+        note(&format!("skipping a CUDA hybrid model test: {why}"));
+        return None;
+    }
+    let be = CudaBackend::new(0).expect("open GPU 0");
+    let refs: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir().join("reference.json")).unwrap())
+            .unwrap();
+    let m = &refs["models"][name];
+    let ids: Vec<u32> = m["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    let n_vocab = m["logits_shape"][1].as_u64().unwrap() as usize;
+    let want: Vec<f32> = std::fs::read(dir().join(format!("{name}.logits.bin")))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    assert_eq!(want.len(), ids.len() * n_vocab);
+    let file = Arc::new(Gguf::open(dir().join(format!("{name}.gguf"))).expect("open"));
+    let model = neagari_model::load(&be, &GgufSource::new(file)).expect("load");
+    assert_eq!(model.info().n_vocab, n_vocab);
+    Some(Case {
+        be,
+        model,
+        ids,
+        want,
+        n_vocab,
+    })
+}
+
+/// Largest |a − b| over the largest |b|.
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    assert!(got.iter().all(|v| v.is_finite()), "non-finite logits");
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let d = got
+        .iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    d / scale
+}
+
+fn session(c: &Case) -> Session<CudaBackend> {
+    Session::new(c.model.as_ref(), &c.be, 256, KvType::F16).expect("session")
+}
+
+fn prefill_all(c: &Case, n_batch: usize) -> Vec<f32> {
+    let mut s = session(c);
+    let mut out = Vec::new();
+    for chunk in c.ids.chunks(n_batch) {
+        out.extend(s.forward_all(c.model.as_ref(), &c.be, chunk).unwrap());
+    }
+    out
+}
+
+fn decode_all(c: &Case) -> Vec<f32> {
+    let mut s = session(c);
+    let mut out = Vec::new();
+    for &t in &c.ids {
+        out.extend(s.decode(c.model.as_ref(), &c.be, t).unwrap());
+    }
+    out
+}
+
+fn check(name: &str) {
+    let Some(c) = case(name) else { return };
+    for n_batch in [32, 150] {
+        let e = rel_err(&prefill_all(&c, n_batch), &c.want);
+        println!("{name} on GPU: prefill n_batch {n_batch}: rel err {e:.2e}");
+        assert!(e < REL_TOL, "{name} prefill n_batch {n_batch}: {e}");
+    }
+    let e = rel_err(&decode_all(&c), &c.want);
+    println!("{name} on GPU: token-by-token decode: rel err {e:.2e}");
+    assert!(e < REL_TOL, "{name} decode: {e}");
+}
+
+#[test]
+fn qwen35_dense_on_gpu_matches_transformers() {
+    check("qwen35_dense");
+}
+
+#[test]
+fn qwen35_moe_on_gpu_matches_transformers() {
+    check("qwen35_moe");
+}
+
+#[test]
+fn qwen3next_moe_on_gpu_matches_transformers() {
+    check("qwen3next_moe");
+}
+
+#[test]
+fn qwen3_moe_on_gpu_matches_transformers() {
+    check("qwen3_moe");
+}
+
+/// A checkpoint restores the recurrent state in VRAM exactly; a backwards truncate is
+/// refused.
+#[test]
+fn qwen35_gpu_state_follows_checkpoint() {
+    let Some(c) = case("qwen35_dense") else {
+        return;
+    };
+    let m = c.model.as_ref();
+    let mut s = session(&c);
+    s.prefill(m, &c.be, &c.ids[..60], 32, |_, _| true).unwrap();
+    let cp = s.checkpoint(&c.be).unwrap();
+    let first: Vec<Vec<f32>> = c.ids[60..70]
+        .iter()
+        .map(|&t| s.decode(m, &c.be, t).unwrap())
+        .collect();
+    for &t in c.ids[100..105].iter() {
+        s.decode(m, &c.be, t).unwrap();
+    }
+    s.restore(&c.be, &cp).unwrap();
+    assert_eq!(s.tokens().len(), 60);
+    for (k, &t) in c.ids[60..70].iter().enumerate() {
+        assert_eq!(s.decode(m, &c.be, t).unwrap(), first[k], "step {k}");
+    }
+    assert!(s.truncate(&c.be, 30).is_err());
+    let v = c.n_vocab;
+    // And the restored run still tracks transformers.
+    let e = rel_err(&first[9], &c.want[69 * v..70 * v]);
+    assert!(e < REL_TOL, "after restore: {e}");
+}
