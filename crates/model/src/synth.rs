@@ -148,6 +148,18 @@ pub fn write_qwen35<W: Write>(
     ty: GgmlType,
     seed: u64,
 ) -> Result<u64, SynthError> {
+    write_qwen35_with_progress(w, shape, ty, seed, &mut |_, _| {})
+}
+
+/// `write_qwen35`, calling `progress(done, total)` with bytes of tensor data as they are
+/// written (for a progress bar).
+pub fn write_qwen35_with_progress<W: Write>(
+    w: W,
+    shape: &SynthShape,
+    ty: GgmlType,
+    seed: u64,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<u64, SynthError> {
     let arch = "qwen35";
     let mut g = GgufWriter::new();
     let k = |s: &str| format!("{arch}.{s}");
@@ -189,6 +201,7 @@ pub fn write_qwen35<W: Write>(
     }
     let total: u64 = g.tensor_infos()?.iter().map(|t| t.n_bytes).sum();
     let mut out = g.start(w)?;
+    let mut done = 0u64;
     let mut rng = Rng(seed);
     // Row pools by input width.
     let mut pools: Vec<(usize, Vec<u8>, usize)> = Vec::new();
@@ -198,6 +211,8 @@ pub fn write_qwen35<W: Write>(
             let vals: Vec<f32> = (0..n).map(|_| vector_value(name, s, &mut rng)).collect();
             let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
             out.write_tensor(&bytes)?;
+            done += bytes.len() as u64;
+            progress(done, total);
             continue;
         }
         let (rows, cols) = (s[0], s[1]);
@@ -223,10 +238,14 @@ pub fn write_qwen35<W: Write>(
             buf.extend_from_slice(&pool[p * rb..(p + 1) * rb]);
             if buf.len() >= 64 * rb {
                 out.write_chunk(&buf)?;
+                done += buf.len() as u64;
+                progress(done, total);
                 buf.clear();
             }
         }
         out.write_chunk(&buf)?;
+        done += buf.len() as u64;
+        progress(done, total);
     }
     out.finish()?;
     Ok(total)

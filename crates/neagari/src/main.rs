@@ -46,8 +46,8 @@ enum Cmd {
     Quantize(quantize::QuantizeArgs),
     /// What this machine offers: CPU features and threads, CUDA GPUs, driver and NVRTC.
     Doctor,
-    /// A random-weight GGUF of a real model's shape (first cut; for GPU benchmarks).
-    #[command(hide = true)]
+    /// Write a random-weight GGUF of a real model's exact shape (e.g. --like qwen3.6-27b
+    /// --type Q1_0), to measure speed at scale without downloading weights.
     Synth(synth::SynthArgs),
     /// OpenAI- and Anthropic-compatible HTTP server.
     Serve(serve::ServeArgs),

@@ -1,31 +1,43 @@
-//! `neagari synth` (hidden, first cut of issue 6's command): a random-weight GGUF with the
-//! exact shape, tensor types and metadata of a real model, so GPU speed and GPU-vs-CPU
-//! agreement can be measured where the real weights are not available. Seeded and
-//! deterministic; a pool of rows is quantized once per (type, width) and matrices are
-//! filled with rows drawn from it, so writing runs at disk speed. The vocabulary is
-//! placeholder pieces (control tokens, the 256 byte tokens, then `▁tN`), which both this
-//! engine and llama.cpp load as an SPM tokenizer.
+//! `neagari synth`: a random-weight GGUF with the exact shape, tensor types and metadata
+//! of a real model, so GPU speed and GPU-vs-CPU agreement can be measured where the real
+//! weights are not available. Seeded and deterministic; a pool of rows is quantized once
+//! per (type, width) and matrices are filled with rows drawn from it, so writing runs at
+//! disk speed, streaming (no tensor is held whole), with a progress bar.
+//!
+//! Dense shapes (gemma3-270m, llama3-8b, qwen3-0.6b) are written here with a placeholder
+//! SPM vocabulary (control tokens, the 256 byte tokens, then `▁tN`). The hybrid
+//! qwen3.6-27b shape (`qwen35` arch: 64 layers, 48 Gated DeltaNet + 16 gated attention) is
+//! `neagari_model::synth`'s writer, with a byte-level BPE vocabulary of the real size.
 
 use std::collections::HashMap;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
 use neagari_formats::{Array, GgmlType, GgufWriter, Value};
+use neagari_model::synth::{write_qwen35_with_progress, SynthShape};
 
 #[derive(clap::Args, Debug)]
 pub struct SynthArgs {
-    /// Shape to copy: gemma3-270m (the test model: its Q4_K_M type mix unless --type),
-    /// llama3-8b, qwen3-0.6b.
+    /// Shape to copy: qwen3.6-27b (hybrid Gated DeltaNet, `qwen35` arch), gemma3-270m
+    /// (the test model: its Q4_K_M type mix unless --type), llama3-8b, qwen3-0.6b.
     #[arg(long = "like")]
     pub like: String,
-    /// Type of every matrix (F16, Q8_0, Q4_0, Q4_K, Q6_K, …); norms stay F32.
+    /// Type of every matrix (Q1_0, TQ2_0, Q2_0, Q4_K, Q8_0, F16, Q4_0, Q6_K, …; default
+    /// Q4_K); norms and other vectors stay F32.
     #[arg(long = "type")]
     pub ty: Option<String>,
+    /// The file to write.
     #[arg(short = 'o', long = "output")]
     pub output: PathBuf,
+    /// Seed of the random weights (same seed, same file).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Fewer layers than the real model (qwen3.6-27b only; every fourth layer stays
+    /// attention), for small files of the same widths.
+    #[arg(long)]
+    pub layers: Option<usize>,
 }
 
 struct Shape {
@@ -75,7 +87,9 @@ fn shape(like: &str) -> Result<Shape> {
             n_vocab: 151936,
             tied: true,
         },
-        other => bail!("unknown --like '{other}' (gemma3-270m, llama3-8b, qwen3-0.6b)"),
+        other => {
+            bail!("unknown --like '{other}' (qwen3.6-27b, gemma3-270m, llama3-8b, qwen3-0.6b)")
+        }
     })
 }
 
@@ -95,6 +109,10 @@ fn parse_type(s: &str) -> Result<GgmlType> {
         "Q4_K" => Q4_K,
         "Q5_K" => Q5_K,
         "Q6_K" => Q6_K,
+        "Q1_0" => Q1_0,
+        "Q2_0" => Q2_0,
+        "TQ1_0" => TQ1_0,
+        "TQ2_0" => TQ2_0,
         other => bail!("unsupported --type {other}"),
     })
 }
@@ -155,7 +173,66 @@ fn write_random_rows<W: Write>(
     Ok(())
 }
 
+/// A bar over bytes of tensor data (drawn only on a terminal).
+fn bar(total: u64) -> ProgressBar {
+    let b = ProgressBar::new(total);
+    b.set_style(
+        ProgressStyle::with_template(
+            "{wide_bar} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    b
+}
+
+/// The hybrid Qwen3.6-27B shape through `neagari_model::synth`.
+fn run_qwen36(a: &SynthArgs) -> Result<()> {
+    let mut shape = SynthShape::qwen36_27b();
+    if let Some(n) = a.layers {
+        if n == 0 {
+            bail!("--layers must be at least 1");
+        }
+        shape.n_layers = n;
+    }
+    let ty =
+        a.ty.as_deref()
+            .map(parse_type)
+            .transpose()?
+            .unwrap_or(GgmlType::Q4_K);
+    let f = std::fs::File::create(&a.output)
+        .with_context(|| format!("cannot create {}", a.output.display()))?;
+    let t = std::time::Instant::now();
+    let mut pb: Option<ProgressBar> = None;
+    let n = write_qwen35_with_progress(
+        BufWriter::with_capacity(1 << 22, f),
+        &shape,
+        ty,
+        a.seed,
+        &mut |done, total| {
+            pb.get_or_insert_with(|| bar(total)).set_position(done);
+        },
+    )
+    .with_context(|| format!("writing {}", a.output.display()))?;
+    if let Some(b) = pb {
+        b.finish_and_clear();
+    }
+    eprintln!(
+        "wrote {}: qwen35, {} layers, {ty}, {:.2} GB of tensors in {:.1} s",
+        a.output.display(),
+        shape.n_layers,
+        n as f64 / 1e9,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 pub fn run(a: &SynthArgs) -> Result<()> {
+    if matches!(a.like.as_str(), "qwen3.6-27b" | "qwen36-27b") {
+        return run_qwen36(a);
+    }
+    if a.layers.is_some() {
+        bail!("--layers is only for --like qwen3.6-27b");
+    }
     let s = shape(&a.like)?;
     let one = a.ty.as_deref().map(parse_type).transpose()?;
     // The test model's Q4_K_M mix, tensor by tensor (neagari inspect of the real file).
