@@ -227,7 +227,8 @@ fn gated_delta_matches_the_cpu() {
                 &format!(
                     "gated_delta {nk}/{nv} heads {dk}x{dv} {map:?}, {n} tokens, layer {layer}"
                 ),
-                2e-4,
+                // Measured ≤ 1e-6 (H200): f32 summation order, the CPU's chunked form.
+                2e-5,
                 &og,
                 &oc,
             );

@@ -1,12 +1,15 @@
 //! The hybrid fixtures (Qwen3.5 dense and MoE, Qwen3-Next MoE, Qwen3-MoE; tiny random
 //! models under crates/model/tests/fixtures/hybrid, scripts/make_hybrid_fixtures.py) on the
 //! GPU against transformers' logits, as hybrid_transformers.rs checks the CPU: prefill in
-//! batches of 32 (the cuBLAS f16 path) and of 150, token-by-token decode (the f32 GEMV),
-//! and a checkpoint/restore round trip of the recurrent state in VRAM.
+//! batches of 8 (the f32 GEMV, so the hybrid ops run on several tokens at f32 precision),
+//! of 32 and of 150 (cuBLAS with activations rounded to f16), token-by-token decode, and a
+//! checkpoint/restore round trip of the recurrent state in VRAM.
 //!
-//! Bar: the largest |Δlogit| over every position under REL_TOL of the largest |logit|. The
-//! GPU keeps an f16 KV cache (the CPU test uses f32) and its prefill matmuls round
-//! activations to f16, so the bar is looser than the CPU's 1e-3.
+//! Bars, per position the largest |Δlogit| over the largest |logit|: on the f32 paths every
+//! position under REL_TOL (looser than the CPU's 1e-3 because the GPU's KV cache is f16).
+//! Where activations meet cuBLAS in f16, an MoE router whose top experts are nearly tied
+//! can pick another expert at a position, so there 95% of the positions must be under
+//! F16_TOL (all finite); the largest is printed.
 //!
 //! Skips with a note where no CUDA GPU is usable (CI). NEAGARI_HYBRID_FIXTURES overrides
 //! where the fixtures are (the test binary may run from another checkout).
@@ -24,7 +27,8 @@ use neagari_model::gguf::GgufSource;
 use neagari_model::CausalLm;
 use serde_json::Value;
 
-const REL_TOL: f32 = 1e-2;
+const REL_TOL: f32 = 2e-3;
+const F16_TOL: f32 = 2e-2;
 
 fn note(msg: &str) {
     // Straight to stderr: the harness swallows eprintln! of a passing test.
@@ -95,6 +99,17 @@ fn rel_err(got: &[f32], want: &[f32]) -> f32 {
     d / scale
 }
 
+/// Per position: largest |a − b| over the largest |b| of the whole reference.
+fn pos_errs(got: &[f32], want: &[f32], v: usize) -> Vec<f32> {
+    assert_eq!(got.len(), want.len());
+    assert!(got.iter().all(|x| x.is_finite()), "non-finite logits");
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+    got.chunks(v)
+        .zip(want.chunks(v))
+        .map(|(g, w)| g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale)
+        .collect()
+}
+
 fn session(c: &Case) -> Session<CudaBackend> {
     Session::new(c.model.as_ref(), &c.be, 256, KvType::F16).expect("session")
 }
@@ -119,14 +134,25 @@ fn decode_all(c: &Case) -> Vec<f32> {
 
 fn check(name: &str) {
     let Some(c) = case(name) else { return };
+    let e = rel_err(&prefill_all(&c, 8), &c.want);
+    println!("{name} on GPU: prefill n_batch 8 (f32 GEMV): rel err {e:.2e}");
+    let d = rel_err(&decode_all(&c), &c.want);
+    println!("{name} on GPU: token-by-token decode: rel err {d:.2e}");
     for n_batch in [32, 150] {
-        let e = rel_err(&prefill_all(&c, n_batch), &c.want);
-        println!("{name} on GPU: prefill n_batch {n_batch}: rel err {e:.2e}");
-        assert!(e < REL_TOL, "{name} prefill n_batch {n_batch}: {e}");
+        let pe = pos_errs(&prefill_all(&c, n_batch), &c.want, c.n_vocab);
+        let mut sorted = pe.clone();
+        sorted.sort_by(f32::total_cmp);
+        let p95 = sorted[sorted.len() * 95 / 100];
+        let worst = sorted[sorted.len() - 1];
+        let over: Vec<usize> = (0..pe.len()).filter(|&i| pe[i] >= F16_TOL).collect();
+        println!(
+            "{name} on GPU: prefill n_batch {n_batch} (f16 cuBLAS): max {worst:.2e}, \
+             95th percentile {p95:.2e}, positions over {F16_TOL:.0e}: {over:?}"
+        );
+        assert!(p95 < F16_TOL, "{name} prefill n_batch {n_batch}: p95 {p95}");
     }
-    let e = rel_err(&decode_all(&c), &c.want);
-    println!("{name} on GPU: token-by-token decode: rel err {e:.2e}");
-    assert!(e < REL_TOL, "{name} decode: {e}");
+    assert!(e < REL_TOL, "{name} prefill n_batch 8: {e}");
+    assert!(d < REL_TOL, "{name} decode: {d}");
 }
 
 #[test]
