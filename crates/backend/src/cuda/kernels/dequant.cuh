@@ -233,3 +233,32 @@ struct F_Q3_K {
         }
     }
 };
+
+// Q1_0 (Bonsai 1-bit): 128 weights, 18 bytes: f16 d, 16 bytes of sign bits (bit j%8 of
+// byte j/8, LSB first); bit 1 → +d, bit 0 → −d. Unit u is bits 32(u%4).. of block u/4.
+struct F_Q1_0 {
+    static constexpr int BLOCK = 128, BYTES = 18;
+    static __device__ __forceinline__ void unit(const u8* row, int u, float* w) {
+        const u8* b = row + (i64)(u >> 2) * 18;
+        float d = h2f(ld16(b));
+        const u8* q = b + 2 + 4 * (u & 3);
+        u32 bits = (u32)ld16(q) | ((u32)ld16(q + 2) << 16);
+#pragma unroll
+        for (int i = 0; i < 32; i++) w[i] = ((bits >> i) & 1) ? d : -d;
+    }
+};
+
+// TQ2_0 (ternary): 256 weights, 66 bytes: qs[64], f16 d last. Weight 128c + 32l + m is
+// ((qs[32c + m] >> 2l) & 3) − 1, times d; unit s = 4c + l of a block is one (c, l).
+struct F_TQ2_0 {
+    static constexpr int BLOCK = 256, BYTES = 66;
+    static __device__ __forceinline__ void unit(const u8* row, int u, float* w) {
+        const u8* b = row + (i64)(u >> 3) * 66;
+        int s = u & 7;
+        float d = h2f(ld16(b + 64));
+        const u8* q = b + 32 * (s >> 2);
+        int sh = 2 * (s & 3);
+#pragma unroll
+        for (int m = 0; m < 32; m++) w[m] = (float)((int)((q[m] >> sh) & 3) - 1) * d;
+    }
+};
