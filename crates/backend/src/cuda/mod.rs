@@ -386,7 +386,8 @@ impl CudaBackend {
         })
     }
 
-    /// Marks device buffers as possibly written (see [`Scratch::xq_key`]).
+    /// Marks device buffers as possibly written (see [`Scratch::xq_key`]). `launch!` calls
+    /// it; an op that writes a buffer by copying (`write`, `copy_row`) calls it itself.
     fn bump(&self) {
         self.gen.fetch_add(1, Ordering::Relaxed);
     }
