@@ -120,7 +120,7 @@ fn kernels_compile_with_nvrtc() {
     }
 }
 
-const FORMATS: [GgmlType; 13] = [
+const FORMATS: [GgmlType; 15] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -134,23 +134,43 @@ const FORMATS: [GgmlType; 13] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::Q1_0,
+    GgmlType::TQ2_0,
 ];
+
+/// Formats whose GEMV quantizes the activations to int8 (q8_1) and dots with dp4a.
+fn int_gemv(ty: GgmlType) -> bool {
+    !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+}
 
 #[test]
 fn matmul_and_embed_every_format() {
     let Some(g) = gpu() else { return };
     let mut r = rng();
-    matmul_and_embed(&g, &mut r);
-    // Both single-row GEMV variants on every shape (by default the shape picks one).
-    for rows in ["4", "2"] {
+    // By default the shape picks the weight rows per block of the single-row GEMV.
+    matmul_and_embed(&g, &mut r, false);
+    // The integer GEMV with each number of rows per block, then the f32 GEMV, on every
+    // shape.
+    let variants = [
+        ("int", "8"),
+        ("int", "4"),
+        ("int", "2"),
+        ("int", "1"),
+        ("float", "4"),
+        ("float", "2"),
+    ];
+    for (mv, rows) in variants {
+        std::env::set_var("NEAGARI_CUDA_MV", mv);
         std::env::set_var("NEAGARI_CUDA_MV_ROWS", rows);
         let gv = CudaBackend::new(0).expect("open GPU 0");
         std::env::remove_var("NEAGARI_CUDA_MV_ROWS");
-        matmul_and_embed(&gv, &mut r);
+        std::env::remove_var("NEAGARI_CUDA_MV");
+        matmul_and_embed(&gv, &mut r, mv == "float");
     }
 }
 
-fn matmul_and_embed(g: &CudaBackend, r: &mut StdRng) {
+fn matmul_and_embed(g: &CudaBackend, r: &mut StdRng, float_gemv: bool) {
+    let c = cpu();
     for ty in FORMATS {
         let block = if ty.row_bytes(32).is_some() { 32 } else { 256 };
         // (rows, cols): fewer rows than a block's warps, ragged rows, several blocks per row.
@@ -162,6 +182,7 @@ fn matmul_and_embed(g: &CudaBackend, r: &mut StdRng) {
         for (rows, cols) in shapes {
             let (t, deq) = random_mat(r, ty, rows, cols);
             let m = g.load_mat(&t).expect("load_mat");
+            let mc = c.load_mat(&t).expect("cpu load_mat");
             for n in [1usize, 2, 3, 8, 13, 64] {
                 let x = randv(r, n * cols, 1.0);
                 let mut want = vec![0f32; n * rows];
@@ -180,9 +201,20 @@ fn matmul_and_embed(g: &CudaBackend, r: &mut StdRng) {
                 assert_eq!(g.buf_shape(&out), (n, rows));
                 let got = download(g, &out);
                 let e = rel(&got, &want);
-                // GEMV (≤ 8 rows) is f32 throughout; larger batches meet cuBLAS in f16.
-                // (F32 weights go through an f32 GEMM.)
-                let tol = if n <= 8 || !g.has_cublas() || ty == GgmlType::F32 {
+                // The float GEMV (≤ 8 rows) is f32 throughout; the integer one rounds the
+                // activations to int8 per 32 values, as the CPU backend's integer kernels do
+                // (per 32 for the legacy formats, per 256 for the K-quants and TQ2_0), so it
+                // is held to the CPU's error on the same product (plus a floor for the
+                // noise of small products). Larger batches meet cuBLAS in f16; F32 weights
+                // go through an f32 GEMM.
+                let tol = if n <= 8 && int_gemv(ty) && !float_gemv {
+                    let mut co = c.buf(1, 1).expect("cpu buf");
+                    c.matmul(&mc, &upload(&c, &x, n, cols), &mut co)
+                        .expect("cpu matmul");
+                    let ce = rel(&download(&c, &co), &want);
+                    eprintln!("{ty} {rows}x{cols}, {n} rows: GPU {e:.2e}, CPU {ce:.2e}");
+                    (2.0 * ce).max(1.2e-2)
+                } else if n <= 8 || !g.has_cublas() || ty == GgmlType::F32 {
                     1e-5
                 } else {
                     3e-3
@@ -203,6 +235,79 @@ fn matmul_and_embed(g: &CudaBackend, r: &mut StdRng) {
                 })
                 .collect();
             assert!(rel(&got, &want) < 1e-6, "{ty} embed");
+        }
+    }
+}
+
+/// `deq [rows, cols]` · `x [n, cols]` in f64.
+fn exact_product(deq: &[f32], x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let n = x.len() / cols;
+    let mut out = vec![0f32; n * rows];
+    for i in 0..n {
+        for j in 0..rows {
+            let mut s = 0f64;
+            for k in 0..cols {
+                s += deq[j * cols + k] as f64 * x[i * cols + k] as f64;
+            }
+            out[i * rows + j] = s as f32;
+        }
+    }
+    out
+}
+
+/// RMSNorm and GLU of decode rows also write the next matmul's q8_1 input; the matmul
+/// must see exactly what they wrote, and must not reuse it once the buffer changes.
+#[test]
+fn fused_q8_1_inputs_feed_the_matmul() {
+    if gpu().is_none() {
+        return;
+    }
+    // Every quantized matmul on the integer GEMV, so a stale q8_1 input would show.
+    std::env::set_var("NEAGARI_CUDA_MV", "int");
+    let g = CudaBackend::new(0).expect("open GPU 0");
+    std::env::remove_var("NEAGARI_CUDA_MV");
+    let c = cpu();
+    let mut r = rng();
+    let cols = 512;
+    for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K] {
+        let (t, deq) = random_mat(&mut r, ty, 96, cols);
+        let m = g.load_mat(&t).expect("load_mat");
+        for n in [1usize, 3] {
+            let x = randv(&mut r, n * cols, 1.0);
+            let nw = randv(&mut r, cols, 1.0);
+            // RMSNorm → matmul, twice on the same weights (the second reuses the q8_1).
+            let xb = upload(&g, &x, n, cols);
+            let mut xn = g.buf(1, 1).unwrap();
+            g.rms_norm(&xb, &vector(&g, &nw), 1e-6, &mut xn).unwrap();
+            let (xn_cpu, _) = norms(&c, &x, n, cols, &nw);
+            let want = exact_product(&deq, &xn_cpu, 96, cols);
+            for pass in 0..2 {
+                let mut out = g.buf(1, 1).unwrap();
+                g.matmul(&m, &xn, &mut out).unwrap();
+                let e = rel(&download(&g, &out), &want);
+                assert!(e < 1.2e-2, "{ty} norm→matmul {n} rows pass {pass}: {e:.2e}");
+            }
+            // The normed buffer changes (xn += y): the matmul must quantize it afresh.
+            let y = randv(&mut r, n * cols, 1.0);
+            g.add(&mut xn, &upload(&g, &y, n, cols)).unwrap();
+            let sum: Vec<f32> = xn_cpu.iter().zip(&y).map(|(a, b)| a + b).collect();
+            let mut out = g.buf(1, 1).unwrap();
+            g.matmul(&m, &xn, &mut out).unwrap();
+            let e = rel(&download(&g, &out), &exact_product(&deq, &sum, 96, cols));
+            assert!(e < 1.2e-2, "{ty} stale q8_1 after add, {n} rows: {e:.2e}");
+            // GLU → matmul.
+            for act in [GluAct::Silu, GluAct::GeluTanh] {
+                let (a, b) = (randv(&mut r, n * cols, 2.0), randv(&mut r, n * cols, 1.0));
+                let mut gate = upload(&g, &a, n, cols);
+                g.glu(&mut gate, &upload(&g, &b, n, cols), act).unwrap();
+                let mut gc = upload(&c, &a, n, cols);
+                c.glu(&mut gc, &upload(&c, &b, n, cols), act).unwrap();
+                let want = exact_product(&deq, &download(&c, &gc), 96, cols);
+                let mut out = g.buf(1, 1).unwrap();
+                g.matmul(&m, &gate, &mut out).unwrap();
+                let e = rel(&download(&g, &out), &want);
+                assert!(e < 1.2e-2, "{ty} glu {act:?}→matmul {n} rows: {e:.2e}");
+            }
         }
     }
 }

@@ -37,3 +37,16 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 #define NEG_INF __int_as_float(0xff800000)
+
+// q8_1 of one 32-value unit held one value per lane: int8 codes q = round(v / d) with
+// d = max|v| / 127, and (d, d·Σq). The integer GEMV's activation format (gemv_int.cu).
+__device__ __forceinline__ void q8_1_warp(float v, i8* xq, float2* xds, i64 unit, int lane) {
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.f;
+    const int q = amax == 0.f ? 0 : (int)rintf(v / d);
+    int sum = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    xq[unit * 32 + lane] = (i8)q;
+    if (lane == 0) xds[unit] = make_float2(d, d * (float)sum);
+}

@@ -1,0 +1,95 @@
+// Integer GEMV of one weight format (FMTQ, the format's struct in vecdot.cuh): the
+// activation rows are quantized once per matmul input to q8_1 (int8 codes and (d, d·Σq) per
+// 32 values, as ggml's CUDA backend feeds its integer kernels), then each 32-weight unit is
+// dotted with `dp4a` in registers. Tested against the CPU backend and the exact product in
+// tests/cuda_ops.rs (`matmul_and_embed_every_format`).
+//
+// Shapes: x [nr, cols] f32 → xq [nr, units·32] i8 (zero-padded) and xds [nr, units] float2;
+// W `rows` packed rows of `row_bytes`; y [nr, rows] f32.
+
+// One warp per 32-value unit; grid (ceil(units / 4), nr), 128 threads.
+extern "C" __global__ void quant_q8_1(const float* __restrict__ x, i8* __restrict__ xq,
+                                      float2* __restrict__ xds, int cols, int units) {
+    const int lane = threadIdx.x & 31;
+    const int u = blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int r = blockIdx.y;
+    if (u >= units) return;  // the whole warp leaves together
+    const int c = u * 32 + lane;
+    const float v = c < cols ? x[(i64)r * cols + c] : 0.f;
+    q8_1_warp(v, xq, xds, (i64)r * units + u, lane);
+}
+
+#define MVQ_WARPS 4
+
+// A block of 1–4 warps computes R consecutive weight rows for nr ≤ NR activation rows.
+// Threads take units round-robin; the activation unit is loaded once (two 16-byte loads per
+// row) and serves the R weight rows, each weight unit is unpacked once and serves every
+// activation row. The block reduces at the end.
+template <class F, int NR, int R>
+__device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
+                                         const float2* __restrict__ xds, float* __restrict__ y,
+                                         int rows, int units, i64 row_bytes, int nr) {
+    const int tid = threadIdx.x, nthr = blockDim.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int row0 = blockIdx.x * R;
+    float acc[R][NR];
+#pragma unroll
+    for (int q = 0; q < R; q++)
+#pragma unroll
+        for (int r = 0; r < NR; r++) acc[q][r] = 0.f;
+    for (int u = tid; u < units; u += nthr) {
+        int x[NR][8];
+        float2 ds[NR];
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            if (r < nr) {
+                const int4* p = (const int4*)(xq + ((i64)r * units + u) * 32);
+                const int4 a = __ldg(p), b = __ldg(p + 1);
+                x[r][0] = a.x; x[r][1] = a.y; x[r][2] = a.z; x[r][3] = a.w;
+                x[r][4] = b.x; x[r][5] = b.y; x[r][6] = b.z; x[r][7] = b.w;
+                ds[r] = __ldg(xds + (i64)r * units + u);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; k++) x[r][k] = 0;
+                ds[r] = make_float2(0.f, 0.f);
+            }
+        }
+        // Rows past the end re-read the last row (their sums are dropped): no branch, so
+        // the R rows' loads can all be issued before the first is used.
+#pragma unroll
+        for (int q = 0; q < R; q++)
+            F::template dot<NR>(W + (i64)min(row0 + q, rows - 1) * row_bytes, u, x, ds, acc[q]);
+    }
+    __shared__ float red[R * NR][MVQ_WARPS];
+#pragma unroll
+    for (int q = 0; q < R; q++)
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            const float s = warp_sum(acc[q][r]);
+            if (lane == 0) red[q * NR + r][warp] = s;
+        }
+    __syncthreads();
+    if (tid < R * NR) {
+        const int q = tid / NR, r = tid % NR;
+        if (r < nr && row0 + q < rows) {
+            float s = 0.f;
+            for (int k = 0; k < (nthr >> 5); k++) s += red[tid][k];
+            y[(i64)r * rows + row0 + q] = s;
+        }
+    }
+}
+
+// mvqN: up to N activation rows, R weight rows per block (the host's MVQ_ROWS_PER_BLOCK).
+#define MVQ(NAME, NR, R)                                                                     \
+    extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32)                             \
+        NAME(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units,     \
+             i64 row_bytes, int nr) {                                                        \
+        mvq_impl<FMTQ, NR, R>(W, xq, xds, y, rows, units, row_bytes, nr);                    \
+    }
+MVQ(mvq1, 1, 2)
+MVQ(mvq2, 2, 2)
+MVQ(mvq4, 4, 1)
+MVQ(mvq8, 8, 1)
+MVQ(mvq1x4, 1, 4)
+MVQ(mvq1x8, 1, 8)
+MVQ(mvq1x1, 1, 1)

@@ -1,0 +1,297 @@
+// Integer dot of one 32-weight unit of a packed row with q8_1 activations (int8 codes and
+// per-32 (d, d·Σq), made by `quant_q8_1` in gemv_int.cu), for up to NR activation rows.
+//
+// Each format struct `Q_<fmt>` unpacks the unit's weights once into eight 32-bit words of
+// four signed bytes (word k = weights 4k .. 4k+3, the order of the activation's words), then
+// for each activation row takes `dp4a` dots and applies the unit's scales in f32. Offsets
+// that are the same for the whole unit (Q4_0's −8, a K-quant's min) go through the
+// activation's d·Σq; per-16 offsets are subtracted per byte (`sub_bytes`) or through Σq of
+// the half (Q2_K). Layouts are dequant.cuh's (ggml's, FORMATS.md); each format is tested
+// against the CPU backend's matmul and the exact product (tests/cuda_ops.rs).
+//
+// Signature of every `dot`: row = packed weight row, u = unit index, x[r][k] = activation
+// row r's word k of unit u, ds[r] = its (d, d·Σq), acc[r] += the dot.
+
+__device__ __forceinline__ int dp4a(int a, int b, int c) {
+    int r;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// Four bytes from a 2-byte aligned address.
+__device__ __forceinline__ u32 ld32_2(const u8* p) {
+    return (u32)ld16(p) | ((u32)ld16(p + 2) << 16);
+}
+
+__device__ __forceinline__ u32 ld32_4(const u8* p) { return *(const u32*)p; }
+
+// Per-byte v − k without borrows between bytes (each byte of v and k below 0x80).
+__device__ __forceinline__ int sub_bytes(u32 v, u32 k) {
+    return (int)(((v | 0x80808080u) - k) ^ 0x80808080u);
+}
+
+// Bits 0..3 of b to bit `at` of bytes 0..3 (at ≤ 4).
+__device__ __forceinline__ u32 spread4(u32 b, int at) {
+    return ((b & 1u) | ((b & 2u) << 7) | ((b & 4u) << 14) | ((b & 8u) << 21)) << at;
+}
+
+template <int NR>
+__device__ __forceinline__ int dot8(const int* w, const int (&x)[NR][8], int r, int k0, int n) {
+    int s = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        if (k >= k0 && k < k0 + n) s = dp4a(w[k], x[r][k], s);
+    return s;
+}
+
+struct Q_Q4_0 {
+    template <int NR>
+    static __device__ __forceinline__ void dot(const u8* row, int u, const int (&x)[NR][8],
+                                               const float2 (&ds)[NR], float (&acc)[NR]) {
+        const u8* b = row + (i64)u * 18;
+        const float d = h2f(ld16(b));
+        int w[8];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const u32 v = ld32_2(b + 2 + 4 * k);
+            w[k] = v & 0x0F0F0F0F;
+            w[k + 4] = (v >> 4) & 0x0F0F0F0F;
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[r] += d * (ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) - 8.f * ds[r].y);
+    }
+};
+
+struct Q_Q4_1 {
+    template <int NR>
+    static __device__ __forceinline__ void dot(const u8* row, int u, const int (&x)[NR][8],
+                                               const float2 (&ds)[NR], float (&acc)[NR]) {
+        const u8* b = row + (i64)u * 20;
+        const float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
+        int w[8];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const u32 v = ld32_4(b + 4 + 4 * k);
+            w[k] = v & 0x0F0F0F0F;
+            w[k + 4] = (v >> 4) & 0x0F0F0F0F;
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[r] += d * ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) + m * ds[r].y;
+    }
+};
+
+struct Q_Q5_0 {
+    template <int NR>
+    static __device__ __forceinline__ void dot(const u8* row, int u, const int (&x)[NR][8],
+                                               const float2 (&ds)[NR], float (&acc)[NR]) {
+        const u8* b = row + (i64)u * 22;
+        const float d = h2f(ld16(b));
+        const u32 qh = ld32_2(b + 2);
+        int w[8];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const u32 v = ld32_2(b + 6 + 4 * k);
+            w[k] = (v & 0x0F0F0F0F) | spread4(qh >> (4 * k), 4);
+            w[k + 4] = ((v >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * k), 4);
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[r] += d * (ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) - 16.f * ds[r].y);
+    }
+};
+
+struct Q_Q5_1 {
+    template <int NR>
+    static __device__ __forceinline__ void dot(const u8* row, int u, const int (&x)[NR][8],
+                                               const float2 (&ds)[NR], float (&acc)[NR]) {
+        const u8* b = row + (i64)u * 24;
+        const float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
+        const u32 qh = ld32_4(b + 4);
+        int w[8];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const u32 v = ld32_4(b + 8 + 4 * k);
+            w[k] = (v & 0x0F0F0F0F) | spread4(qh >> (4 * k), 4);
+            w[k + 4] = ((v >> 4) & 0x0F0F0F0F) | spread4(qh >> (16 + 4 * k), 4);
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[r] += d * ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) + m * ds[r].y;
+    }
+};
+
+struct Q_Q8_0 {
+    template <int NR>
+    static __device__ __forceinline__ void dot(const u8* row, int u, const int (&x)[NR][8],
+                                               const float2 (&ds)[NR], float (&acc)[NR]) {
+        const u8* b = row + (i64)u * 34;
+        const float d = h2f(ld16(b));
+        int w[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) w[k] = (int)ld32_2(b + 2 + 4 * k);
+#pragma unroll
+        for (int r = 0; r < NR; r++) acc[r] += d * ds[r].x * (float)dot8<NR>(w, x, r, 0, 8);
+    }
+};
+
+struct Q_Q4_K {
+    template <int NR>
+    static __device__ __forceinline__ void dot(const u8* row, int u, const int (&x)[NR][8],
+                                               const float2 (&ds)[NR], float (&acc)[NR]) {
+        const u8* b = row + (i64)(u >> 3) * 144;
+        const int s = u & 7;
+        int sc, m;
+        scale_min_k4(s, b + 4, sc, m);
+        const float d1 = h2f(ld16(b)) * (float)sc, m1 = h2f(ld16(b + 2)) * (float)m;
+        // 16-byte aligned: super-blocks are 9·16 bytes and qs starts at byte 16.
+        const uint4* q4 = (const uint4*)(b + 16 + 32 * (s >> 1));
+        const int sh = (s & 1) * 4;
+        const uint4 v0 = q4[0], v1 = q4[1];
+        const u32 q[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+        int w[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) w[k] = (q[k] >> sh) & 0x0F0F0F0F;
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[r] += d1 * ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) - m1 * ds[r].y;
+    }
+};
+
+struct Q_Q5_K {
+    template <int NR>
+    static __device__ __forceinline__ void dot(const u8* row, int u, const int (&x)[NR][8],
+                                               const float2 (&ds)[NR], float (&acc)[NR]) {
+        const u8* b = row + (i64)(u >> 3) * 176;
+        const int s = u & 7;
+        int sc, m;
+        scale_min_k4(s, b + 4, sc, m);
+        const float d1 = h2f(ld16(b)) * (float)sc, m1 = h2f(ld16(b + 2)) * (float)m;
+        // 16-byte aligned: super-blocks are 11·16 bytes, qh at 16, ql at 48.
+        const uint4* l4 = (const uint4*)(b + 48 + 32 * (s >> 1));
+        const uint4* h4 = (const uint4*)(b + 16);
+        const uint4 a0 = l4[0], a1 = l4[1], c0 = h4[0], c1 = h4[1];
+        const u32 ql[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        const u32 qh[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+        const int sh = (s & 1) * 4;
+        int w[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            w[k] = ((ql[k] >> sh) & 0x0F0F0F0F) | (((qh[k] >> s) & 0x01010101) << 4);
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[r] += d1 * ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) - m1 * ds[r].y;
+    }
+};
+
+struct Q_Q6_K {
+    template <int NR>
+    static __device__ __forceinline__ void dot(const u8* row, int u, const int (&x)[NR][8],
+                                               const float2 (&ds)[NR], float (&acc)[NR]) {
+        const u8* b = row + (i64)(u >> 3) * 210;
+        const int s = u & 7;
+        const int n = s >> 2, k = s & 3;
+        const float d = h2f(ld16(b + 208));
+        const u8* ql = b + 64 * n + 32 * (k & 1);
+        const u8* qh = b + 128 + 32 * n;
+        const i8* sc = (const i8*)(b + 192 + 8 * n + 2 * k);
+        const int nsh = (k >> 1) * 4, hsh = 2 * k;
+        const float d0 = d * (float)sc[0], d1 = d * (float)sc[1];
+        int w[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const u32 v = ((ld32_2(ql + 4 * j) >> nsh) & 0x0F0F0F0F) |
+                          (((ld32_2(qh + 4 * j) >> hsh) & 0x03030303) << 4);
+            w[j] = sub_bytes(v, 0x20202020);
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[r] += ds[r].x * (d0 * (float)dot8<NR>(w, x, r, 0, 4) +
+                                 d1 * (float)dot8<NR>(w, x, r, 4, 4));
+    }
+};
+
+struct Q_Q2_K {
+    template <int NR>
+    static __device__ __forceinline__ void dot(const u8* row, int u, const int (&x)[NR][8],
+                                               const float2 (&ds)[NR], float (&acc)[NR]) {
+        const u8* b = row + (i64)(u >> 3) * 84;
+        const int s = u & 7;
+        const float d = h2f(ld16(b + 80)), dmin = h2f(ld16(b + 82));
+        const u8* q = b + 16 + 32 * (s >> 2);  // 4-byte aligned: 84 = 4·21
+        const int sh = 2 * (s & 3);
+        const int sa = b[2 * s], sb = b[2 * s + 1];
+        int w[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) w[j] = (ld32_4(q + 4 * j) >> sh) & 0x03030303;
+        const int ones[8] = {0x01010101, 0x01010101, 0x01010101, 0x01010101,
+                             0x01010101, 0x01010101, 0x01010101, 0x01010101};
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            const int isum = (sa & 0xF) * dot8<NR>(w, x, r, 0, 4) + (sb & 0xF) * dot8<NR>(w, x, r, 4, 4);
+            const int imin = (sa >> 4) * dot8<NR>(ones, x, r, 0, 4) + (sb >> 4) * dot8<NR>(ones, x, r, 4, 4);
+            acc[r] += ds[r].x * (d * (float)isum - dmin * (float)imin);
+        }
+    }
+};
+
+struct Q_Q3_K {
+    template <int NR>
+    static __device__ __forceinline__ void dot(const u8* row, int u, const int (&x)[NR][8],
+                                               const float2 (&ds)[NR], float (&acc)[NR]) {
+        const u8* b = row + (i64)(u >> 3) * 110;
+        const int s = u & 7;
+        const float d = h2f(ld16(b + 108));
+        const u8* q = b + 32 + 32 * (s >> 2);
+        const int sh = 2 * (s & 3);
+        const int da = scale_q3_k(b + 96, 2 * s), db = scale_q3_k(b + 96, 2 * s + 1);
+        int w[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            // Code 0..3 plus 4 where the high-mask bit is set, minus 4: −4..3.
+            const u32 v = ((ld32_2(q + 4 * j) >> sh) & 0x03030303) |
+                          (((ld32_2(b + 4 * j) >> s) & 0x01010101) << 2);
+            w[j] = sub_bytes(v, 0x04040404);
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[r] += ds[r].x * d *
+                      (float)(da * dot8<NR>(w, x, r, 0, 4) + db * dot8<NR>(w, x, r, 4, 4));
+    }
+};
+
+struct Q_Q1_0 {
+    template <int NR>
+    static __device__ __forceinline__ void dot(const u8* row, int u, const int (&x)[NR][8],
+                                               const float2 (&ds)[NR], float (&acc)[NR]) {
+        const u8* b = row + (i64)(u >> 2) * 18;
+        const float d = h2f(ld16(b));
+        const u32 bits = ld32_2(b + 2 + 4 * (u & 3));
+        // Σ ±x = 2·Σ_{bit set} x − Σ x.
+        int w[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) w[k] = spread4(bits >> (4 * k), 0);
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[r] += d * (2.f * ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) - ds[r].y);
+    }
+};
+
+struct Q_TQ2_0 {
+    template <int NR>
+    static __device__ __forceinline__ void dot(const u8* row, int u, const int (&x)[NR][8],
+                                               const float2 (&ds)[NR], float (&acc)[NR]) {
+        const u8* b = row + (i64)(u >> 3) * 66;
+        const int s = u & 7;
+        const float d = h2f(ld16(b + 64));
+        const u8* q = b + 32 * (s >> 2);
+        const int sh = 2 * (s & 3);
+        int w[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) w[k] = (ld32_2(q + 4 * k) >> sh) & 0x03030303;
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[r] += d * (ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) - ds[r].y);
+    }
+};
