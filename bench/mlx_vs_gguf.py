@@ -16,10 +16,13 @@ One random-weight Llama (hidden 2048, FFN 5632, 6 layers, 16 heads / 4 KV heads 
   q1_0.gguf, q4_k.gguf
 
 and every file is decoded by `neagari bench -t THREADS -p 0 -n N --json`, files alternating
-per round (the machine is shared: compare figures of the same run only).
+per round (the machine is shared: compare figures of the same run only). mlx-lm decodes each
+MLX pack greedily for --mlx-n tokens after a one-token prompt (first round only: mlx's CPU
+quantized matmul is slow on these packs, ~0.1 tok/s).
 
 Usage: python3 bench/mlx_vs_gguf.py [--out DIR] [--neagari target/release/neagari]
-           [--rounds 3] [-n 64] [-t 1] [--no-mlx] [--only NAME,NAME]
+           [--alt OTHER_BINARY] [--rounds 3] [-n 64] [-t 1] [--no-mlx] [--mlx-n 4]
+           [--only NAME,NAME]
 """
 
 from __future__ import annotations
@@ -209,7 +212,7 @@ from mlx_lm.models.cache import make_prompt_cache
 model, _ = load(sys.argv[1])
 n = int(sys.argv[2])
 rates = []
-for r in range(3):
+for r in range(int(sys.argv[3])):
     cache = make_prompt_cache(model)
     y = mx.array([[1]])
     out = model(y, cache=cache); mx.eval(out)
@@ -223,8 +226,8 @@ print(json.dumps({"tg": rates}))
 """
 
 
-def mlx_tg(model: str, n: int) -> list[float]:
-    r = subprocess.run([sys.executable, "-c", MLX_PEER, model, str(n)], check=True,
+def mlx_tg(model: str, n: int, reps: int = 1) -> list[float]:
+    r = subprocess.run([sys.executable, "-c", MLX_PEER, model, str(n), str(reps)], check=True,
                        capture_output=True, text=True)
     return json.loads(r.stdout.strip().splitlines()[-1])["tg"]
 
@@ -238,6 +241,8 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("-t", type=int, default=1)
     ap.add_argument("--no-mlx", action="store_true")
+    ap.add_argument("--mlx-n", type=int, default=4,
+                    help="tokens per mlx-lm run (its CPU decode of these packs is slow), first round only")
     ap.add_argument("--only", help="comma-separated subset of the models")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -257,8 +262,8 @@ def main() -> None:
                 j = neagari_tg(b, os.path.join(a.out, m), a.n, a.t)
                 res.setdefault((tag, m), []).append(j["tg_tok_s"])
                 mib[m] = j["decode_bytes_per_token"] / 2**20
-            if not a.no_mlx and m.startswith("mlx"):
-                res.setdefault(("mlx-lm", m), []).extend(mlx_tg(os.path.join(a.out, m), a.n))
+            if not a.no_mlx and m.startswith("mlx") and rnd == 0:
+                res.setdefault(("mlx-lm", m), []).extend(mlx_tg(os.path.join(a.out, m), a.mlx_n))
         print(f"round {rnd + 1}/{a.rounds} done ({time.strftime('%H:%M:%S')}, "
               f"load {os.getloadavg()[0]:.1f})", file=sys.stderr)
     tags = list(bins) + ([] if a.no_mlx else ["mlx-lm"])
