@@ -10,8 +10,8 @@
 //!
 //! Activations: each row is quantized to Q8_0 (as llama.cpp runs Q1_0), then split into
 //! its int8 quants `[na, k]` and the block scales spread over the eight i32 lanes of each
-//! block's sums (`[na, k/4]` f32: element `4·b/… = 8·blk + lane`), so a kernel loads the
-//! scale vector of any 32 or 64 quants with one load.
+//! block's sums (`[na, k/4]` f32: element `8·blk + lane` holds block `blk`'s scale), so a
+//! kernel loads the scale vector of any 32 or 64 quants with one load.
 //!
 //! Kernels: `gemm_scalar` (portable), `super::avx2::sign1` and `super::avx512::sign1`
 //! (VNNI), all tested against `neagari_quant::mlx_affine::dot_row_q8` on the original
