@@ -14,8 +14,7 @@ use neagari_quant::mlx_affine::{AffineLayout, ScaleType};
 
 use super::AffineGemmFn;
 
-#[cfg(test)]
-use super::AffineQ8GemmFn;
+use super::sign1::{self, Acts, SignRows};
 
 pub(super) fn gemm_for(bits: u32) -> Option<AffineGemmFn> {
     Some(match bits {
@@ -99,7 +98,7 @@ struct Row<'a> {
 /// conversion costs more than a whole group's FMAs).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale_at(st: ScaleType, bytes: &[u8], i: usize) -> f32 {
+pub(super) unsafe fn scale_at(st: ScaleType, bytes: &[u8], i: usize) -> f32 {
     // SAFETY: the caller passes i < the row's group count; the row holds that many
     // elements of `st` (checked in `gemm`).
     unsafe {
@@ -189,7 +188,9 @@ unsafe fn unpack8<const B: usize>(p: *const u8) -> __m256 {
 }
 
 /// Thirty-two `B`-bit codes from the `4B` bytes at `p`, as four vectors of eight. 2-bit codes
-/// take one broadcast per 16 codes (two shifts of the same word) instead of one per 8.
+/// take one broadcast per 16 codes (two shifts of the same word) instead of one per 8. (A
+/// nibble split of 4-bit codes — one 16-byte load, and/shift, unpack, widen — measured 15%
+/// slower than four broadcast-and-shift steps on Zen 4: it queues on the shuffle port.)
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn unpack32<const B: usize>(p: *const u8) -> [__m256; 4] {
@@ -215,7 +216,7 @@ unsafe fn unpack32<const B: usize>(p: *const u8) -> [__m256; 4] {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
@@ -301,146 +302,134 @@ unsafe fn row_dot1<const B: usize>(
     [hsum(tot) + bias, 0.0, 0.0, 0.0]
 }
 
-/// 1-bit codes × Q8_0 activations, `AffineQ8GemmFn`. Per 32 codes (one uint32 word, one
-/// activation block): the word's bytes are spread over the 32 byte lanes (`pshufb`), each
-/// lane tests its bit, the resulting 0x00/0xFF mask selects the int8 activations and
-/// `maddubs`/`madd` sum them into eight i32 lanes, scaled by the block's `d`. Per group
-/// `s·Σ + β·Σx` as in the f32 kernel.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn gemm1_q8(
-    l: AffineLayout,
-    st: ScaleType,
+/// `−1` in byte `i` where bit `i` of `bits` is clear, `+1` where it is set: the word's
+/// bytes spread over the 32 byte lanes (`pshufb`), each lane tests its bit.
+#[inline(always)]
+unsafe fn sign_bytes(bits: u32) -> __m256i {
+    // SAFETY: register-only intrinsics; the caller enables AVX2.
+    unsafe {
+        let spread = _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
+            3, 3, 3,
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let v = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), spread);
+        let clear = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), _mm256_setzero_si256());
+        _mm256_or_si256(clear, _mm256_set1_epi8(1))
+    }
+}
+
+/// 1-bit sign form × Q8_0 activations (`sign1::Sign1GemmFn`). Per 32 codes (one u32 word,
+/// one activation block): `psignb` turns the int8 activations into `±a` by the code bits,
+/// `maddubs`/`madd` against ones sum them into eight i32 lanes, which meet the block's
+/// scale; per group the weight scale `d` (and `m·Σx` where the matrix has offsets). One
+/// weight row against up to four activation rows at a time (the sign mask is shared).
+pub(super) fn sign1(
+    w: &SignRows,
     k: usize,
-    codes: &[u8],
-    scales: &[u8],
-    biases: &[u8],
     nw: usize,
-    a: &[u8],
-    xsum: &[f32],
+    a: &Acts,
     na: usize,
     out: &mut [f32],
     out_stride: usize,
 ) {
-    let ng = k / l.group;
-    let (cb, sb, ab) = (k / 8, ng * st.size(), k / 32 * 34);
-    if l.bits != 1
-        || !k.is_multiple_of(l.group)
-        || codes.len() < nw * cb
-        || scales.len() < nw * sb
-        || biases.len() < nw * sb
-        || a.len() < na * ab
-        || xsum.len() < na * ng
-        || (na > 0 && nw > 0 && out.len() < (na - 1) * out_stride + nw)
-    {
-        return super::gemm_q8_scalar(
-            l, st, k, codes, scales, biases, nw, a, xsum, na, out, out_stride,
-        );
+    if !sign1::lengths_ok(w, k, nw, a, na, out, out_stride) {
+        return sign1::gemm_scalar(w, k, nw, a, na, out, out_stride);
     }
-    // The activation blocks' scales as f32, once for all weight rows.
-    let nb = k / 32;
-    let ds: Vec<f32> = a[..na * ab]
-        .chunks_exact(34)
-        .map(|b| neagari_quant::float::f16_to_f32([b[0], b[1]]))
-        .collect(); // [na, k/32]
     for j in 0..nw {
-        let row = Row {
-            codes: &codes[j * cb..(j + 1) * cb],
-            scales: &scales[j * sb..(j + 1) * sb],
-            biases: &biases[j * sb..(j + 1) * sb],
-        };
-        for i in 0..na {
-            // SAFETY: AVX2/FMA/F16C were detected before this kernel was chosen; the
-            // lengths were checked above.
-            out[i * out_stride + j] = unsafe {
-                row_dot1_q8(
-                    l.group,
-                    st,
-                    k,
-                    &row,
-                    &a[i * ab..(i + 1) * ab],
-                    &ds[i * nb..(i + 1) * nb],
-                    &xsum[i * ng..(i + 1) * ng],
-                )
+        let mut i0 = 0;
+        while i0 < na {
+            let nr = (na - i0).min(4);
+            // SAFETY: AVX2/FMA/F16C were detected before this kernel was chosen;
+            // `lengths_ok` covers weight row j < nw and activation rows i0 .. i0 + nr ≤ na.
+            let r = unsafe {
+                match nr {
+                    4 => sign1_tile::<4>(w, j, k, a, i0),
+                    3 => sign1_tile::<3>(w, j, k, a, i0),
+                    2 => sign1_tile::<2>(w, j, k, a, i0),
+                    _ => sign1_tile::<1>(w, j, k, a, i0),
+                }
             };
+            for (r, v) in r.iter().take(nr).enumerate() {
+                out[(i0 + r) * out_stride + j] = *v;
+            }
+            i0 += nr;
         }
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn row_dot1_q8(
-    group: usize,
-    st: ScaleType,
+unsafe fn sign1_tile<const NA: usize>(
+    w: &SignRows,
+    j: usize,
     k: usize,
-    w: &Row,
-    a: &[u8],
-    ds: &[f32],
-    sums: &[f32],
-) -> f32 {
-    let ng = k / group;
-    let per = group / 32;
-    let (cp, ap, dp) = (w.codes.as_ptr(), a.as_ptr(), ds.as_ptr());
-    let mut tot = _mm256_setzero_ps();
-    let mut bias = 0f32;
-    for (g, &gsum) in sums.iter().enumerate().take(ng) {
-        // Four named accumulators (block slots), so consecutive blocks' FMAs do not wait
-        // on each other; an indexed array would live on the stack.
-        let (mut a0, mut a1, mut a2, mut a3) = (
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-            _mm256_setzero_ps(),
-        );
-        let first = g * per;
-        let mut b = 0;
-        // SAFETY (all `block1` calls): first + b < k/32, see `block1`.
-        unsafe {
-            while b + 4 <= per {
-                a0 = block1(cp, ap, dp, first + b, a0);
-                a1 = block1(cp, ap, dp, first + b + 1, a1);
-                a2 = block1(cp, ap, dp, first + b + 2, a2);
-                a3 = block1(cp, ap, dp, first + b + 3, a3);
-                b += 4;
+    a: &Acts,
+    i0: usize,
+) -> [f32; 4] {
+    let ng = k / w.group;
+    let per = w.group / 32;
+    let d = &w.d[j * ng * w.dt.size()..];
+    // SAFETY (whole body): row j's k/8 code bytes, activation rows i0 .. i0 + NA
+    // (quants [k], scales [k/4], sums [ng]) and row j's ng scales/offsets are in bounds
+    // (`lengths_ok`); b < k/32 and g < ng below.
+    unsafe {
+        let cp = w.codes.as_ptr().add(j * k / 8);
+        let qp = a.qs.as_ptr().add(i0 * k);
+        let dp = a.dl.as_ptr().add(i0 * k / 4);
+        let ones8 = _mm256_set1_epi8(1);
+        let ones16 = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); NA];
+        for g in 0..ng {
+            let mut t = [_mm256_setzero_ps(); NA];
+            for b in g * per..(g + 1) * per {
+                let sg = sign_bytes(std::ptr::read_unaligned(cp.add(4 * b) as *const u32));
+                for (i, t) in t.iter_mut().enumerate() {
+                    let q = _mm256_loadu_si256(qp.add(i * k + 32 * b) as *const __m256i);
+                    let p = _mm256_maddubs_epi16(ones8, _mm256_sign_epi8(q, sg));
+                    let s32 = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones16));
+                    *t = _mm256_fmadd_ps(s32, _mm256_loadu_ps(dp.add(i * k / 4 + 8 * b)), *t);
+                }
             }
-            while b < per {
-                a0 = block1(cp, ap, dp, first + b, a0);
-                b += 1;
+            let dg = _mm256_set1_ps(scale_at(w.dt, d, g));
+            for (acc, t) in acc.iter_mut().zip(t) {
+                *acc = _mm256_fmadd_ps(dg, t, *acc);
             }
         }
-        let acc = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-        tot = _mm256_fmadd_ps(_mm256_set1_ps(scale_at(st, w.scales, g)), acc, tot);
-        bias += scale_at(st, w.biases, g) * gsum;
+        let mut out = [0f32; 4];
+        for (o, acc) in out.iter_mut().zip(acc) {
+            *o = hsum(acc);
+        }
+        if let Some(m) = w.m {
+            for (i, o) in out.iter_mut().take(NA).enumerate() {
+                *o += dot_f32(
+                    m.as_ptr().add(j * ng),
+                    a.xsum.as_ptr().add((i0 + i) * ng),
+                    ng,
+                );
+            }
+        }
+        out
     }
-    hsum(tot) + bias
 }
 
-/// `acc + d_blk · Σ_{bit i of word blk set} xq_blk[i]` (eight partial sums).
+/// `Σ a[i]·b[i]` over `n` f32 (the `m·Σx` terms of a sign-form row): eight lanes at a time,
+/// so the bias terms do not serialise on one scalar FMA chain.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn block1(cp: *const u8, ap: *const u8, dp: *const f32, blk: usize, acc: __m256) -> __m256 {
-    let spread = _mm256_setr_epi8(
-        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
-        3, 3,
-    );
-    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    // SAFETY: the caller guarantees blk < k/32: word blk of the row's k/8 code bytes,
-    // activation block blk (34 bytes: f16 d, 32 × i8) of the row's k/32·34 bytes, ds[blk].
+pub(super) unsafe fn dot_f32(a: *const f32, b: *const f32, n: usize) -> f32 {
+    // SAFETY: the caller guarantees n readable f32 at a and at b.
     unsafe {
-        let word = std::ptr::read_unaligned(cp.add(blk * 4) as *const u32);
-        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(word as i32), spread);
-        let sel = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
-        let q = _mm256_loadu_si256(ap.add(blk * 34 + 2) as *const __m256i);
-        let picked = _mm256_and_si256(sel, q);
-        let s32 = _mm256_madd_epi16(
-            _mm256_maddubs_epi16(_mm256_set1_epi8(1), picked),
-            _mm256_set1_epi16(1),
-        );
-        _mm256_fmadd_ps(
-            _mm256_broadcast_ss(&*dp.add(blk)),
-            _mm256_cvtepi32_ps(s32),
-            acc,
-        )
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= n {
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), acc);
+            i += 8;
+        }
+        let mut s = hsum(acc);
+        while i < n {
+            s += *a.add(i) * *b.add(i);
+            i += 1;
+        }
+        s
     }
 }
-
-#[cfg(test)]
-const _: AffineQ8GemmFn = gemm1_q8;

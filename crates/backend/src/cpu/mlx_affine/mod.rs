@@ -3,12 +3,20 @@
 //! a pack's logits track mlx-lm's to f32 rounding; each activation row's per-group sums are
 //! computed once per matmul and meet the biases (`Σ w·x = Σ_g s_g·Σ q·x + β_g·Σ x`).
 //!
-//! Kernels: `avx2.rs` (one source for every bit width, codes unpacked 8 at a time) and the
-//! scalar reference `neagari_quant::mlx_affine::dot_row`, which the AVX2 kernel is tested
+//! 1-bit matrices (where a SIMD kernel exists) take another path, `sign1.rs`: at load each
+//! group's scale and bias become the sign form `d·(±1) + m`, and the kernels multiply the
+//! codes with Q8_0 activations at the integer cost of a GGUF Q1_0 row.
+//!
+//! Kernels: `avx2.rs` (one source for every bit width, codes unpacked 8 at a time; the
+//! 1-bit sign kernel), `avx512.rs` (the 1-bit sign kernel on VNNI) and the scalar
+//! references `neagari_quant::mlx_affine::dot_row` / `dot_row_q8`, which they are tested
 //! against on fresh random data.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod sign1;
 
 use neagari_quant::mlx_affine::{self, AffineLayout, ScaleType};
 
@@ -36,25 +44,6 @@ pub(crate) type AffineGemmFn = fn(
     out_stride: usize,
 );
 
-/// Like `AffineGemmFn`, with the activation rows as Q8_0 blocks (`a` `[na, k/32 · 34]`
-/// bytes) instead of f32: the integer kernels (1-bit: a byte mask selects the int8
-/// activations, summed by `maddubs`), which read one bit per weight at integer speed.
-#[allow(clippy::too_many_arguments)]
-pub(crate) type AffineQ8GemmFn = fn(
-    l: AffineLayout,
-    st: ScaleType,
-    k: usize,
-    codes: &[u8],
-    scales: &[u8],
-    biases: &[u8],
-    nw: usize,
-    a: &[u8],
-    xsum: &[f32],
-    na: usize,
-    out: &mut [f32],
-    out_stride: usize,
-);
-
 /// A loaded affine matrix `[rows, cols]`.
 pub struct CpuAffine {
     pub layout: AffineLayout,
@@ -63,9 +52,20 @@ pub struct CpuAffine {
     scales: SharedBytes,
     biases: SharedBytes,
     gemm: AffineGemmFn,
-    /// The integer kernel and its activation quantizer, where one exists (1-bit on AVX2).
-    q8: Option<(AffineQ8GemmFn, super::kernels::QuantizeActFn)>,
+    /// The 1-bit sign form and its integer kernel, where one exists (1-bit on AVX2).
+    one: Option<OneBit>,
     pub isa: &'static str,
+}
+
+/// A 1-bit matrix's group pairs in sign form (`sign1.rs`), and its kernel.
+struct OneBit {
+    /// `[rows, ng]` in `dt`: `s/2`.
+    d: Vec<u8>,
+    dt: ScaleType,
+    /// `[rows, ng]`: `β + s/2`; `None` when all are zero (the Bonsai packs).
+    m: Option<Vec<f32>>,
+    gemm: sign1::Sign1GemmFn,
+    quantize: super::kernels::QuantizeActFn,
 }
 
 impl CpuAffine {
@@ -99,8 +99,22 @@ impl CpuAffine {
                 return Err(bad(what, b.len(), want));
             }
         }
-        let (gemm, isa) = pick(feats, scalar_only, l.bits);
-        let q8 = pick_q8(feats, scalar_only, l.bits);
+        let (gemm, mut isa) = pick(feats, scalar_only, l.bits);
+        let mut one = None;
+        #[cfg(target_arch = "x86_64")]
+        if l.bits == 1 && !scalar_only && feats.has_avx2() {
+            let (d, dt, m) =
+                sign1::sign_form(t.scale_type, t.scales.as_slice(), t.biases.as_slice());
+            let (gemm, name) = sign1::pick(feats);
+            isa = name;
+            one = Some(OneBit {
+                d,
+                dt,
+                m,
+                gemm,
+                quantize: super::q8_0::quantize_act_avx2,
+            });
+        }
         Ok(CpuAffine {
             layout: l,
             st: t.scale_type,
@@ -108,13 +122,17 @@ impl CpuAffine {
             scales: t.scales.clone(),
             biases: t.biases.clone(),
             gemm,
-            q8,
-            isa: if q8.is_some() { "avx2-int8" } else { isa },
+            one,
+            isa,
         })
     }
 
+    /// Bytes a matmul reads: codes and scales/biases, or codes and the sign form.
     pub fn bytes(&self) -> usize {
-        self.codes.len() + self.scales.len() + self.biases.len()
+        match &self.one {
+            Some(o) => self.codes.len() + o.d.len() + o.m.as_ref().map_or(0, |m| 4 * m.len()),
+            None => self.codes.len() + self.scales.len() + self.biases.len(),
+        }
     }
 
     /// Row `r` (`[cols]`) dequantized (embedding lookups).
@@ -147,8 +165,6 @@ impl CpuAffine {
     ) {
         let l = self.layout;
         let ng = cols / l.group;
-        // Per-group sums of each activation row, once for all weight rows.
-        let xsum: Vec<f32> = x.chunks_exact(l.group).map(|g| g.iter().sum()).collect(); // [na, ng]
         let chunk = super::chunk_rows(rows, pool.n_threads(), na);
         let n_chunks = rows.div_ceil(chunk);
         let (cb, sb) = (l.row_code_bytes(cols), ng * self.st.size());
@@ -159,50 +175,34 @@ impl CpuAffine {
         );
         let op = SyncPtr(out.as_mut_ptr());
         let out_len = out.len();
-        let (gemm, st) = (self.gemm, self.st);
-        if let Some((q8, quantize)) = self.q8 {
-            // Activation rows to Q8_0 once, for every weight row.
-            let ab = cols / 32 * 34;
-            let mut a = vec![0u8; na * ab]; // [na, k/32 · 34]
-            for (xr, ar) in x.chunks_exact(cols).zip(a.chunks_exact_mut(ab)) {
-                quantize(xr, ar);
-            }
-            // Group sums of the *quantized* activations: with 1-bit codes, `s·Σ_{set} x`
-            // and `β·Σx` nearly cancel (β ≈ −s/2), so both must see the same rounded x or
-            // the int8 error is amplified by the code range (ggml's Q8_1 `s` does the same).
-            let xsum: Vec<f32> = a
-                .chunks_exact(34 * (l.group / 32))
-                .map(|g| {
-                    g.chunks_exact(34)
-                        .map(|b| {
-                            let d = neagari_quant::float::f16_to_f32([b[0], b[1]]);
-                            d * b[2..].iter().map(|&q| q as i8 as i32).sum::<i32>() as f32
-                        })
-                        .sum()
-                })
-                .collect(); // [na, ng]
+        if let Some(o) = &self.one {
+            // Activation rows to Q8_0 once, for every weight row (sums only for `m`).
+            let (qs, dl, xsum) = sign1::prepare(o.quantize, x, cols, l.group, o.m.is_some());
+            let acts = sign1::Acts {
+                qs: &qs,
+                dl: &dl,
+                xsum: &xsum,
+            };
+            let ds = ng * o.dt.size();
             pool.run(n_chunks, |c| {
                 let j0 = c * chunk;
                 let nw = chunk.min(rows - j0);
+                let w = sign1::SignRows {
+                    group: l.group,
+                    codes: &codes[j0 * cb..(j0 + nw) * cb],
+                    d: &o.d[j0 * ds..(j0 + nw) * ds],
+                    dt: o.dt,
+                    m: o.m.as_ref().map(|m| &m[j0 * ng..(j0 + nw) * ng]),
+                };
                 // SAFETY: as below, chunk c writes only columns j0..j0+nw.
                 let dst = unsafe { std::slice::from_raw_parts_mut(op.get().add(j0), out_len - j0) };
-                q8(
-                    l,
-                    st,
-                    cols,
-                    &codes[j0 * cb..(j0 + nw) * cb],
-                    &scales[j0 * sb..(j0 + nw) * sb],
-                    &biases[j0 * sb..(j0 + nw) * sb],
-                    nw,
-                    &a,
-                    &xsum,
-                    na,
-                    dst,
-                    rows,
-                );
+                (o.gemm)(&w, cols, nw, &acts, na, dst, rows);
             });
             return;
         }
+        // Per-group sums of each activation row, once for all weight rows.
+        let xsum: Vec<f32> = x.chunks_exact(l.group).map(|g| g.iter().sum()).collect(); // [na, ng]
+        let (gemm, st) = (self.gemm, self.st);
         pool.run(n_chunks, |c| {
             let j0 = c * chunk;
             let nw = chunk.min(rows - j0);
@@ -236,58 +236,6 @@ fn pick(feats: &CpuFeatures, scalar_only: bool, bits: u32) -> (AffineGemmFn, &'s
     }
     let _ = (feats, scalar_only, bits);
     (gemm_scalar, "scalar")
-}
-
-fn pick_q8(
-    feats: &CpuFeatures,
-    scalar_only: bool,
-    bits: u32,
-) -> Option<(AffineQ8GemmFn, super::kernels::QuantizeActFn)> {
-    #[cfg(target_arch = "x86_64")]
-    if !scalar_only && feats.has_avx2() && bits == 1 {
-        return Some((avx2::gemm1_q8, super::q8_0::quantize_act_avx2));
-    }
-    let _ = (feats, scalar_only, bits);
-    None
-}
-
-/// The portable integer kernel: the quant crate's `dot_row_q8` per (weight, activation) row.
-#[allow(clippy::too_many_arguments, dead_code)]
-pub(crate) fn gemm_q8_scalar(
-    l: AffineLayout,
-    st: ScaleType,
-    k: usize,
-    codes: &[u8],
-    scales: &[u8],
-    biases: &[u8],
-    nw: usize,
-    a: &[u8],
-    xsum: &[f32],
-    na: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    let (cb, sb, ab, ng) = (
-        l.row_code_bytes(k),
-        k / l.group * st.size(),
-        k / 32 * 34,
-        k / l.group,
-    );
-    for j in 0..nw {
-        for i in 0..na {
-            let xq: &[neagari_quant::BlockQ8_0] = bytemuck::cast_slice(&a[i * ab..(i + 1) * ab]);
-            out[i * out_stride + j] = mlx_affine::dot_row_q8(
-                l,
-                &codes[j * cb..(j + 1) * cb],
-                &scales[j * sb..(j + 1) * sb],
-                &biases[j * sb..(j + 1) * sb],
-                st,
-                xq,
-                &xsum[i * ng..(i + 1) * ng],
-            )
-            .unwrap_or(f32::NAN);
-        }
-    }
 }
 
 /// The portable kernel: the quant crate's reference dot per (weight row, activation row).
@@ -337,53 +285,6 @@ mod tests {
                 ScaleType::F32 => x.to_le_bytes().to_vec(),
             })
             .collect()
-    }
-
-    /// The integer (Q8_0-activation) kernels against `dot_row_q8`, same sweep.
-    #[test]
-    fn int8_kernels_match_reference() {
-        let feats = CpuFeatures::detect();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
-        for bits in [1u32, 2, 3, 4, 5, 6, 8] {
-            let Some((gemm, quantize)) = pick_q8(&feats, false, bits) else {
-                continue;
-            };
-            for group in [32usize, 64, 128] {
-                for st in [ScaleType::F16, ScaleType::BF16, ScaleType::F32] {
-                    let l = AffineLayout::new(bits, group).unwrap();
-                    let (nw, k) = (7usize, group * 3);
-                    let ng = k / group;
-                    let codes: Vec<u8> = (0..nw * l.row_code_bytes(k)).map(|_| rng.gen()).collect();
-                    let s: Vec<f32> = (0..nw * ng).map(|_| rng.gen_range(0.01..0.2)).collect();
-                    let b: Vec<f32> = (0..nw * ng).map(|_| rng.gen_range(-1.0..1.0)).collect();
-                    let (s, b) = (scale_bytes(&s, st), scale_bytes(&b, st));
-                    for na in [1usize, 3, 4, 6] {
-                        let x: Vec<f32> = (0..na * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
-                        let xsum: Vec<f32> =
-                            x.chunks_exact(group).map(|g| g.iter().sum()).collect();
-                        let ab = k / 32 * 34;
-                        // (Any sums do for kernel-vs-reference; the driver passes the
-                        // quantized activations' sums.)
-                        let mut a = vec![0u8; na * ab];
-                        for (xr, ar) in x.chunks_exact(k).zip(a.chunks_exact_mut(ab)) {
-                            quantize(xr, ar);
-                        }
-                        let mut want = vec![0f32; na * nw];
-                        let mut got = vec![0f32; na * nw];
-                        gemm_q8_scalar(l, st, k, &codes, &s, &b, nw, &a, &xsum, na, &mut want, nw);
-                        gemm(l, st, k, &codes, &s, &b, nw, &a, &xsum, na, &mut got, nw);
-                        for (w, g) in want.iter().zip(&got) {
-                            // Integer sums are exact; only the f32 order of the block and
-                            // group terms differs.
-                            assert!(
-                                (w - g).abs() <= 1e-5 * (1.0 + w.abs()),
-                                "{bits}-bit g{group} {st:?} na={na}: {w} vs {g}"
-                            );
-                        }
-                    }
-                }
-            }
-        }
     }
 
     /// Every kernel this CPU has against the scalar reference, on fresh random codes,
