@@ -353,3 +353,35 @@ fn perplexity_within_half_a_percent() {
     );
     assert!(rel < 0.005, "perplexity {} vs {want}", r.ppl);
 }
+
+/// Not a check: with NEAGARI_DUMP=DIR set, runs one fixture prompt (NEAGARI_DUMP_PROMPT,
+/// default 0) and NEAGARI_DUMP_STEPS (default 2) decode steps along llama.cpp's continuation,
+/// while the Gemma forward writes its intermediate buffers for
+/// `scripts/llama_dump_tensors.py compare`.
+#[test]
+fn dump_tensors() {
+    if std::env::var_os("NEAGARI_DUMP").is_none() {
+        return;
+    }
+    let Some(s) = setup() else { return };
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let p = &s.refs["prompts"][env("NEAGARI_DUMP_PROMPT", 0)];
+    let want = ids(&p["continuation_ids"]);
+    let mut sess = Session::new(s.model.as_ref(), &s.be, 1024, KvType::F16).expect("session");
+    sess.prefill(
+        s.model.as_ref(),
+        &s.be,
+        &ids(&p["prompt_ids"]),
+        512,
+        |_, _| true,
+    )
+    .expect("prefill");
+    for &t in &want[..env("NEAGARI_DUMP_STEPS", 2)] {
+        sess.decode(s.model.as_ref(), &s.be, t).expect("decode");
+    }
+}

@@ -5,6 +5,7 @@
 
 use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, Rope};
 
+use crate::dump::Dump;
 use crate::source::{ModelSource, SourceExt};
 use crate::{check_room, output_logits, CausalLm, ModelError, ModelInfo, Result};
 
@@ -239,9 +240,16 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
         let pos0 = be.kv_len(kv);
         check_room(pos0, n, be.kv_capacity(kv))?;
         let hd = c.head_dim;
+        let dump = Dump::start();
+        let put = |name: &str, il: Option<usize>, b: &B::Buf| {
+            if let Some(d) = &dump {
+                d.put(be, name, il, b);
+            }
+        };
 
         let mut x = be.buf(n, c.n_embd)?; // [n, H] residual stream
         be.embed(&self.tok_embd, tokens, (c.n_embd as f32).sqrt(), &mut x)?;
+        put("inp_scaled", None, &x);
         let mut xn = be.buf(n, c.n_embd)?; // [n, H]
         let mut q = be.buf(n, c.n_heads * hd)?; // [n, n_heads·hd]
         let mut k = be.buf(n, c.n_kv_heads * hd)?; // [n, n_kv·hd]
@@ -254,17 +262,25 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
         for (il, l) in self.layers.iter().enumerate() {
             // Attention block.
             be.rms_norm(&x, &l.attn_norm, c.eps, &mut xn)?;
+            put("attn_norm", Some(il), &xn);
             be.matmul(&l.wq, &xn, &mut q)?;
             be.matmul(&l.wk, &xn, &mut k)?;
             be.matmul(&l.wv, &xn, &mut v)?;
+            put("Qcur", Some(il), &q);
+            put("Kcur", Some(il), &k);
+            put("Vcur", Some(il), &v);
             be.rms_norm_inplace(&mut q, &l.q_norm, c.eps)?;
             be.rms_norm_inplace(&mut k, &l.k_norm, c.eps)?;
+            put("Qcur_normed", Some(il), &q);
+            put("Kcur_normed", Some(il), &k);
             let (rope, window) = match c.window[il] {
                 Some(w) => (&c.rope_local, Some(w)),
                 None => (&c.rope_global, None),
             };
             be.rope(&mut q, hd, pos0, rope, None)?;
             be.rope(&mut k, hd, pos0, rope, None)?;
+            put("Qcur_rope", Some(il), &q);
+            put("Kcur_rope", Some(il), &k);
             let attn = Attn {
                 n_heads: c.n_heads,
                 n_kv_heads: c.n_kv_heads,
@@ -274,21 +290,32 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
                 softcap: None,
             };
             be.attention(kv, il, pos0, &q, &k, &v, &attn, &mut att)?;
+            put("kqv_out", Some(il), &att);
             be.matmul(&l.wo, &att, &mut o)?;
+            put("attn_out", Some(il), &o);
             be.rms_norm_inplace(&mut o, &l.post_attn_norm, c.eps)?;
+            put("attn_post_norm", Some(il), &o);
             be.add(&mut x, &o)?;
+            put("sa_out", Some(il), &x);
 
             // MLP block.
             be.rms_norm(&x, &l.ffn_norm, c.eps, &mut xn)?;
+            put("ffn_norm", Some(il), &xn);
             be.matmul(&l.gate, &xn, &mut gate)?;
             be.matmul(&l.up, &xn, &mut up)?;
+            put("ffn_gate", Some(il), &gate);
+            put("ffn_up", Some(il), &up);
             be.glu(&mut gate, &up, GluAct::GeluTanh)?;
+            put("ffn_geglu", Some(il), &gate);
             be.matmul(&l.down, &gate, &mut o)?;
+            put("ffn_out", Some(il), &o);
             be.rms_norm_inplace(&mut o, &l.post_ffn_norm, c.eps)?;
+            put("ffn_post_norm", Some(il), &o);
             be.add(&mut x, &o)?;
+            put("l_out", Some(il), &x);
         }
         be.kv_commit(kv, pos0 + n)?;
-        output_logits(
+        let logits = output_logits(
             be,
             &x,
             &self.output_norm,
@@ -297,6 +324,10 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
             c.n_vocab,
             c.final_softcap,
             all_logits,
-        )
+        )?;
+        if let Some(d) = &dump {
+            d.put_host("result_output", None, &logits);
+        }
+        Ok(logits)
     }
 }
