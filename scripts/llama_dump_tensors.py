@@ -149,7 +149,9 @@ def save_step(out: Path, step: int, items) -> None:
 
 # Our dump names in forward order -> (llama.cpp name, which occurrence; -1 = the last).
 # llama.cpp reuses "Qcur-il" for the matmul output, its 3-D reshape and the RoPE output;
-# its attention output projection is unnamed: "+1" means the node after "kqv_out-il".
+# its attention output projection is unnamed: "+1" means the node after "kqv_out-il";
+# "last+1" is the node after the RoPE output of q: q scaled by 1/sqrt(head_dim), which
+# our Gemma forward folds into q's RoPE.
 LAYER_ORDER = [
     ("attn_norm", "attn_norm", 0),
     ("Qcur", "Qcur", 0),
@@ -157,7 +159,7 @@ LAYER_ORDER = [
     ("Vcur", "Vcur", 0),
     ("Qcur_normed", "Qcur_normed", 0),
     ("Kcur_normed", "Kcur_normed", 0),
-    ("Qcur_rope", "Qcur", -1),
+    ("Qcur_rope", "Qcur", "last+1"),
     ("Kcur_rope", "Kcur", -1),
     ("kqv_out", "kqv_out", 0),
     ("attn_out", "kqv_out", "+1"),
@@ -203,6 +205,8 @@ def compare(args) -> None:
                 continue
             if occ == "+1":
                 idx = by[lname][0] + 1
+            elif occ == "last+1":
+                idx = by[lname][-1] + 1
             else:
                 idx = by[lname][occ]
             ref = z[keys[idx]].reshape(-1)

@@ -277,7 +277,20 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
                 Some(w) => (&c.rope_local, Some(w)),
                 None => (&c.rope_global, None),
             };
-            be.rope(&mut q, hd, pos0, rope, None)?;
+            // llama.cpp scales q by attn_scale after RoPE (ggml_scale) and attends with scale
+            // 1. When attn_scale is a power of two, RoPE's mscale applies it with the same
+            // bits (every product just moves its exponent), so q matches llama.cpp's exactly
+            // before the f16 rounding that the scale would otherwise follow.
+            let q_scaled = is_pow2(c.attn_scale);
+            let rope_q = if q_scaled {
+                &Rope {
+                    attn_factor: rope.attn_factor * c.attn_scale,
+                    ..rope.clone()
+                }
+            } else {
+                rope
+            };
+            be.rope(&mut q, hd, pos0, rope_q, None)?;
             be.rope(&mut k, hd, pos0, rope, None)?;
             put("Qcur_rope", Some(il), &q);
             put("Kcur_rope", Some(il), &k);
@@ -285,7 +298,7 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
                 n_heads: c.n_heads,
                 n_kv_heads: c.n_kv_heads,
                 head_dim: hd,
-                scale: c.attn_scale,
+                scale: if q_scaled { 1.0 } else { c.attn_scale },
                 window,
                 softcap: None,
             };
@@ -330,4 +343,9 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
         }
         Ok(logits)
     }
+}
+
+/// `x` is 2^k for an integer k (so multiplying by it is exact in f32 away from underflow).
+fn is_pow2(x: f32) -> bool {
+    x.is_normal() && x.to_bits() & 0x007f_ffff == 0
 }

@@ -10,7 +10,9 @@ impl VnniBlocks for Q5_0 {
     const BYTES: usize = 22;
     const OFFSET: i32 = 16;
     const HAS_MIN: bool = false;
-    const MAX_NA: usize = 1;
+    // Every row count: these tiles sum in llama.cpp's order (ggml's vec_dot for one row,
+    // tinyBLAS for more), the AVX2 panels do not.
+    const MAX_NA: usize = usize::MAX;
     const AVX2_GEMM: crate::cpu::kernels::GemmFn =
         crate::cpu::avx2_tiles::gemm_unsigned::<super::avx2::Q5_0>;
 

@@ -10,9 +10,9 @@ impl VnniBlocks for Q8_0 {
     const BYTES: usize = 34;
     const OFFSET: i32 = 128;
     const HAS_MIN: bool = false;
-    // Measured at k = 640: the VNNI tiles beat the AVX2 row-major tiles at every count up
-    // to the AVX2 panels' threshold (8 rows).
-    const MAX_NA: usize = 4;
+    // Every row count: these tiles sum in llama.cpp's order (ggml's vec_dot for one row,
+    // tinyBLAS for more), the AVX2 panels do not.
+    const MAX_NA: usize = usize::MAX;
     const AVX2_GEMM: crate::cpu::kernels::GemmFn =
         crate::cpu::avx2_tiles::gemm_signed::<super::avx2::Q8_0>;
 
