@@ -306,6 +306,20 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
             put("kqv_out", Some(il), &att);
             be.matmul(&l.wo, &att, &mut o)?;
             put("attn_out", Some(il), &o);
+            if il + 1 == c.n_layers && !all_logits && n > 1 {
+                // Only the last token's logits are wanted: the rest of the last layer runs
+                // on its row alone, as llama.cpp's graph does (inp_out_ids). Besides saving
+                // the work, its FFN then sums in the one-row order, as llama.cpp's.
+                let mut o1 = be.buf(1, c.n_embd)?; // [1, H]
+                be.copy_row(&o, n - 1, &mut o1)?;
+                o = o1;
+                let mut x1 = be.buf(1, c.n_embd)?; // [1, H]
+                be.copy_row(&x, n - 1, &mut x1)?;
+                x = x1;
+                xn = be.buf(1, c.n_embd)?;
+                gate = be.buf(1, c.n_ff)?;
+                up = be.buf(1, c.n_ff)?;
+            }
             be.rms_norm_inplace(&mut o, &l.post_attn_norm, c.eps)?;
             put("attn_post_norm", Some(il), &o);
             be.add(&mut x, &o)?;

@@ -166,7 +166,10 @@ impl Q4K {
 
 impl Micro for Q4K {
     const BYTES: usize = 144;
-    const GEMM4_SPLIT: bool = true;
+
+    fn alt_rows(na: usize) -> usize {
+        na - na % 4
+    }
 
     #[inline(always)]
     unsafe fn tile<const NA: usize>(
@@ -182,7 +185,7 @@ impl Micro for Q4K {
     }
 
     #[inline(always)]
-    unsafe fn tile_gemm4<const NA: usize>(
+    unsafe fn tile_alt<const NA: usize>(
         w: *const u8,
         a: *const u8,
         arb: usize,

@@ -117,17 +117,22 @@ pub(crate) trait Micro {
         stride: usize,
     );
 
-    /// The format sums activation rows `0..na − na % 4` in another order than the rest
-    /// (llama.cpp's repacked Q4_K: GEMM for groups of four rows, GEMV for the remainder):
-    /// the driver runs those rows through `tile_gemm4`, in tiles that do not cross the split.
-    const GEMM4_SPLIT: bool = false;
+    /// How many leading activation rows of an `na`-row call llama.cpp sums in another order
+    /// than the rest (its repacked Q4_K: GEMM for groups of four rows, GEMV for the
+    /// remainder; its tiled K-quant matmul from 8 rows on): the driver runs them through
+    /// `tile_alt`, in tiles that do not cross that row.
+    #[inline(always)]
+    fn alt_rows(na: usize) -> usize {
+        let _ = na;
+        0
+    }
 
-    /// `tile` for the rows below the split of `GEMM4_SPLIT` formats.
+    /// `tile` for the rows below `alt_rows`.
     ///
     /// # Safety
     /// As `tile`.
     #[inline(always)]
-    unsafe fn tile_gemm4<const NA: usize>(
+    unsafe fn tile_alt<const NA: usize>(
         w: *const u8,
         a: *const u8,
         arb: usize,
@@ -176,7 +181,7 @@ unsafe fn gemm_body<M: Micro>(
             }
             return;
         }
-        let split = if M::GEMM4_SPLIT { na - na % 4 } else { 0 };
+        let split = M::alt_rows(na);
         for ip in (0..na).step_by(ACT_PANEL) {
             let pn = ACT_PANEL.min(na - ip);
             for j in 0..nw {
@@ -188,14 +193,14 @@ unsafe fn gemm_body<M: Micro>(
                     if i0 < split {
                         cn = cn.min(split - i0);
                         match cn {
-                            1 => M::tile_gemm4::<1>(wj, at, arb, nb, ot, stride),
-                            2 => M::tile_gemm4::<2>(wj, at, arb, nb, ot, stride),
-                            3 => M::tile_gemm4::<3>(wj, at, arb, nb, ot, stride),
-                            4 => M::tile_gemm4::<4>(wj, at, arb, nb, ot, stride),
-                            5 => M::tile_gemm4::<5>(wj, at, arb, nb, ot, stride),
-                            6 => M::tile_gemm4::<6>(wj, at, arb, nb, ot, stride),
-                            7 => M::tile_gemm4::<7>(wj, at, arb, nb, ot, stride),
-                            _ => M::tile_gemm4::<8>(wj, at, arb, nb, ot, stride),
+                            1 => M::tile_alt::<1>(wj, at, arb, nb, ot, stride),
+                            2 => M::tile_alt::<2>(wj, at, arb, nb, ot, stride),
+                            3 => M::tile_alt::<3>(wj, at, arb, nb, ot, stride),
+                            4 => M::tile_alt::<4>(wj, at, arb, nb, ot, stride),
+                            5 => M::tile_alt::<5>(wj, at, arb, nb, ot, stride),
+                            6 => M::tile_alt::<6>(wj, at, arb, nb, ot, stride),
+                            7 => M::tile_alt::<7>(wj, at, arb, nb, ot, stride),
+                            _ => M::tile_alt::<8>(wj, at, arb, nb, ot, stride),
                         }
                         i0 += cn;
                         continue;
