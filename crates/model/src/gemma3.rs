@@ -285,7 +285,7 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
             let rope_q = if q_scaled {
                 &Rope {
                     attn_factor: rope.attn_factor * c.attn_scale,
-                    ..rope.clone()
+                    ..*rope
                 }
             } else {
                 rope

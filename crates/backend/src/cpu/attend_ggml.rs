@@ -114,6 +114,24 @@ pub fn attend(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
+    if hd.is_multiple_of(16) && z::available() {
+        // SAFETY: AVX-512F/FMA/AVX2 are present (checked just above).
+        unsafe {
+            return z::attend(
+                q,
+                k,
+                v,
+                hd,
+                (lo, hi, base),
+                scale,
+                decode,
+                scores,
+                scratch,
+                out,
+            );
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: FMA is present (checked just above).
         unsafe {
@@ -232,6 +250,164 @@ fn attend_body(
     }
 }
 
+/// The same arithmetic with one zmm per 16-lane accumulator (AVX-512F): the loops over the
+/// head dimension run 16 values per instruction, and the reductions over the slot
+/// accumulators run vertically, 16 outputs at a time.
+#[cfg(target_arch = "x86_64")]
+mod z {
+    use super::{expf, Scratch};
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    pub(super) fn available() -> bool {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+    }
+
+    /// GCC's `_mm512_reduce_add_ps` of `v`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    fn reduce(v: __m512) -> f32 {
+        let lo = _mm512_castps512_ps256(v);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        crate::cpu::avx2_tiles::hsum(_mm256_add_ps(lo, hi))
+    }
+
+    /// `x·y` in `ggml_vec_dot_f16`'s order (`decode`) or tinyBLAS's; `x.len() % 16 == 0`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn dot(x: &[f32], y: &[f32], decode: bool) -> f32 {
+        let n = x.len();
+        let (xp, yp) = (x.as_ptr(), y.as_ptr());
+        // SAFETY (loads): every offset is below n = x.len() = y.len() (callers' slices).
+        unsafe {
+            if decode {
+                let n64 = n / 64 * 64;
+                let mut a = [_mm512_setzero_ps(); 4];
+                let mut i = 0;
+                while i < n64 {
+                    for (j, aj) in a.iter_mut().enumerate() {
+                        let o = i + 16 * j;
+                        *aj = _mm512_fmadd_ps(
+                            _mm512_loadu_ps(xp.add(o)),
+                            _mm512_loadu_ps(yp.add(o)),
+                            *aj,
+                        );
+                    }
+                    i += 64;
+                }
+                let b = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+                let mut s = reduce(b) as f64;
+                for t in n64..n {
+                    s += (*xp.add(t) * *yp.add(t)) as f64;
+                }
+                s as f32
+            } else {
+                let mut a = _mm512_setzero_ps();
+                let mut i = 0;
+                while i < n {
+                    a = _mm512_fmadd_ps(_mm512_loadu_ps(xp.add(i)), _mm512_loadu_ps(yp.add(i)), a);
+                    i += 16;
+                }
+                reduce(a)
+            }
+        }
+    }
+
+    /// `attend_body` with zmm loops; `hd % 16 == 0`.
+    ///
+    /// # Safety
+    /// AVX-512F, AVX2 and FMA are available.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    // `t` indexes scores and addresses rows of v and the slot accumulators.
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    pub(super) unsafe fn attend(
+        q: &mut [f32],
+        k: &[f32],
+        v: &[f32],
+        hd: usize,
+        (lo, hi, base): (usize, usize, usize),
+        scale: f32,
+        decode: bool,
+        scores: &mut [f32],
+        scratch: &mut Scratch,
+        out: &mut [f32],
+    ) {
+        for x in q.iter_mut() {
+            *x = f16::from_f32(*x).to_f32();
+        }
+        let mut max = f32::NEG_INFINITY;
+        for t in lo..=hi {
+            // SAFETY: features per the caller; both slices are hd long.
+            let s = unsafe { dot(&q[..hd], &k[t * hd..(t + 1) * hd], decode) } * scale;
+            scores[t] = s;
+            max = max.max(s);
+        }
+        for s in &mut scores[lo..=hi] {
+            *s = expf(*s - max);
+        }
+        let mut sum = 0f64;
+        let (c0, c1) = ((base + lo) / 16, (base + hi) / 16);
+        for c in c0..=c1 {
+            let chunk: [f32; 16] = std::array::from_fn(|l| {
+                let slot = 16 * c + l;
+                if slot < base + lo || slot > base + hi {
+                    0.0
+                } else {
+                    scores[slot - base]
+                }
+            });
+            sum += super::reduce16(&chunk) as f64;
+        }
+        let inv = (1.0 / sum) as f32;
+        let slots = if decode { 64 } else { 16 };
+        let acc = &mut scratch.acc;
+        acc.clear();
+        acc.resize(slots * hd, 0.0);
+        let ap = acc.as_mut_ptr();
+        // SAFETY (whole loop): slot s < slots and d + 16 <= hd stay inside acc
+        // (slots × hd) and inside row t < n of v.
+        unsafe {
+            for t in lo..=hi {
+                let p = _mm512_set1_ps(f16::from_f32(scores[t] * inv).to_f32());
+                let s = (base + t) % slots;
+                let (a, vr) = (ap.add(s * hd), v.as_ptr().add(t * hd));
+                let mut d = 0;
+                while d < hd {
+                    let x =
+                        _mm512_fmadd_ps(_mm512_loadu_ps(vr.add(d)), p, _mm512_loadu_ps(a.add(d)));
+                    _mm512_storeu_ps(a.add(d), x);
+                    d += 16;
+                }
+            }
+        }
+        // Per output d the 16 (or 64) slot accumulators reduce in ggml's order; 16 outputs
+        // per step, every add vertical.
+        let mut d = 0;
+        while d < hd {
+            // SAFETY: slot rows < slots, columns d..d + 16 <= hd.
+            let x: [__m512; 16] = if decode {
+                std::array::from_fn(|l| unsafe {
+                    let r = |s: usize| _mm512_loadu_ps(ap.add(s * hd + d));
+                    _mm512_add_ps(
+                        _mm512_add_ps(r(l), r(32 + l)),
+                        _mm512_add_ps(r(16 + l), r(48 + l)),
+                    )
+                })
+            } else {
+                std::array::from_fn(|l| unsafe { _mm512_loadu_ps(ap.add(l * hd + d)) })
+            };
+            let t: [__m512; 8] = std::array::from_fn(|i| _mm512_add_ps(x[i], x[i + 8]));
+            let u: [__m512; 4] = std::array::from_fn(|i| _mm512_add_ps(t[i], t[i + 4]));
+            let r = _mm512_add_ps(_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3]));
+            // SAFETY: out has hd values (caller).
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(d), r) };
+            d += 16;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,6 +426,42 @@ mod tests {
         }
         assert_eq!(expf(f32::NEG_INFINITY), 0.0);
         assert_eq!(expf(-200.0), 0.0);
+    }
+
+    #[test]
+    fn the_zmm_path_equals_the_portable_one_bit_for_bit() {
+        #[cfg(target_arch = "x86_64")]
+        if z::available() {
+            let hd = 256;
+            let n = 150;
+            let f = |i: usize, s: f32| f16::from_f32((i as f32 * s).sin() * 1.5).to_f32();
+            let k: Vec<f32> = (0..n * hd).map(|i| f(i, 0.37)).collect();
+            let v: Vec<f32> = (0..n * hd).map(|i| f(i, 0.11)).collect();
+            for decode in [true, false] {
+                for (lo, hi, base) in [(0, n - 1, 0), (7, 100, 3), (40, 41, 0)] {
+                    let (mut qa, mut qb) = ((0..hd).map(|i| f(i, 0.7)).collect::<Vec<_>>(), vec![]);
+                    qb.extend_from_slice(&qa);
+                    let (mut sa, mut sb) = (vec![0f32; n], vec![0f32; n]);
+                    let (mut oa, mut ob) = (vec![0f32; hd], vec![0f32; hd]);
+                    let (mut ca, mut cb) = (Scratch::default(), Scratch::default());
+                    let r = (lo, hi, base);
+                    attend_body(
+                        &mut qa, &k, &v, hd, r, 0.5, decode, &mut sa, &mut ca, &mut oa,
+                    );
+                    // SAFETY: z::available() said yes.
+                    unsafe {
+                        z::attend(
+                            &mut qb, &k, &v, hd, r, 0.5, decode, &mut sb, &mut cb, &mut ob,
+                        )
+                    };
+                    assert_eq!(
+                        oa.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                        ob.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                        "decode {decode}, range {r:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,7 +1,9 @@
-//! Decode GEMV (one to four activation rows) of the legacy 32-weight block formats with
-//! AVX-512 VNNI: the run-time feature check, the register tile shared by every format, and
-//! the `GemmFn` driver. A format only says how two of its blocks unpack to 64 unsigned
-//! bytes (its `avx512.rs`); prefill (more activation rows) stays on the AVX2 panels.
+//! GEMV and GEMM of the legacy 32-weight block formats with AVX-512 VNNI: the run-time
+//! feature check, the register tile shared by every format, and the `GemmFn` driver. A
+//! format only says how a block of each of two rows unpacks to 64 unsigned bytes (its
+//! `avx512.rs`) and up to how many activation rows it takes these tiles (`MAX_NA`: every
+//! count for Q8_0 and Q5_0, whose order must be llama.cpp's; one row for Q4_1 / Q5_1,
+//! whose prefill stays on the faster AVX2 panels).
 //!
 //! Per pair of weight rows and block: one zmm of 64 unsigned quants `q` (row `r`'s block `b`
 //! in bytes 0..32, row `r + 1`'s block `b` in 32..64) meets the activation's block `b` (32
@@ -121,15 +123,20 @@ struct Acts {
     /// Blocks per row, scale groups per row (`⌈nb/16⌉`).
     nb: usize,
     ng: usize,
-    /// `q[na × nb]`: block `b`'s 32 signed quants, in bytes 0..32 and again in 32..64.
-    q: Vec<Z>,
-    /// `init[na × nb]`: per i32 lane `l` (and `l + 8`), `−OFFSET · Σ q[4l..4l+4]` (as i32).
-    init: Vec<Z>,
+    /// `q[na × nb]`: block `b`'s 32 signed quants (the tile broadcasts them to both halves).
+    q: Vec<Y>,
+    /// `init[na × nb]`: per i32 lane `l`, `−OFFSET · Σ q[4l..4l+4]` (as i32).
+    init: Vec<Y>,
     /// `d[na × ng]`: the activation block scales as f32, zero past `nb`.
     d: Vec<Z>,
     /// `s[na × ng]`: the Q8_1 `s` of each block as f32 (`HAS_MIN` formats only).
     s: Vec<Z>,
 }
+
+/// 32 bytes, aligned for `vmovdqa`.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct Y([u8; 32]);
 
 fn acts<W: VnniBlocks>(a: &[u8], na: usize, nb: usize, arb: usize) -> Acts {
     use neagari_quant::float::f16_to_f32;
@@ -139,26 +146,23 @@ fn acts<W: VnniBlocks>(a: &[u8], na: usize, nb: usize, arb: usize) -> Acts {
     let mut x = Acts {
         nb,
         ng,
-        q: vec![ZERO; na * nb],
-        init: vec![ZERO; na * nb],
+        q: vec![Y([0; 32]); na * nb],
+        init: vec![Y([0; 32]); na * nb],
         d: vec![ZERO; na * ng],
         s: vec![ZERO; if W::HAS_MIN { na * ng } else { 0 }],
     };
     for i in 0..na {
-        for b in 0..nb {
-            let blk = &a[i * arb + b * bb..i * arb + (b + 1) * bb];
+        let row = &a[i * arb..i * arb + nb * bb];
+        for (b, blk) in row.chunks_exact(bb).enumerate() {
             let p = i * nb + b;
-            for half in [0, 32] {
-                x.q[p].0[half..half + 32].copy_from_slice(&blk[qoff..qoff + 32]);
-            }
-            for l in 0..8 {
-                let sum: i32 = blk[qoff + 4 * l..qoff + 4 * l + 4]
-                    .iter()
-                    .map(|&v| v as i8 as i32)
-                    .sum();
-                for at in [4 * l, 32 + 4 * l] {
-                    x.init[p].0[at..at + 4].copy_from_slice(&(-W::OFFSET * sum).to_le_bytes());
-                }
+            let qs: &[u8; 32] = blk[qoff..qoff + 32].try_into().expect("32 quants");
+            x.q[p].0 = *qs;
+            if W::OFFSET != 0 {
+                let init: [i32; 8] = std::array::from_fn(|l| {
+                    let q4 = &qs[4 * l..4 * l + 4];
+                    -W::OFFSET * q4.iter().map(|&v| v as i8 as i32).sum::<i32>()
+                });
+                x.init[p].0 = bytemuck::cast(init);
             }
             let (g, at) = (i * ng + b / GROUP, 4 * (b % GROUP));
             x.d[g].0[at..at + 4].copy_from_slice(&f16_to_f32([blk[0], blk[1]]).to_le_bytes());
@@ -265,9 +269,9 @@ unsafe fn tile<W: VnniBlocks, const R: usize, const C: usize>(
                 let (av, init) = unsafe {
                     let at = (i0 + c) * nb + b;
                     (
-                        _mm512_load_si512(x.q.as_ptr().add(at) as _),
+                        _mm512_broadcast_i64x4(_mm256_load_si256(x.q.as_ptr().add(at) as _)),
                         if W::OFFSET != 0 {
-                            _mm512_load_si512(x.init.as_ptr().add(at) as _)
+                            _mm512_broadcast_i64x4(_mm256_load_si256(x.init.as_ptr().add(at) as _))
                         } else {
                             _mm512_setzero_si512()
                         },
