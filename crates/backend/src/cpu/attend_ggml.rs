@@ -66,7 +66,8 @@ fn fold64(a: &[f32; 64]) -> [f32; 16] {
 /// `x·y` in `ggml_vec_dot_f16`'s order (`decode`) or tinyBLAS's.
 #[inline(always)]
 fn dot(x: &[f32], y: &[f32], decode: bool) -> f32 {
-    if decode {
+    // tinyBLAS takes only lengths that are a multiple of 16; ggml falls back to vec_dot.
+    if decode || !x.len().is_multiple_of(16) {
         let n64 = x.len() / 64 * 64;
         let mut a = [0f32; 64];
         for (xc, yc) in x[..n64].chunks_exact(64).zip(y[..n64].chunks_exact(64)) {
@@ -80,7 +81,6 @@ fn dot(x: &[f32], y: &[f32], decode: bool) -> f32 {
         }
         s as f32
     } else {
-        // tinyBLAS needs a multiple of 16 (ggml falls back otherwise; not modelled).
         let mut a = [0f32; 16];
         for (xc, yc) in x.chunks_exact(16).zip(y.chunks_exact(16)) {
             for i in 0..16 {
