@@ -66,7 +66,9 @@ def quiet_logs() -> list[str]:
 class LlamaRef:
     """One model + one context (single sequence 0)."""
 
-    def __init__(self, model_path: str, settings: Settings, model=None):
+    def __init__(self, model_path: str, settings: Settings, model=None, cb_eval=None):
+        """`cb_eval`: an optional `ggml_backend_sched_eval_callback` (see llama_dump_tensors.py);
+        the caller keeps it alive as long as the context."""
         L.llama_backend_init()
         self.settings = settings
         self._own_model = model is None
@@ -87,6 +89,8 @@ class LlamaRef:
         cp.flash_attn_type = FLASH_ATTN[settings.flash_attn]
         cp.type_k = settings.type_kv
         cp.type_v = settings.type_kv
+        if cb_eval is not None:
+            cp.cb_eval = cb_eval
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
             raise RuntimeError("llama.cpp could not create a context")

@@ -96,10 +96,13 @@ const FLIP_GAP: f32 = 1.5;
 
 /// Prompt ids equal llama.cpp's. Teacher-forced along llama.cpp's greedy continuation, our
 /// argmax equals llama.cpp's token at every step that is not a near-tie, and at near-ties
-/// llama.cpp's token is within the tie margin of ours. Free-running greedy continuations are
-/// reported; a free run leaves llama.cpp's path at its first flipped near-tie, so only the
-/// prompts without one can be identical (4 of 12 today; llama.cpp itself gets 5 of 12 when
-/// only its Q4_K kernel or its attention path changes; see docs/BENCHMARKS.md).
+/// llama.cpp's token is within the tie margin of ours. Free-running greedy continuations:
+/// at least 8 of the 12 identical (issue 2's bar) on a CPU with AVX-512 VNNI, the ISA the
+/// fixture was made on: there every op of the CPU forward pass sums in the order of
+/// llama.cpp's kernels for that ISA (docs/BENCHMARKS.md, scripts/llama_dump_tensors.py), and
+/// all 12 are identical. Elsewhere our kernels (and llama.cpp's) sum in other orders, and a
+/// free run leaves llama.cpp's path at its first flipped near-tie (llama.cpp itself gets 5 of
+/// 12 when only its Q4_K kernel or its attention path changes), so 3 is asked there.
 #[test]
 fn greedy_continuations_equal_llama_cpp() {
     let Some(s) = setup() else { return };
@@ -202,10 +205,29 @@ fn greedy_continuations_equal_llama_cpp() {
         failures.is_empty(),
         "disagreements with llama.cpp: {failures:#?}"
     );
+    let bar = if exact_order_cpu() { 8 } else { 3 };
     assert!(
-        identical >= 3,
-        "only {identical} prompts identical free-running"
+        identical >= bar,
+        "only {identical} prompts identical free-running (want {bar})"
     );
+}
+
+/// The CPU has the kernels whose summation order matches the fixture's llama.cpp build
+/// (AVX-512 F/BW/VL/VNNI, as the machine that made it) and the test does not force scalar.
+fn exact_order_cpu() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::env::var_os("NEAGARI_SCALAR").is_none()
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// First-step logits of every prompt: the same top-1, and the top-40 logits close
@@ -352,4 +374,36 @@ fn perplexity_within_half_a_percent() {
         pr["flash_attn_auto"]["n_chunks"].as_u64().unwrap() * 255
     );
     assert!(rel < 0.005, "perplexity {} vs {want}", r.ppl);
+}
+
+/// Not a check: with NEAGARI_DUMP=DIR set, runs one fixture prompt (NEAGARI_DUMP_PROMPT,
+/// default 0) and NEAGARI_DUMP_STEPS (default 2) decode steps along llama.cpp's continuation,
+/// while the Gemma forward writes its intermediate buffers for
+/// `scripts/llama_dump_tensors.py compare`.
+#[test]
+fn dump_tensors() {
+    if std::env::var_os("NEAGARI_DUMP").is_none() {
+        return;
+    }
+    let Some(s) = setup() else { return };
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let p = &s.refs["prompts"][env("NEAGARI_DUMP_PROMPT", 0)];
+    let want = ids(&p["continuation_ids"]);
+    let mut sess = Session::new(s.model.as_ref(), &s.be, 1024, KvType::F16).expect("session");
+    sess.prefill(
+        s.model.as_ref(),
+        &s.be,
+        &ids(&p["prompt_ids"]),
+        512,
+        |_, _| true,
+    )
+    .expect("prefill");
+    for &t in &want[..env("NEAGARI_DUMP_STEPS", 2)] {
+        sess.decode(s.model.as_ref(), &s.be, t).expect("decode");
+    }
 }

@@ -5,6 +5,7 @@
 
 use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, Rope};
 
+use crate::dump::Dump;
 use crate::source::{ModelSource, SourceExt};
 use crate::{check_room, output_logits, CausalLm, ModelError, ModelInfo, Result};
 
@@ -239,9 +240,16 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
         let pos0 = be.kv_len(kv);
         check_room(pos0, n, be.kv_capacity(kv))?;
         let hd = c.head_dim;
+        let dump = Dump::start();
+        let put = |name: &str, il: Option<usize>, b: &B::Buf| {
+            if let Some(d) = &dump {
+                d.put(be, name, il, b);
+            }
+        };
 
         let mut x = be.buf(n, c.n_embd)?; // [n, H] residual stream
         be.embed(&self.tok_embd, tokens, (c.n_embd as f32).sqrt(), &mut x)?;
+        put("inp_scaled", None, &x);
         let mut xn = be.buf(n, c.n_embd)?; // [n, H]
         let mut q = be.buf(n, c.n_heads * hd)?; // [n, n_heads·hd]
         let mut k = be.buf(n, c.n_kv_heads * hd)?; // [n, n_kv·hd]
@@ -254,41 +262,87 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
         for (il, l) in self.layers.iter().enumerate() {
             // Attention block.
             be.rms_norm(&x, &l.attn_norm, c.eps, &mut xn)?;
+            put("attn_norm", Some(il), &xn);
             be.matmul(&l.wq, &xn, &mut q)?;
             be.matmul(&l.wk, &xn, &mut k)?;
             be.matmul(&l.wv, &xn, &mut v)?;
+            put("Qcur", Some(il), &q);
+            put("Kcur", Some(il), &k);
+            put("Vcur", Some(il), &v);
             be.rms_norm_inplace(&mut q, &l.q_norm, c.eps)?;
             be.rms_norm_inplace(&mut k, &l.k_norm, c.eps)?;
+            put("Qcur_normed", Some(il), &q);
+            put("Kcur_normed", Some(il), &k);
             let (rope, window) = match c.window[il] {
                 Some(w) => (&c.rope_local, Some(w)),
                 None => (&c.rope_global, None),
             };
-            be.rope(&mut q, hd, pos0, rope, None)?;
+            // llama.cpp scales q by attn_scale after RoPE (ggml_scale) and attends with scale
+            // 1. When attn_scale is a power of two, RoPE's mscale applies it with the same
+            // bits (every product just moves its exponent), so q matches llama.cpp's exactly
+            // before the f16 rounding that the scale would otherwise follow.
+            let q_scaled = is_pow2(c.attn_scale);
+            let rope_q = if q_scaled {
+                &Rope {
+                    attn_factor: rope.attn_factor * c.attn_scale,
+                    ..*rope
+                }
+            } else {
+                rope
+            };
+            be.rope(&mut q, hd, pos0, rope_q, None)?;
             be.rope(&mut k, hd, pos0, rope, None)?;
+            put("Qcur_rope", Some(il), &q);
+            put("Kcur_rope", Some(il), &k);
             let attn = Attn {
                 n_heads: c.n_heads,
                 n_kv_heads: c.n_kv_heads,
                 head_dim: hd,
-                scale: c.attn_scale,
+                scale: if q_scaled { 1.0 } else { c.attn_scale },
                 window,
                 softcap: None,
             };
             be.attention(kv, il, pos0, &q, &k, &v, &attn, &mut att)?;
+            put("kqv_out", Some(il), &att);
             be.matmul(&l.wo, &att, &mut o)?;
+            put("attn_out", Some(il), &o);
+            if il + 1 == c.n_layers && !all_logits && n > 1 {
+                // Only the last token's logits are wanted: the rest of the last layer runs
+                // on its row alone, as llama.cpp's graph does (inp_out_ids). Besides saving
+                // the work, its FFN then sums in the one-row order, as llama.cpp's.
+                let mut o1 = be.buf(1, c.n_embd)?; // [1, H]
+                be.copy_row(&o, n - 1, &mut o1)?;
+                o = o1;
+                let mut x1 = be.buf(1, c.n_embd)?; // [1, H]
+                be.copy_row(&x, n - 1, &mut x1)?;
+                x = x1;
+                xn = be.buf(1, c.n_embd)?;
+                gate = be.buf(1, c.n_ff)?;
+                up = be.buf(1, c.n_ff)?;
+            }
             be.rms_norm_inplace(&mut o, &l.post_attn_norm, c.eps)?;
+            put("attn_post_norm", Some(il), &o);
             be.add(&mut x, &o)?;
+            put("sa_out", Some(il), &x);
 
             // MLP block.
             be.rms_norm(&x, &l.ffn_norm, c.eps, &mut xn)?;
+            put("ffn_norm", Some(il), &xn);
             be.matmul(&l.gate, &xn, &mut gate)?;
             be.matmul(&l.up, &xn, &mut up)?;
+            put("ffn_gate", Some(il), &gate);
+            put("ffn_up", Some(il), &up);
             be.glu(&mut gate, &up, GluAct::GeluTanh)?;
+            put("ffn_geglu", Some(il), &gate);
             be.matmul(&l.down, &gate, &mut o)?;
+            put("ffn_out", Some(il), &o);
             be.rms_norm_inplace(&mut o, &l.post_ffn_norm, c.eps)?;
+            put("ffn_post_norm", Some(il), &o);
             be.add(&mut x, &o)?;
+            put("l_out", Some(il), &x);
         }
         be.kv_commit(kv, pos0 + n)?;
-        output_logits(
+        let logits = output_logits(
             be,
             &x,
             &self.output_norm,
@@ -297,6 +351,15 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
             c.n_vocab,
             c.final_softcap,
             all_logits,
-        )
+        )?;
+        if let Some(d) = &dump {
+            d.put_host("result_output", None, &logits);
+        }
+        Ok(logits)
     }
+}
+
+/// `x` is 2^k for an integer k (so multiplying by it is exact in f32 away from underflow).
+fn is_pow2(x: f32) -> bool {
+    x.is_normal() && x.to_bits() & 0x007f_ffff == 0
 }

@@ -4,6 +4,7 @@
 //! `source` is the narrow view of a weights file the models read (metadata and tensors), so
 //! the same model code loads from GGUF now and from safetensors packs later.
 
+mod dump;
 pub mod gemma3;
 pub mod gguf;
 pub mod hadamard;

@@ -1,20 +1,30 @@
-//! Decode GEMV (one to four activation rows) of the legacy 32-weight block formats with
-//! AVX-512 VNNI: the run-time feature check, the register tile shared by every format, and
-//! the `GemmFn` driver. A format only says how two of its blocks unpack to 64 unsigned
-//! bytes (its `avx512.rs`); prefill (more activation rows) stays on the AVX2 panels.
+//! GEMV and GEMM of the legacy 32-weight block formats with AVX-512 VNNI: the run-time
+//! feature check, the register tile shared by every format, and the `GemmFn` driver. A
+//! format only says how a block of each of two rows unpacks to 64 unsigned bytes (its
+//! `avx512.rs`) and up to how many activation rows it takes these tiles (`MAX_NA`: every
+//! count for Q8_0 and Q5_0, whose order must be llama.cpp's; one row for Q4_1 / Q5_1,
+//! whose prefill stays on the faster AVX2 panels).
 //!
-//! Per weight row and pair of blocks: one zmm of 64 unsigned quants `q` (block `b` in bytes
-//! 0..32, block `b + 1` in 32..64) meets the activation's 64 signed quants `a` in one
-//! `vpdpbusd` (u8 × i8, four products summed per i32 lane). Every format is written as
-//! `x = (q − o) · d [+ m]` with `q` unsigned: Q8_0 flips its sign bits (`o` = 128), Q5_0 is
-//! stored that way (`o` = 16), so `Σ(q − o)·a = Σq·a − o·Σa`, and `−o·Σa` per
-//! i32 lane depends only on the activation: it is computed once per call and is the
-//! accumulator `vpdpbusd` starts from. The lane sums stay exact (|Σ| ≤ 4·255·128 + 4·128·128).
+//! Per pair of weight rows and block: one zmm of 64 unsigned quants `q` (row `r`'s block `b`
+//! in bytes 0..32, row `r + 1`'s block `b` in 32..64) meets the activation's block `b` (32
+//! signed quants, in both halves) in one `vpdpbusd` (u8 × i8, four products summed per i32
+//! lane). Every format is written as `x = (q − o) · d [+ m]` with `q` unsigned: Q8_0 flips
+//! its sign bits (`o` = 128), Q5_0 is stored that way (`o` = 16), so
+//! `Σ(q − o)·a = Σq·a − o·Σa`, and `−o·Σa` per i32 lane depends only on the activation: it
+//! is computed once per call and is the accumulator `vpdpbusd` starts from. The lane sums
+//! stay exact (|Σ| ≤ 4·255·128 + 4·128·128).
+//!
+//! Summation order is llama.cpp's (`ggml_vec_dot_q8_0_q8_0` / `_q5_0_q8_0` on AVX2, and
+//! tinyBLAS for more rows): per output, 8 f32 lanes, lane `l` the four products `4l..4l+4`
+//! of each block, accumulated block after block as `fma(d_w·d_a, lane, acc)`, then one
+//! horizontal sum ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). Keeping two rows (not two blocks)
+//! in a zmm keeps that order while filling all 16 lanes, so the results are bit-identical
+//! to llama.cpp's for the same quantized activations.
 //!
 //! Block scales: the f16 `d` (and `m`) of 16 blocks of a row come in with one gather and one
 //! `vcvtph2ps`, are multiplied by the 16 activation scales (converted once per call), and a
-//! `vpermps` spreads the pair's two scales over their 8 lanes each before one FMA per pair.
-//! The `m · s` terms of Q4_1 / Q5_1 are one FMA per 16 blocks.
+//! `vpermt2ps` puts block `b`'s scale of the two rows over their 8 lanes each before one
+//! FMA per block. The `m · s` terms of Q4_1 / Q5_1 are one FMA per 16 blocks.
 //!
 //! All functions here are compiled with AVX-512 F/BW/VL/VNNI (plus the AVX2 set) enabled and
 //! must only be reached after `available()` said yes.
@@ -23,7 +33,7 @@
 // here, and unrolled the same.
 #![allow(clippy::needless_range_loop)]
 
-use super::tiles::{check, for_each_tile, Tile};
+use super::tiles::{check, for_each_tile, Tile, ACT_PANEL};
 use std::arch::x86_64::*;
 
 /// AVX-512 F/BW/VL/VNNI with the AVX2 set (std caches the CPUID answer).
@@ -50,18 +60,13 @@ pub(crate) trait VnniBlocks {
     const MAX_NA: usize;
     /// The AVX2 `GemmFn` of the format, for the activation counts above `MAX_NA`.
     const AVX2_GEMM: super::kernels::GemmFn;
-    /// 64 unsigned quants: the block at `p` in bytes 0..32, the block at `p + BYTES` in
-    /// bytes 32..64, each in weight order.
+    /// 64 unsigned quants: the block at `p0` in bytes 0..32, the block at `p1` in bytes
+    /// 32..64, each in weight order.
     ///
     /// # Safety
-    /// The features of `available()` are present and `p..p + 2·BYTES` is readable.
-    unsafe fn pair(p: *const u8) -> __m512i;
-    /// The block at `p` in bytes 0..32; bytes 32..64 anything finite (they meet zero
-    /// activations).
-    ///
-    /// # Safety
-    /// The features of `available()` are present and `p..p + BYTES` is readable.
-    unsafe fn single(p: *const u8) -> __m512i;
+    /// The features of `available()` are present and `BYTES` bytes at `p0` and at `p1` are
+    /// readable.
+    unsafe fn pair(p0: *const u8, p1: *const u8) -> __m512i;
 }
 
 /// Two blocks' 16 bytes of packed nibbles at `p0` and `p1` → 64 bytes 0..=15: per block,
@@ -115,46 +120,49 @@ const GROUP: usize = 16;
 
 /// Activation-side operands of one call, reshaped for the tile.
 struct Acts {
-    /// Blocks per row, pairs per row (`⌈nb/2⌉`), scale groups per row (`⌈nb/16⌉`).
+    /// Blocks per row, scale groups per row (`⌈nb/16⌉`).
     nb: usize,
-    np: usize,
     ng: usize,
-    /// `q[na × np]`: the signed quants of blocks `2p` and `2p + 1` (zero past `nb`).
-    q: Vec<Z>,
-    /// `init[na × np]`: per i32 lane `l`, `−OFFSET · Σ q[4l..4l+4]` (as i32).
-    init: Vec<Z>,
+    /// `q[na × nb]`: block `b`'s 32 signed quants (the tile broadcasts them to both halves).
+    q: Vec<Y>,
+    /// `init[na × nb]`: per i32 lane `l`, `−OFFSET · Σ q[4l..4l+4]` (as i32).
+    init: Vec<Y>,
     /// `d[na × ng]`: the activation block scales as f32, zero past `nb`.
     d: Vec<Z>,
     /// `s[na × ng]`: the Q8_1 `s` of each block as f32 (`HAS_MIN` formats only).
     s: Vec<Z>,
 }
 
+/// 32 bytes, aligned for `vmovdqa`.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct Y([u8; 32]);
+
 fn acts<W: VnniBlocks>(a: &[u8], na: usize, nb: usize, arb: usize) -> Acts {
     use neagari_quant::float::f16_to_f32;
     let bb = arb / nb.max(1);
     let qoff = if W::HAS_MIN { 4 } else { 2 };
-    let (np, ng) = (nb.div_ceil(2), nb.div_ceil(GROUP));
+    let ng = nb.div_ceil(GROUP);
     let mut x = Acts {
         nb,
-        np,
         ng,
-        q: vec![ZERO; na * np],
-        init: vec![ZERO; na * np],
+        q: vec![Y([0; 32]); na * nb],
+        init: vec![Y([0; 32]); na * nb],
         d: vec![ZERO; na * ng],
         s: vec![ZERO; if W::HAS_MIN { na * ng } else { 0 }],
     };
     for i in 0..na {
-        for b in 0..nb {
-            let blk = &a[i * arb + b * bb..i * arb + (b + 1) * bb];
-            let (p, half) = (i * np + b / 2, 32 * (b % 2));
-            x.q[p].0[half..half + 32].copy_from_slice(&blk[qoff..qoff + 32]);
-            for l in 0..8 {
-                let sum: i32 = blk[qoff + 4 * l..qoff + 4 * l + 4]
-                    .iter()
-                    .map(|&v| v as i8 as i32)
-                    .sum();
-                let at = 4 * (half / 4 + l);
-                x.init[p].0[at..at + 4].copy_from_slice(&(-W::OFFSET * sum).to_le_bytes());
+        let row = &a[i * arb..i * arb + nb * bb];
+        for (b, blk) in row.chunks_exact(bb).enumerate() {
+            let p = i * nb + b;
+            let qs: &[u8; 32] = blk[qoff..qoff + 32].try_into().expect("32 quants");
+            x.q[p].0 = *qs;
+            if W::OFFSET != 0 {
+                let init: [i32; 8] = std::array::from_fn(|l| {
+                    let q4 = &qs[4 * l..4 * l + 4];
+                    -W::OFFSET * q4.iter().map(|&v| v as i8 as i32).sum::<i32>()
+                });
+                x.init[p].0 = bytemuck::cast(init);
             }
             let (g, at) = (i * ng + b / GROUP, 4 * (b % GROUP));
             x.d[g].0[at..at + 4].copy_from_slice(&f16_to_f32([blk[0], blk[1]]).to_le_bytes());
@@ -165,6 +173,11 @@ fn acts<W: VnniBlocks>(a: &[u8], na: usize, nb: usize, arb: usize) -> Acts {
         }
     }
     x
+}
+
+/// Row pairs of an `R`-row tile (the last pair repeats its row when `R` is odd).
+const fn pairs(r: usize) -> usize {
+    r.div_ceil(2)
 }
 
 /// `[r][c] = dot(weight row j0 + r, activation row i0 + c)`.
@@ -179,16 +192,20 @@ unsafe fn tile<W: VnniBlocks, const R: usize, const C: usize>(
     wrb: usize,
     i0: usize,
 ) -> [[f32; C]; R] {
-    let (nb, np, ng) = (x.nb, x.np, x.ng);
+    let (nb, ng) = (x.nb, x.ng);
     // Prefetch the tile PF_TILES ahead into L2, one line at a time. The hardware
     // prefetchers lose track of R interleaved row streams (measured: the AVX2 4-row tile
     // reads 5.6 GB/s from DRAM against 30 GB/s from L2); into L2 rather than L1 so the few
     // L1 miss buffers stay free for the tile's own loads (T0 measured 2.5 GB/s slower).
-    let ahead = w.wrapping_add(PF_TILES * R * wrb);
-    let mut off = 0;
-    while off < R * wrb {
-        _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(off) as *const i8);
-        off += 64;
+    // Only for the first activation tile of a panel: the others reuse the same weight rows
+    // (in prefill, prefetching for each of them took a third of the tile's time).
+    if i0.is_multiple_of(ACT_PANEL) {
+        let ahead = w.wrapping_add(PF_TILES * R * wrb);
+        let mut off = 0;
+        while off < R * wrb {
+            _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(off) as *const i8);
+            off += 64;
+        }
     }
     let bytes = W::BYTES as i32;
     // Byte offsets of the 16 blocks of a group, for the scale gather.
@@ -196,7 +213,9 @@ unsafe fn tile<W: VnniBlocks, const R: usize, const C: usize>(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
         _mm512_set1_epi32(bytes),
     );
-    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    // Row pair `p` is rows `2p` (lanes 0..8) and `min(2p + 1, R − 1)` (lanes 8..16).
+    let row_b = |p: usize| (2 * p + 1).min(R - 1);
+    let mut acc = [[_mm512_setzero_ps(); C]; 2];
     let mut accm = [[_mm512_setzero_ps(); C]; R];
     for g in 0..ng {
         let b0 = g * GROUP;
@@ -231,56 +250,63 @@ unsafe fn tile<W: VnniBlocks, const R: usize, const C: usize>(
                 }
             }
         }
-        for p in 0..nbg.div_ceil(2) {
-            let b = b0 + 2 * p;
-            let pi = b / 2;
-            // Lanes 0..8 take block 2p's scale, lanes 8..16 block 2p + 1's.
+        for bi in 0..nbg {
+            let b = b0 + bi;
+            // Lanes 0..8 take block b's scale of the pair's first row (table a), lanes 8..16
+            // that of its second row (table b, indices 16..32).
             let idx = _mm512_add_epi32(
-                _mm512_set1_epi32(2 * p as i32),
-                _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                _mm512_set1_epi32(bi as i32),
+                _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16),
             );
-            let mut q = [_mm512_setzero_si512(); R];
-            for r in 0..R {
-                // SAFETY: blocks b (and b + 1 when it exists) of row r are inside the row.
-                q[r] = unsafe {
-                    let pb = w.add(r * wrb + b * W::BYTES);
-                    if b + 1 < nb {
-                        W::pair(pb)
-                    } else {
-                        W::single(pb)
-                    }
+            let mut q = [_mm512_setzero_si512(); 2];
+            for p in 0..pairs(R) {
+                // SAFETY: block b < nb of rows 2p and row_b(p) < R is inside the rows.
+                q[p] = unsafe {
+                    W::pair(
+                        w.add(2 * p * wrb + b * W::BYTES),
+                        w.add(row_b(p) * wrb + b * W::BYTES),
+                    )
                 };
             }
             for c in 0..C {
-                // SAFETY: pair pi < np of activation row i0 + c < na.
+                // SAFETY: block b < nb of activation row i0 + c < na.
                 let (av, init) = unsafe {
-                    let at = (i0 + c) * np + pi;
+                    let at = (i0 + c) * nb + b;
                     (
-                        _mm512_load_si512(x.q.as_ptr().add(at) as _),
+                        _mm512_broadcast_i64x4(_mm256_load_si256(x.q.as_ptr().add(at) as _)),
                         if W::OFFSET != 0 {
-                            _mm512_load_si512(x.init.as_ptr().add(at) as _)
+                            _mm512_broadcast_i64x4(_mm256_load_si256(x.init.as_ptr().add(at) as _))
                         } else {
                             _mm512_setzero_si512()
                         },
                     )
                 };
-                for r in 0..R {
-                    let isum = _mm512_dpbusd_epi32(init, q[r], av);
-                    let sc = _mm512_permutexvar_ps(idx, s[r][c]);
-                    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, acc[r][c]);
+                for p in 0..pairs(R) {
+                    let isum = _mm512_dpbusd_epi32(init, q[p], av);
+                    let sc = _mm512_permutex2var_ps(s[2 * p][c], idx, s[row_b(p)][c]);
+                    acc[p][c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(isum), acc[p][c]);
                 }
             }
         }
     }
     let mut out = [[0f32; C]; R];
-    for r in 0..R {
+    for p in 0..pairs(R) {
         for c in 0..C {
-            let v = if W::HAS_MIN {
-                _mm512_add_ps(acc[r][c], accm[r][c])
-            } else {
-                acc[r][c]
-            };
-            out[r][c] = _mm512_reduce_add_ps(v);
+            let v = acc[p][c];
+            let halves = [
+                _mm512_castps512_ps256(v),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+            ];
+            for (h, &r) in [2 * p, row_b(p)].iter().enumerate() {
+                if h == 1 && r == 2 * p {
+                    continue;
+                }
+                let mut o = super::avx2_tiles::hsum(halves[h]);
+                if W::HAS_MIN {
+                    o += _mm512_reduce_add_ps(accm[r][c]);
+                }
+                out[r][c] = o;
+            }
         }
     }
     out

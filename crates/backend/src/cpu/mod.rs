@@ -2,6 +2,7 @@
 //! once at start-up from the CPU's features), a persistent thread pool, and the float ops
 //! of the forward pass (norms, RoPE, GLU, attention over an f16 or q8_0 KV cache).
 
+mod attend_ggml;
 pub mod gated_delta;
 pub mod kernels;
 mod ops;
@@ -706,6 +707,7 @@ impl Backend for CpuBackend {
             );
             let mut scores = vec![0f32; n_pos];
             let mut qh = vec![0f32; hd];
+            let mut scratch = attend_ggml::Scratch::default();
             for r in r0..r1 {
                 let p = pos0 + r;
                 let lo = match attn.window {
@@ -718,6 +720,22 @@ impl Backend for CpuBackend {
                     let dst = unsafe {
                         std::slice::from_raw_parts_mut(op.get().add(r * out_cols + qi * hd), hd)
                     };
+                    if kvr.shape.ty == KvType::F16 && attn.softcap.is_none() {
+                        // ggml's order (bit-identical to llama.cpp; see attend_ggml.rs).
+                        attend_ggml::attend(
+                            &mut qh,
+                            &kf,
+                            &vf,
+                            hd,
+                            (lo - first, p - first, first),
+                            attn.scale,
+                            rows == 1,
+                            &mut scores,
+                            &mut scratch,
+                            dst,
+                        );
+                        continue;
+                    }
                     ops::attend(
                         kvr.shape.ty == KvType::F32,
                         &mut qh,

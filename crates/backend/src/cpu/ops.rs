@@ -9,9 +9,10 @@ use half::{f16, slice::HalfFloatSliceExt};
 use super::simd;
 use crate::{Attn, KvType, Rope};
 
-/// `x = x / sqrt(mean(x²) + eps) * w`, in place.
+/// `x = x / sqrt(mean(x²) + eps) * w`, in place. As ggml: each square rounded to f32, the
+/// squares summed in f64 in order, and `(x · scale) · w`.
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
-    let sum: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
     let mean = (sum / x.len() as f64) as f32;
     let scale = 1.0 / (mean + eps).sqrt();
     for (v, g) in x.iter_mut().zip(w) {
@@ -26,10 +27,13 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// GELU, tanh form. `1 + a·x·x` is one FMA, `fma(a·x, x, 1)`: what GCC contracts ggml's
+/// `ggml_gelu_f32` to, so the fp16 table below equals ggml's entry for entry.
 fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     const COEF_A: f32 = 0.044715;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+    let inner = (COEF_A * x).mul_add(x, 1.0);
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * inner).tanh())
 }
 
 /// GELU of every f16 value, rounded to f16 — ggml's CPU table (ggml_table_gelu_f16).
@@ -93,7 +97,10 @@ pub fn rope_cache(r: &Rope, pos: f32, freq_factors: Option<&[f32]>, cache: &mut 
     }
 }
 
-/// Rotate the first `n_dims` values of one head with a prepared cache.
+/// Rotate the first `n_dims` values of one head with a prepared cache. Each output is one
+/// FMA over the other product, `x0·c − x1·s = fma(x0, c, −(x1·s))` and
+/// `x0·s + x1·c = fma(x0, s, x1·c)`: what GCC contracts ggml's `rotate_pairs` to (its
+/// default `-ffp-contract=fast`), so rotated q and k are bit-identical to llama.cpp's.
 pub fn rope_apply(x: &mut [f32], cache: &[f32], n_dims: usize, neox: bool) {
     let half = n_dims / 2;
     for i0 in (0..n_dims).step_by(2) {
@@ -104,8 +111,8 @@ pub fn rope_apply(x: &mut [f32], cache: &[f32], n_dims: usize, neox: bool) {
             (i0, i0 + 1)
         };
         let (x0, x1) = (x[a], x[b]);
-        x[a] = x0 * c - x1 * s;
-        x[b] = x0 * s + x1 * c;
+        x[a] = x0.mul_add(c, -(x1 * s));
+        x[b] = x0.mul_add(s, x1 * c);
     }
 }
 

@@ -16,15 +16,8 @@ impl VnniBlocks for Q4_1 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn pair(p: *const u8) -> __m512i {
-        // SAFETY: both blocks' 40 bytes are readable per the trait contract.
-        unsafe { nibbles_pair(p.add(4), p.add(4 + Self::BYTES)) }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn single(p: *const u8) -> __m512i {
-        // SAFETY: the block's 20 bytes are readable per the trait contract.
-        unsafe { nibbles_pair(p.add(4), p.add(4)) }
+    unsafe fn pair(p0: *const u8, p1: *const u8) -> __m512i {
+        // SAFETY: both blocks' 20 bytes are readable per the trait contract.
+        unsafe { nibbles_pair(p0.add(4), p1.add(4)) }
     }
 }

@@ -5,7 +5,12 @@
 //! 2c, high nibbles = sub-block 2c+1. Activation block (292 B): `d: f32`, `qs[256]: i8`,
 //! `bsums[16]: i16`.
 //!
-//! Per block and row pair: `d_a · (d · Σ_j sc_j Σ q·a − dmin · Σ_j m_j (bsum_2j + bsum_2j+1))`.
+//! Per block and row pair: `d_a · (d · Σ_j sc_j Σ q·a − dmin · Σ_j m_j (bsum_2j + bsum_2j+1))`,
+//! summed as llama.cpp's repacked Q4_K kernels (`ggml_gemv/gemm_q4_K_8x8_q8_K`, which its
+//! CPU backend runs on every AVX2 machine) do, so results are bit-identical to theirs: per
+//! output, the block's two integer sums are exact, then
+//! `acc = fma(Σ sc·q·a, d·d_a, acc)` and `acc_min = fma(Σ m·bsum, dmin·d_a, acc_min)` block
+//! after block, and the output is `acc − acc_min`.
 //! `maddubs(q, a)` (u8 × i8 → pairs summed to i16; |sum| ≤ 2·15·127, no saturation) then
 //! `madd` with the sub-block scale broadcast as i16 gives i32 lanes; the mins term is one
 //! `madd` of the bsums with the mins duplicated per 16-group. Tested against the quant
@@ -13,7 +18,7 @@
 //! fuse each scale `madd` with its `add`; `vpdpbusd` does not fit, as the scales apply to
 //! 32-weight sums.)
 
-use crate::cpu::q8_k::avx2::{hsum_ps, load256, load_f16x2, Micro};
+use crate::cpu::q8_k::avx2::{hsum_epi32, load256, load_f16x2, Micro};
 use std::arch::x86_64::*;
 
 pub(crate) struct Q4K;
@@ -84,11 +89,15 @@ pub(crate) fn scale_selectors() -> [__m256i; 8] {
     }))
 }
 
-impl Micro for Q4K {
-    const BYTES: usize = 144;
-
+impl Q4K {
+    /// The tile body. `CHUNKED`: the scale FMAs per 64-weight chunk (two sub-blocks), as
+    /// `ggml_gemm_q4_K_8x8_q8_K` does for activation rows in groups of four; otherwise per
+    /// block, as `ggml_gemv_q4_K_8x8_q8_K` does for the rest.
+    ///
+    /// # Safety
+    /// As `Micro::tile`.
     #[inline(always)]
-    unsafe fn tile<const NA: usize>(
+    unsafe fn body<const NA: usize, const CHUNKED: bool>(
         w: *const u8,
         a: *const u8,
         arb: usize,
@@ -98,7 +107,8 @@ impl Micro for Q4K {
     ) {
         let m4 = _mm256_set1_epi8(0x0f);
         let ctrl = scale_selectors();
-        let mut acc = [_mm256_setzero_ps(); NA];
+        let mut acc = [0f32; NA];
+        let mut acc_min = [0f32; NA];
         for b in 0..nb {
             // SAFETY (whole block): the weight row and activation rows i < NA are nb blocks
             // long (trait contract), so every offset below is inside block b of its row.
@@ -106,6 +116,11 @@ impl Micro for Q4K {
                 let wb = w.add(b * Self::BYTES);
                 let ab: [*const u8; NA] = std::array::from_fn(|i| a.add(i * arb + b * 292));
                 let p = prep(wb);
+                let (d, dmin) = (_mm256_cvtss_f32(p.d), _mm256_cvtss_f32(p.dmin));
+                let da: [f32; NA] = std::array::from_fn(|i| (ab[i] as *const f32).read_unaligned());
+                // Lane j: m_j · (bsum_2j + bsum_2j+1), the mins term of sub-block j.
+                let mins: [__m256i; NA] =
+                    std::array::from_fn(|i| _mm256_madd_epi16(load256(ab[i].add(260)), p.mins));
                 let mut sumi = [_mm256_setzero_si256(); NA];
                 for c in 0..4 {
                     let qv = load256(wb.add(16 + 32 * c));
@@ -122,22 +137,63 @@ impl Micro for Q4K {
                             _mm256_maddubs_epi16(hi, load256(ab[i].add(36 + 64 * c))),
                             shi,
                         );
-                        sumi[i] = _mm256_add_epi32(sumi[i], _mm256_add_epi32(pl, ph));
+                        if CHUNKED {
+                            let s = hsum_epi32(_mm256_add_epi32(pl, ph));
+                            acc[i] = (s as f32).mul_add(d * da[i], acc[i]);
+                            let mut m = [0i32; 8];
+                            _mm256_storeu_si256(m.as_mut_ptr() as *mut __m256i, mins[i]);
+                            let mc = m[2 * c] + m[2 * c + 1];
+                            acc_min[i] = (mc as f32).mul_add(dmin * da[i], acc_min[i]);
+                        } else {
+                            sumi[i] = _mm256_add_epi32(sumi[i], _mm256_add_epi32(pl, ph));
+                        }
                     }
                 }
-                for i in 0..NA {
-                    let da = _mm256_set1_ps((ab[i] as *const f32).read_unaligned());
-                    let mins =
-                        _mm256_cvtepi32_ps(_mm256_madd_epi16(load256(ab[i].add(260)), p.mins));
-                    let f = _mm256_mul_ps(_mm256_cvtepi32_ps(sumi[i]), p.d);
-                    let f = _mm256_fnmadd_ps(mins, p.dmin, f);
-                    acc[i] = _mm256_fmadd_ps(f, da, acc[i]);
+                if !CHUNKED {
+                    for i in 0..NA {
+                        acc[i] = (hsum_epi32(sumi[i]) as f32).mul_add(d * da[i], acc[i]);
+                        acc_min[i] = (hsum_epi32(mins[i]) as f32).mul_add(dmin * da[i], acc_min[i]);
+                    }
                 }
             }
         }
-        for (i, v) in acc.iter().enumerate() {
+        for i in 0..NA {
             // SAFETY: output cell i is inside the tile (trait contract).
-            unsafe { *out.add(i * stride) = hsum_ps(*v) };
+            unsafe { *out.add(i * stride) = acc[i] - acc_min[i] };
         }
+    }
+}
+
+impl Micro for Q4K {
+    const BYTES: usize = 144;
+
+    fn alt_rows(na: usize) -> usize {
+        na - na % 4
+    }
+
+    #[inline(always)]
+    unsafe fn tile<const NA: usize>(
+        w: *const u8,
+        a: *const u8,
+        arb: usize,
+        nb: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe { Self::body::<NA, false>(w, a, arb, nb, out, stride) }
+    }
+
+    #[inline(always)]
+    unsafe fn tile_alt<const NA: usize>(
+        w: *const u8,
+        a: *const u8,
+        arb: usize,
+        nb: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe { Self::body::<NA, true>(w, a, arb, nb, out, stride) }
     }
 }

@@ -10,23 +10,17 @@ impl VnniBlocks for Q5_0 {
     const BYTES: usize = 22;
     const OFFSET: i32 = 16;
     const HAS_MIN: bool = false;
-    const MAX_NA: usize = 1;
+    // Every row count: these tiles sum in llama.cpp's order (ggml's vec_dot for one row,
+    // tinyBLAS for more), the AVX2 panels do not.
+    const MAX_NA: usize = usize::MAX;
     const AVX2_GEMM: crate::cpu::kernels::GemmFn =
         crate::cpu::avx2_tiles::gemm_unsigned::<super::avx2::Q5_0>;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn pair(p: *const u8) -> __m512i {
-        let p1 = p.wrapping_add(Self::BYTES);
-        // SAFETY: both blocks' 44 bytes (d, qh[4], qs[16] each) are readable per the
-        // trait contract.
-        unsafe { fifth_bits(nibbles_pair(p.add(6), p1.add(6)), p.add(2), p1.add(2)) }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn single(p: *const u8) -> __m512i {
-        // SAFETY: the block's 22 bytes are readable per the trait contract.
-        unsafe { fifth_bits(nibbles_pair(p.add(6), p.add(6)), p.add(2), p.add(2)) }
+    unsafe fn pair(p0: *const u8, p1: *const u8) -> __m512i {
+        // SAFETY: both blocks' 22 bytes (d, qh[4], qs[16]) are readable per the trait
+        // contract.
+        unsafe { fifth_bits(nibbles_pair(p0.add(6), p1.add(6)), p0.add(2), p1.add(2)) }
     }
 }

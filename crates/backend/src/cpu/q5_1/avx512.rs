@@ -16,17 +16,9 @@ impl VnniBlocks for Q5_1 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn pair(p: *const u8) -> __m512i {
-        let p1 = p.wrapping_add(Self::BYTES);
-        // SAFETY: both blocks' 48 bytes (d, m, qh[4], qs[16] each) are readable per the
-        // trait contract.
-        unsafe { fifth_bits(nibbles_pair(p.add(8), p1.add(8)), p.add(4), p1.add(4)) }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn single(p: *const u8) -> __m512i {
-        // SAFETY: the block's 24 bytes are readable per the trait contract.
-        unsafe { fifth_bits(nibbles_pair(p.add(8), p.add(8)), p.add(4), p.add(4)) }
+    unsafe fn pair(p0: *const u8, p1: *const u8) -> __m512i {
+        // SAFETY: both blocks' 24 bytes (d, m, qh[4], qs[16]) are readable per the trait
+        // contract.
+        unsafe { fifth_bits(nibbles_pair(p0.add(8), p1.add(8)), p0.add(4), p1.add(4)) }
     }
 }

@@ -12,13 +12,22 @@
 //! crate's `q6_k::dot` in tests/kernels_k.rs.
 
 use crate::cpu::q4_k::avx2::scale_selectors;
-use crate::cpu::q8_k::avx2::{hsum_ps, load256, load_f16, Micro};
+use crate::cpu::q8_k::avx2::{hsum_epi32, hsum_ps, load256, load_f16, Micro};
 use std::arch::x86_64::*;
 
 pub(crate) struct Q6K;
 
 impl Micro for Q6K {
     const BYTES: usize = 210;
+
+    /// From 8 activation rows on llama.cpp runs Q6_K through its tiled K-quant matmul.
+    fn alt_rows(na: usize) -> usize {
+        if na >= 8 {
+            na
+        } else {
+            0
+        }
+    }
 
     #[inline(always)]
     unsafe fn tile<const NA: usize>(
@@ -29,6 +38,42 @@ impl Micro for Q6K {
         out: *mut f32,
         stride: usize,
     ) {
+        // SAFETY: forwarded contract.
+        unsafe { Self::body::<NA, false>(w, a, arb, nb, out, stride) }
+    }
+
+    #[inline(always)]
+    unsafe fn tile_alt<const NA: usize>(
+        w: *const u8,
+        a: *const u8,
+        arb: usize,
+        nb: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe { Self::body::<NA, true>(w, a, arb, nb, out, stride) }
+    }
+}
+
+impl Q6K {
+    /// The tile body. `TILED`: llama.cpp's tiled matmul order (per block the whole integer
+    /// sum `s`, then `acc = fma(s · d, d_a, acc)`; GCC contracts its `acc + (s·d)·d_a`);
+    /// otherwise `ggml_vec_dot_q6_K_q8_K`'s (8 lanes of `fma(d·d_a, lane, acc)`, then a
+    /// horizontal sum).
+    ///
+    /// # Safety
+    /// As `Micro::tile`.
+    #[inline(always)]
+    unsafe fn body<const NA: usize, const TILED: bool>(
+        w: *const u8,
+        a: *const u8,
+        arb: usize,
+        nb: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let mut acc1 = [0f32; NA];
         let m4 = _mm256_set1_epi8(0x0f);
         let m30 = _mm256_set1_epi8(0x30);
         // Scales reordered even groups first: after widening, lane 0 holds s0, s2, …, s14
@@ -85,13 +130,20 @@ impl Micro for Q6K {
                     let da = (ab[i] as *const f32).read_unaligned();
                     let s =
                         _mm256_sub_epi32(sumi[i], _mm256_madd_epi16(load256(ab[i].add(260)), sc32));
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * da), acc[i]);
+                    if TILED {
+                        let r = hsum_epi32(s) as f32 * d;
+                        acc1[i] = r.mul_add(da, acc1[i]);
+                    } else {
+                        acc[i] =
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * da), acc[i]);
+                    }
                 }
             }
         }
         for (i, v) in acc.iter().enumerate() {
+            let o = if TILED { acc1[i] } else { hsum_ps(*v) };
             // SAFETY: output cell i is inside the tile (trait contract).
-            unsafe { *out.add(i * stride) = hsum_ps(*v) };
+            unsafe { *out.add(i * stride) = o };
         }
     }
 }

@@ -23,6 +23,16 @@ pub(crate) fn hsum_ps(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// Sum of the 8 i32 lanes (exact for the K-quant block sums, which stay far below 2³¹).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
+}
+
 /// Two little-endian f16 at `p` as f32 `[p[0..2], p[2..4]]` in lanes 0 and 1.
 ///
 /// # Safety
@@ -106,6 +116,33 @@ pub(crate) trait Micro {
         out: *mut f32,
         stride: usize,
     );
+
+    /// How many leading activation rows of an `na`-row call llama.cpp sums in another order
+    /// than the rest (its repacked Q4_K: GEMM for groups of four rows, GEMV for the
+    /// remainder; its tiled K-quant matmul from 8 rows on): the driver runs them through
+    /// `tile_alt`, in tiles that do not cross that row.
+    #[inline(always)]
+    fn alt_rows(na: usize) -> usize {
+        let _ = na;
+        0
+    }
+
+    /// `tile` for the rows below `alt_rows`.
+    ///
+    /// # Safety
+    /// As `tile`.
+    #[inline(always)]
+    unsafe fn tile_alt<const NA: usize>(
+        w: *const u8,
+        a: *const u8,
+        arb: usize,
+        nb: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe { Self::tile::<NA>(w, a, arb, nb, out, stride) }
+    }
 }
 
 /// Activation rows per tile in prefill: each unpacked weight block serves eight dots.
@@ -144,14 +181,30 @@ unsafe fn gemm_body<M: Micro>(
             }
             return;
         }
+        let split = M::alt_rows(na);
         for ip in (0..na).step_by(ACT_PANEL) {
             let pn = ACT_PANEL.min(na - ip);
             for j in 0..nw {
                 let wj = wp.add(j * wrb);
                 let mut i0 = ip;
                 while i0 < ip + pn {
-                    let cn = TILE_ROWS.min(ip + pn - i0);
+                    let mut cn = TILE_ROWS.min(ip + pn - i0);
                     let (at, ot) = (ap.add(i0 * arb), op.add(i0 * stride + j));
+                    if i0 < split {
+                        cn = cn.min(split - i0);
+                        match cn {
+                            1 => M::tile_alt::<1>(wj, at, arb, nb, ot, stride),
+                            2 => M::tile_alt::<2>(wj, at, arb, nb, ot, stride),
+                            3 => M::tile_alt::<3>(wj, at, arb, nb, ot, stride),
+                            4 => M::tile_alt::<4>(wj, at, arb, nb, ot, stride),
+                            5 => M::tile_alt::<5>(wj, at, arb, nb, ot, stride),
+                            6 => M::tile_alt::<6>(wj, at, arb, nb, ot, stride),
+                            7 => M::tile_alt::<7>(wj, at, arb, nb, ot, stride),
+                            _ => M::tile_alt::<8>(wj, at, arb, nb, ot, stride),
+                        }
+                        i0 += cn;
+                        continue;
+                    }
                     match cn {
                         1 => M::tile::<1>(wj, at, arb, nb, ot, stride),
                         2 => M::tile::<2>(wj, at, arb, nb, ot, stride),
