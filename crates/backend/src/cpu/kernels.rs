@@ -128,13 +128,31 @@ pub fn kernel_for(ty: GgmlType, feats: &CpuFeatures, scalar_only: bool) -> Optio
         GgmlType::PTQ1_0 => Some(lowbit_ref::kernel::<lowbit_ref::Ptq1_0>(feats, scalar_only)),
         GgmlType::TQ1_0 => Some(super::tq1_0::kernel(feats, scalar_only)),
         GgmlType::IQ4_XS => Some(super::iq4_xs::kernel(feats, scalar_only)),
-        GgmlType::IQ2_XXS => Some(lowbit_ref::kernel::<lowbit_ref::Iq2Xxs>(feats, scalar_only)),
+        GgmlType::IQ2_XXS => Some(super::iq_grid::kernel::<super::iq_grid::Iq2Xxs>(
+            feats,
+            scalar_only,
+        )),
         GgmlType::IQ2_XS => Some(super::iq2_xs::kernel(feats, scalar_only)),
-        GgmlType::IQ2_S => Some(lowbit_ref::kernel::<lowbit_ref::Iq2S>(feats, scalar_only)),
-        GgmlType::IQ3_XXS => Some(lowbit_ref::kernel::<lowbit_ref::Iq3Xxs>(feats, scalar_only)),
-        GgmlType::IQ3_S => Some(lowbit_ref::kernel::<lowbit_ref::Iq3S>(feats, scalar_only)),
-        GgmlType::IQ1_S => Some(lowbit_ref::kernel::<lowbit_ref::Iq1S>(feats, scalar_only)),
-        GgmlType::IQ1_M => Some(lowbit_ref::kernel::<lowbit_ref::Iq1M>(feats, scalar_only)),
+        GgmlType::IQ2_S => Some(super::iq_grid::kernel::<super::iq_grid::Iq2S>(
+            feats,
+            scalar_only,
+        )),
+        GgmlType::IQ3_XXS => Some(super::iq_grid::kernel::<super::iq_grid::Iq3Xxs>(
+            feats,
+            scalar_only,
+        )),
+        GgmlType::IQ3_S => Some(super::iq_grid::kernel::<super::iq_grid::Iq3S>(
+            feats,
+            scalar_only,
+        )),
+        GgmlType::IQ1_S => Some(super::iq_grid::kernel::<super::iq_grid::Iq1S>(
+            feats,
+            scalar_only,
+        )),
+        GgmlType::IQ1_M => Some(super::iq_grid::kernel::<super::iq_grid::Iq1M>(
+            feats,
+            scalar_only,
+        )),
         _ => None,
     }
 }

@@ -1,5 +1,5 @@
-//! Portable kernels for the low-bit formats that have no SIMD micro-kernel yet (PTQ1_0
-//! and the grid i-quants but IQ2_XS): the quant crate's reference dot row by row, with
+//! Portable kernels for the low-bit formats that have no SIMD micro-kernel yet (PTQ1_0):
+//! the quant crate's reference dot row by row, with
 //! the activation format ggml dots the type with. Correct everywhere, slow; a format moves
 //! off this list when it gets its own `cpu/<fmt>/` kernels.
 
@@ -90,58 +90,4 @@ ref_format!(
     ptq1_0::dot,
     BlockPTQ1_0,
     BlockQ8_0
-);
-ref_format!(
-    Iq2Xxs,
-    256,
-    66,
-    ActFormat::Q8K,
-    iq2_xxs::dot,
-    BlockIQ2_XXS,
-    BlockQ8_K
-);
-ref_format!(
-    Iq2S,
-    256,
-    82,
-    ActFormat::Q8K,
-    iq2_s::dot,
-    BlockIQ2_S,
-    BlockQ8_K
-);
-ref_format!(
-    Iq3Xxs,
-    256,
-    98,
-    ActFormat::Q8K,
-    iq3_xxs::dot,
-    BlockIQ3_XXS,
-    BlockQ8_K
-);
-ref_format!(
-    Iq3S,
-    256,
-    110,
-    ActFormat::Q8K,
-    iq3_s::dot,
-    BlockIQ3_S,
-    BlockQ8_K
-);
-ref_format!(
-    Iq1S,
-    256,
-    50,
-    ActFormat::Q8K,
-    iq1_s::dot,
-    BlockIQ1_S,
-    BlockQ8_K
-);
-ref_format!(
-    Iq1M,
-    256,
-    56,
-    ActFormat::Q8K,
-    iq1_m::dot,
-    BlockIQ1_M,
-    BlockQ8_K
 );

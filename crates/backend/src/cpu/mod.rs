@@ -35,6 +35,7 @@ mod q8_k;
 mod iq2_xs;
 mod iq4_nl;
 mod iq4_xs;
+mod iq_grid;
 mod lowbit_ref;
 mod q1_0;
 mod q2_0;

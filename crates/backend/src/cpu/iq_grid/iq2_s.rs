@@ -1,0 +1,77 @@
+//! IQ2_S × Q8_K micro-kernel, AVX2 + FMA + F16C.
+//!
+//! Weight block (82 B): `d: f16`, `qs[32]` (low 8 bits of the 10-bit grid index of each 8
+//! weights; 1024-entry table of 8 magnitudes), `signs[32]` (one bit per weight), `qh[8]`
+//! (bits 2l, 2l + 1 of byte ib: the top index bits of entry l of group ib), `scales[8]`
+//! (4 bits per 16 weights). The 32 sign bits of a group become ±1 bytes with one
+//! broadcast, `pshufb` and compare; the two 16-weight scales `2s + 1` (one per 128-bit
+//! lane) multiply in the `madd`. Per block: `0.125 · d_w · d_a · Σ`.
+
+// Per-activation-row accumulators are indexed by row inside unrolled constant loops.
+#![allow(clippy::needless_range_loop)]
+
+use crate::cpu::q1_0::avx2::sign_bytes;
+use crate::cpu::q8_k::avx2::{hsum_ps, load256, load_f16, Micro};
+use neagari_quant::iq_grids::IQ2S_GRID;
+use std::arch::x86_64::*;
+
+pub(crate) struct Iq2S;
+
+impl Micro for Iq2S {
+    const BYTES: usize = 82;
+
+    #[inline(always)]
+    unsafe fn tile<const NA: usize>(
+        w: *const u8,
+        a: *const u8,
+        arb: usize,
+        nb: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        // SAFETY (whole body): the weight row and activation rows i < NA are nb blocks long
+        // (trait contract), so every offset below is inside block b of its row; grid
+        // indices are 10 bits (1024 entries); the driver enables AVX2/FMA/F16C.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); NA];
+            for b in 0..nb {
+                let wb = w.add(b * Self::BYTES);
+                let ab: [*const u8; NA] = std::array::from_fn(|i| a.add(i * arb + b * 292));
+                let dw = load_f16(wb) * 0.125;
+                let mut sumi = [_mm256_setzero_si256(); NA];
+                for ib in 0..8 {
+                    let qh = *wb.add(66 + ib) as usize;
+                    let grid = |l: usize| {
+                        let idx = *wb.add(2 + 4 * ib + l) as usize | ((qh >> (2 * l)) & 3) << 8;
+                        *IQ2S_GRID.get_unchecked(idx) as i64
+                    };
+                    let q = _mm256_setr_epi64x(grid(0), grid(1), grid(2), grid(3));
+                    // A set bit negates: `sign_bytes` gives −1 for clear bits, so invert.
+                    let bits = (wb.add(34 + 4 * ib) as *const u32).read_unaligned();
+                    let sgn = sign_bytes(!bits);
+                    let sc = *wb.add(74 + ib);
+                    let ls = _mm256_setr_m128i(
+                        _mm_set1_epi16(2 * (sc & 15) as i16 + 1),
+                        _mm_set1_epi16(2 * (sc >> 4) as i16 + 1),
+                    );
+                    for i in 0..NA {
+                        let av = _mm256_sign_epi8(load256(ab[i].add(4 + 32 * ib)), sgn);
+                        let p = _mm256_maddubs_epi16(q, av);
+                        sumi[i] = _mm256_add_epi32(sumi[i], _mm256_madd_epi16(p, ls));
+                    }
+                }
+                for i in 0..NA {
+                    let da = (ab[i] as *const f32).read_unaligned();
+                    acc[i] = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(sumi[i]),
+                        _mm256_set1_ps(dw * da),
+                        acc[i],
+                    );
+                }
+            }
+            for (i, v) in acc.iter().enumerate() {
+                *out.add(i * stride) = hsum_ps(*v);
+            }
+        }
+    }
+}
