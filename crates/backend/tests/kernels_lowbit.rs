@@ -230,23 +230,12 @@ fn bench_lowbit_gemv() {
     use std::time::Instant;
     let mut rng = StdRng::seed_from_u64(1);
     let types: Vec<GgmlType> = match std::env::var("NEAGARI_BENCH_TYPES") {
-        Ok(s) => [
-            GgmlType::Q1_0,
-            GgmlType::Q2_0,
-            GgmlType::PQ2_0,
-            GgmlType::PTQ1_0,
-            GgmlType::TQ1_0,
-            GgmlType::TQ2_0,
-            GgmlType::IQ4_NL,
-            GgmlType::IQ4_XS,
-            GgmlType::IQ2_XS,
-            GgmlType::Q4_K,
-            GgmlType::Q2_K,
-            GgmlType::Q8_0,
-        ]
-        .into_iter()
-        .filter(|t| s.split(',').any(|n| n.eq_ignore_ascii_case(t.name())))
-        .collect(),
+        Ok(s) => TYPES
+            .iter()
+            .copied()
+            .chain([GgmlType::Q4_K, GgmlType::Q2_K, GgmlType::Q8_0])
+            .filter(|t| s.split(',').any(|n| n.eq_ignore_ascii_case(t.name())))
+            .collect(),
         Err(_) => TYPES.to_vec(),
     };
     let k = 2048;

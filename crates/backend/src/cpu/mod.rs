@@ -36,7 +36,7 @@ mod iq2_xs;
 mod iq4_nl;
 mod iq4_xs;
 mod iq_grid;
-mod lowbit_ref;
+mod ptq1_0;
 mod q1_0;
 mod q2_0;
 mod q8_0_wide;

@@ -21,7 +21,7 @@ pub(crate) struct Tq1_0;
 /// The digits selected by the per-byte multipliers (3ⁿ at even bytes in `me`'s 16-bit
 /// lanes, at odd bytes in `mo`'s) of the 32 bytes of `v`, as bytes 0..=2.
 #[inline(always)]
-unsafe fn digits(v: __m256i, me: __m256i, mo: __m256i) -> __m256i {
+pub(crate) unsafe fn digits(v: __m256i, me: __m256i, mo: __m256i) -> __m256i {
     // SAFETY: register-only intrinsics; the caller enables AVX2.
     unsafe {
         let three = _mm256_set1_epi16(3);
