@@ -41,6 +41,8 @@ macro_rules! grid_format {
             }
             #[cfg(target_arch = "x86_64")]
             type Micro = $micro;
+            #[cfg(target_arch = "x86_64")]
+            type Micro512 = $micro;
         }
     };
 }
