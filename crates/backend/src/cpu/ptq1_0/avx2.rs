@@ -2,8 +2,8 @@
 //!
 //! Block (28 B): `qs[24]`, `qh[2]`, `d: f16`. The trits come in stages: the 16 bytes at 0
 //! give weights 16n + m (digit n, byte m), the 8 bytes at 16 give 80 + 8n + m, the two qh
-//! bytes give 120 + 2n + h. Digits are extracted as in TQ1_0 (`tq1_0::avx2::digits`: the
-//! byte times 3ⁿ per 16-bit lane, the top of ×3); the stages are first placed so that each
+//! bytes give 120 + 2n + h. Digits are extracted as in TQ1_0 (`tq1_0::avx2::trits`: the
+//! byte tripled n times, wrapping, then two unsigned compares); the stages are first placed so that each
 //! ymm holds 32 consecutive weights, i.e. one Q8_0 activation block (`Perm::Identity`):
 //! [s1·1 | s1·3], [s1·9 | s1·27], [s1·81 | s2·1, s2·3], [s2·9, s2·27 | s2·81, qh·1,3,9,27].
 //! `maddubs` (codes unsigned 0..=2) + `madd` sum into eight i32 lanes; the code offset is
@@ -15,7 +15,7 @@
 
 use crate::cpu::q8_0_wide::x86::WideMicro;
 use crate::cpu::q8_k::avx2::{hsum_ps, load256, load_f16};
-use crate::cpu::tq1_0::avx2::digits;
+use crate::cpu::tq1_0::avx2::{trits, x3, x3_128};
 use std::arch::x86_64::*;
 
 pub(crate) struct Ptq1_0;
@@ -40,28 +40,29 @@ impl WideMicro for Ptq1_0 {
         // (trait contract); the caller enables AVX2/FMA/F16C.
         unsafe {
             let ones16 = _mm256_set1_epi16(1);
-            let m = |lo: i16, hi: i16| _mm256_setr_m128i(_mm_set1_epi16(lo), _mm_set1_epi16(hi));
-            let m01 = m(1, 3);
-            let m23 = m(9, 27);
-            let m4_01 = _mm256_setr_epi16(81, 81, 81, 81, 81, 81, 81, 81, 1, 1, 1, 1, 3, 3, 3, 3);
-            let m23_4h = _mm256_setr_epi16(9, 9, 9, 9, 27, 27, 27, 27, 81, 81, 81, 81, 1, 3, 9, 27);
             let mut acc = [_mm256_setzero_ps(); NA];
             for b in 0..nb {
                 let wb = w.add(b * Self::BYTES);
                 let dw = _mm256_set1_ps(load_f16(wb.add(26)));
                 let s1 = _mm_loadu_si128(wb as *const _);
                 let s2 = _mm_loadl_epi64(wb.add(16) as *const _);
-                let qh = _mm_set1_epi16((wb.add(24) as *const i16).read_unaligned());
-                let s2s2 = _mm_unpacklo_epi64(s2, s2);
+                let h1 = _mm_cvtsi32_si128((wb.add(24) as *const u16).read_unaligned() as i32);
+                // Bytes times 3ⁿ (wrapping), placed as in the module doc.
+                let q01 = _mm256_setr_m128i(s1, x3_128(s1));
+                let q23 = x3(x3(q01));
+                let s1_81 = x3_128(x3_128(_mm256_castsi256_si128(q23)));
+                let s2_01 = _mm_unpacklo_epi64(s2, x3_128(s2));
+                let s2_23 = x3_128(x3_128(s2_01));
+                let s2_4 = x3_128(_mm_unpackhi_epi64(s2_23, s2_23));
+                let (h3, h9) = (x3_128(h1), x3_128(x3_128(h1)));
+                let h27 = x3_128(h9);
+                let hq =
+                    _mm_unpacklo_epi32(_mm_unpacklo_epi16(h1, h3), _mm_unpacklo_epi16(h9, h27));
                 let c = [
-                    digits(_mm256_setr_m128i(s1, s1), m01, m01),
-                    digits(_mm256_setr_m128i(s1, s1), m23, m23),
-                    digits(_mm256_setr_m128i(s1, s2s2), m4_01, m4_01),
-                    digits(
-                        _mm256_setr_m128i(s2s2, _mm_unpacklo_epi64(s2, qh)),
-                        m23_4h,
-                        m23_4h,
-                    ),
+                    trits(q01),
+                    trits(q23),
+                    trits(_mm256_setr_m128i(s1_81, s2_01)),
+                    trits(_mm256_setr_m128i(s2_23, _mm_unpacklo_epi64(s2_4, hq))),
                 ];
                 let mut t = [_mm256_setzero_ps(); NA];
                 for (s, &c) in c.iter().enumerate() {
