@@ -15,9 +15,11 @@ use crate::cpu::q8_k::avx2::{hsum_ps, load256, load_f16, Micro};
 use neagari_quant::iq_grids::IQ2S_GRID;
 use std::arch::x86_64::*;
 
-pub(crate) struct Iq2S;
+/// `MASK`: apply the sign bits through a mask register (`0 − a` where set; AVX-512 BW/VL
+/// driver only) instead of expanding them to ±1 bytes for `psignb`.
+pub(crate) struct Iq2S<const MASK: bool>;
 
-impl Micro for Iq2S {
+impl<const MASK: bool> Micro for Iq2S<MASK> {
     const BYTES: usize = 82;
 
     #[inline(always)]
@@ -31,8 +33,9 @@ impl Micro for Iq2S {
     ) {
         // SAFETY (whole body): the weight row and activation rows i < NA are nb blocks long
         // (trait contract), so every offset below is inside block b of its row; grid
-        // indices are 10 bits (1024 entries); the driver enables AVX2/FMA/F16C.
+        // indices are 10 bits (1024 entries); the driver enables AVX2/FMA/F16C, and AVX-512 F/BW/VL where `MASK`.
         unsafe {
+            let zero = _mm256_setzero_si256();
             let mut acc = [_mm256_setzero_ps(); NA];
             for b in 0..nb {
                 let wb = w.add(b * Self::BYTES);
@@ -46,16 +49,21 @@ impl Micro for Iq2S {
                         *IQ2S_GRID.get_unchecked(idx) as i64
                     };
                     let q = _mm256_setr_epi64x(grid(0), grid(1), grid(2), grid(3));
-                    // A set bit negates: `sign_bytes` gives −1 for clear bits, so invert.
                     let bits = (wb.add(34 + 4 * ib) as *const u32).read_unaligned();
-                    let sgn = sign_bytes(!bits);
+                    // A set bit negates: `sign_bytes` gives −1 for clear bits, so invert.
+                    let sgn = if MASK { zero } else { sign_bytes(!bits) };
                     let sc = *wb.add(74 + ib);
                     let ls = _mm256_setr_m128i(
                         _mm_set1_epi16(2 * (sc & 15) as i16 + 1),
                         _mm_set1_epi16(2 * (sc >> 4) as i16 + 1),
                     );
                     for i in 0..NA {
-                        let av = _mm256_sign_epi8(load256(ab[i].add(4 + 32 * ib)), sgn);
+                        let av = load256(ab[i].add(4 + 32 * ib));
+                        let av = if MASK {
+                            _mm256_mask_sub_epi8(av, bits, zero, av)
+                        } else {
+                            _mm256_sign_epi8(av, sgn)
+                        };
                         let p = _mm256_maddubs_epi16(q, av);
                         sumi[i] = _mm256_add_epi32(sumi[i], _mm256_madd_epi16(p, ls));
                     }

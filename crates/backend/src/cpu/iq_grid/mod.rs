@@ -8,7 +8,9 @@
 //! are 1–16 KiB tables) and meets 32 contiguous activation quants with one `maddubs`
 //! (magnitudes unsigned, signs moved onto the activation with `psignb`) and one `madd`
 //! that applies the group scale while summing into i32 lanes. The integer sums per block
-//! are exact, as in the reference; only the f32 accumulation order differs. Tested against
+//! are exact, as in the reference; only the f32 accumulation order differs. IQ2_S and
+//! IQ3_S store one sign bit per weight; their AVX-512 build applies those through a mask
+//! register instead of expanding them to bytes. Tested against
 //! the quant crate's reference dots in tests/kernels_lowbit.rs.
 
 #[cfg(target_arch = "x86_64")]
@@ -30,6 +32,9 @@ use neagari_quant::{
 
 macro_rules! grid_format {
     ($name:ident, $bytes:expr, $dot:path, $blk:ty, $micro:ty) => {
+        grid_format!($name, $bytes, $dot, $blk, $micro, $micro);
+    };
+    ($name:ident, $bytes:expr, $dot:path, $blk:ty, $micro:ty, $micro512:ty) => {
         pub(crate) struct $name;
         impl KFormat for $name {
             const BYTES: usize = $bytes;
@@ -42,7 +47,7 @@ macro_rules! grid_format {
             #[cfg(target_arch = "x86_64")]
             type Micro = $micro;
             #[cfg(target_arch = "x86_64")]
-            type Micro512 = $micro;
+            type Micro512 = $micro512;
         }
     };
 }
@@ -54,7 +59,14 @@ grid_format!(
     BlockIQ2_XXS,
     iq2_xxs::Iq2Xxs
 );
-grid_format!(Iq2S, 82, neagari_quant::iq2_s::dot, BlockIQ2_S, iq2_s::Iq2S);
+grid_format!(
+    Iq2S,
+    82,
+    neagari_quant::iq2_s::dot,
+    BlockIQ2_S,
+    iq2_s::Iq2S<false>,
+    iq2_s::Iq2S<true>
+);
 grid_format!(
     Iq3Xxs,
     98,
@@ -67,7 +79,8 @@ grid_format!(
     110,
     neagari_quant::iq3_s::dot,
     BlockIQ3_S,
-    iq3_s::Iq3S
+    iq3_s::Iq3S<false>,
+    iq3_s::Iq3S<true>
 );
 grid_format!(Iq1S, 50, neagari_quant::iq1_s::dot, BlockIQ1_S, iq1::Iq1S);
 grid_format!(Iq1M, 56, neagari_quant::iq1_m::dot, BlockIQ1_M, iq1::Iq1M);
