@@ -9,14 +9,16 @@
 // Per-activation-row accumulators are indexed by row inside unrolled constant loops.
 #![allow(clippy::needless_range_loop)]
 
+use super::iq2_xxs::sign_masks_7x4;
 use crate::cpu::iq2_xs::avx2::SIGNS64;
 use crate::cpu::q8_k::avx2::{hsum_ps, load256, load_f16, Micro};
 use neagari_quant::iq_grids::IQ3XXS_GRID;
 use std::arch::x86_64::*;
 
-pub(crate) struct Iq3Xxs;
+/// `MASK`: apply the signs through a mask register, as `Iq2Xxs<true>`.
+pub(crate) struct Iq3Xxs<const MASK: bool>;
 
-impl Micro for Iq3Xxs {
+impl<const MASK: bool> Micro for Iq3Xxs<MASK> {
     const BYTES: usize = 98;
 
     #[inline(always)]
@@ -31,14 +33,22 @@ impl Micro for Iq3Xxs {
         // SAFETY (whole body): the weight row and activation rows i < NA are nb blocks long
         // (trait contract), so every offset below is inside block b of its row; grid
         // indices are bytes (256 entries) and sign indices are masked to 7 bits; the driver
-        // enables AVX2/FMA/F16C.
+        // enables AVX2/FMA/F16C, and AVX-512 F/BW/VL where `MASK`.
         unsafe {
+            let zero = _mm256_setzero_si256();
             let mut acc = [_mm256_setzero_ps(); NA];
             for b in 0..nb {
                 let wb = w.add(b * Self::BYTES);
                 let ab: [*const u8; NA] = std::array::from_fn(|i| a.add(i * arb + b * 292));
                 let dw = load_f16(wb) * 0.25;
                 let mut sumi = [_mm256_setzero_si256(); NA];
+                let mut sm = [0u32; 8];
+                if MASK {
+                    _mm256_storeu_si256(
+                        sm.as_mut_ptr() as *mut _,
+                        sign_masks_7x4(load256(wb.add(66))),
+                    );
+                }
                 for ib in 0..8 {
                     let g = wb.add(2 + 8 * ib);
                     let aux = (wb.add(66 + 4 * ib) as *const u32).read_unaligned();
@@ -55,10 +65,19 @@ impl Micro for Iq3Xxs {
                     );
                     let s =
                         |l: u32| *SIGNS64.get_unchecked(((aux >> (7 * l)) & 127) as usize) as i64;
-                    let sgn = _mm256_setr_epi64x(s(0), s(1), s(2), s(3));
+                    let sgn = if MASK {
+                        zero
+                    } else {
+                        _mm256_setr_epi64x(s(0), s(1), s(2), s(3))
+                    };
                     let ls = _mm256_set1_epi16((2 * (aux >> 28) + 1) as i16);
                     for i in 0..NA {
-                        let av = _mm256_sign_epi8(load256(ab[i].add(4 + 32 * ib)), sgn);
+                        let av = load256(ab[i].add(4 + 32 * ib));
+                        let av = if MASK {
+                            _mm256_mask_sub_epi8(av, sm[ib], zero, av)
+                        } else {
+                            _mm256_sign_epi8(av, sgn)
+                        };
                         let p = _mm256_maddubs_epi16(q, av);
                         sumi[i] = _mm256_add_epi32(sumi[i], _mm256_madd_epi16(p, ls));
                     }

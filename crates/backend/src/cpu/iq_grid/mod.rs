@@ -8,9 +8,10 @@
 //! are 1–16 KiB tables) and meets 32 contiguous activation quants with one `maddubs`
 //! (magnitudes unsigned, signs moved onto the activation with `psignb`) and one `madd`
 //! that applies the group scale while summing into i32 lanes. The integer sums per block
-//! are exact, as in the reference; only the f32 accumulation order differs. IQ2_S and
-//! IQ3_S store one sign bit per weight; their AVX-512 build applies those through a mask
-//! register instead of expanding them to bytes. Tested against
+//! are exact, as in the reference; only the f32 accumulation order differs. In the
+//! AVX-512 builds the signs go through mask registers instead of ±1 bytes: IQ2_S and IQ3_S
+//! store one bit per weight; IQ2_XXS and IQ3_XXS store 7-bit indices whose 8-bit masks
+//! are computed for a whole block at once. Tested against
 //! the quant crate's reference dots in tests/kernels_lowbit.rs.
 
 #[cfg(target_arch = "x86_64")]
@@ -57,7 +58,8 @@ grid_format!(
     66,
     neagari_quant::iq2_xxs::dot,
     BlockIQ2_XXS,
-    iq2_xxs::Iq2Xxs
+    iq2_xxs::Iq2Xxs<false>,
+    iq2_xxs::Iq2Xxs<true>
 );
 grid_format!(
     Iq2S,
@@ -72,7 +74,8 @@ grid_format!(
     98,
     neagari_quant::iq3_xxs::dot,
     BlockIQ3_XXS,
-    iq3_xxs::Iq3Xxs
+    iq3_xxs::Iq3Xxs<false>,
+    iq3_xxs::Iq3Xxs<true>
 );
 grid_format!(
     Iq3S,
