@@ -31,7 +31,7 @@ TYPES = {
     "IQ1_M": 31,
 }
 # llama.cpp refuses these without an importance matrix; a flat one stands in.
-NEEDS_IMATRIX = {"IQ2_XS", "IQ2_XXS", "IQ2_S", "IQ1_S", "IQ1_M"}
+NEEDS_IMATRIX = {"IQ2_XS", "IQ2_XXS", "IQ2_S", "IQ3_XXS", "IQ1_S", "IQ1_M"}
 
 
 def main():
