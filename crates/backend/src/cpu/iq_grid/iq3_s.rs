@@ -32,22 +32,36 @@ impl<const MASK: bool> Micro for Iq3S<MASK> {
     ) {
         // SAFETY (whole body): the weight row and activation rows i < NA are nb blocks long
         // (trait contract), so every offset below is inside block b of its row; grid
-        // indices are 9 bits (512 entries); the driver enables AVX2/FMA/F16C, and AVX-512 F/BW/VL where `MASK`.
+        // indices are 9 bits (512 entries) by construction; the driver enables AVX2/FMA/F16C, and AVX-512 F/BW/VL where `MASK`.
         unsafe {
             let zero = _mm256_setzero_si256();
+            let m100 = _mm256_set1_epi16(0x100);
+            let mults =
+                _mm256_setr_epi16(256, 128, 64, 32, 16, 8, 4, 2, 256, 128, 64, 32, 16, 8, 4, 2);
+            let spread0 = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
             let mut acc = [_mm256_setzero_ps(); NA];
             for b in 0..nb {
                 let wb = w.add(b * Self::BYTES);
                 let ab: [*const u8; NA] = std::array::from_fn(|i| a.add(i * arb + b * 292));
                 let dw = load_f16(wb);
                 let mut sumi = [_mm256_setzero_si256(); NA];
+                // The 64 grid indices at once: the low byte from qs, bit 8 from bit j of
+                // qh[ib] (index j of group ib), as `(qh << (8 − j)) & 0x100` with one 16-bit
+                // multiply by 2^(8 − j).
+                let qh8 = _mm_loadl_epi64(wb.add(66) as *const _);
+                let mut gi = [0u16; 64];
+                for h in 0..4 {
+                    let lo = _mm256_cvtepu8_epi16(_mm_loadu_si128(wb.add(2 + 16 * h) as *const _));
+                    let spread = _mm_add_epi8(spread0, _mm_set1_epi8(2 * h as i8));
+                    let hv = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(qh8, spread));
+                    let hi = _mm256_and_si256(_mm256_mullo_epi16(hv, mults), m100);
+                    _mm256_storeu_si256(
+                        gi.as_mut_ptr().add(16 * h) as *mut _,
+                        _mm256_or_si256(lo, hi),
+                    );
+                }
                 for ib in 0..8 {
-                    let g = wb.add(2 + 8 * ib);
-                    let qh = *wb.add(66 + ib) as usize;
-                    let grid = |j: usize| {
-                        let idx = *g.add(j) as usize | ((qh >> j) & 1) << 8;
-                        *IQ3S_GRID.get_unchecked(idx) as i32
-                    };
+                    let grid = |j: usize| *IQ3S_GRID.get_unchecked(gi[8 * ib + j] as usize) as i32;
                     let q = _mm256_setr_epi32(
                         grid(0),
                         grid(1),
