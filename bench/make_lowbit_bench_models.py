@@ -65,7 +65,10 @@ def main():
             continue
         dst = os.path.join(out, f"bench_{name.lower()}.gguf")
         if not os.path.exists(dst):
-            mf.quantize(src, dst, name)
+            # Through a temporary name, so an interrupted run leaves no partial file that
+            # a later run would take for a finished one.
+            mf.quantize(src, dst + ".part", name)
+            os.replace(dst + ".part", dst)
         print(name, dst, os.path.getsize(dst) // (1 << 20), "MiB")
 
 
