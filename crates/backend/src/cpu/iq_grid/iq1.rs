@@ -129,6 +129,14 @@ impl Micro for Iq1M {
         // (trait contract), so every offset below is inside block b of its row; the driver
         // enables AVX2/FMA/F16C.
         unsafe {
+            let dspread = _mm256_setr_epi8(
+                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                1, 1, 1, 1,
+            );
+            let dbits = _mm256_setr_epi8(
+                8, 8, 8, 8, 8, 8, 8, 8, -128, -128, -128, -128, -128, -128, -128, -128, 8, 8, 8, 8,
+                8, 8, 8, 8, -128, -128, -128, -128, -128, -128, -128, -128,
+            );
             let mut acc = [_mm256_setzero_ps(); NA];
             for b in 0..nb {
                 let wb = w.add(b * Self::BYTES);
@@ -144,12 +152,12 @@ impl Micro for Iq1M {
                     let nib = [q0 & 15, q0 >> 4, q1 & 15, q1 >> 4];
                     let idx = |l: usize| *wb.add(4 * ib + l) as usize | (nib[l] & 7) << 8;
                     let g = _mm256_setr_epi64x(row(idx(0)), row(idx(1)), row(idx(2)), row(idx(3)));
-                    let dv = _mm256_setr_epi64x(
-                        delta8(nib[0] & 8 != 0),
-                        delta8(nib[1] & 8 != 0),
-                        delta8(nib[2] & 8 != 0),
-                        delta8(nib[3] & 8 != 0),
-                    );
+                    // δ' bytes: entry l's sign is bit 3 + 4(l % 2) of qh byte 2ib + l / 2;
+                    // each 128-bit lane takes its byte, tests the two bits per 8 bytes.
+                    let qv =
+                        _mm256_set1_epi16((wb.add(32 + 2 * ib) as *const i16).read_unaligned());
+                    let bit = _mm256_and_si256(_mm256_shuffle_epi8(qv, dspread), dbits);
+                    let dv = _mm256_or_si256(_mm256_cmpeq_epi8(bit, dbits), _mm256_set1_epi8(1));
                     let wv = weights(g, dv);
                     let w_abs = _mm256_abs_epi8(wv);
                     let s = sc(ib / 2) >> (6 * (ib % 2));
