@@ -3,7 +3,8 @@
 FFN 5632, 6 layers, 16 heads / 4 KV heads of 128, the 300-token vocabulary of
 scripts/make_tiny_llama_family.py so the output head does not dominate), written as F16,
 then requantized by llama.cpp's llama_model_quantize (`pure`: every 2-D tensor gets the
-type) to Q4_K, Q1_0, TQ2_0, Q2_K and IQ2_XS (a flat importance matrix for IQ2_XS). All
+type) to Q4_K, Q1_0, TQ2_0, Q2_K, IQ2_XS, and the other i-quants and TQ1_0 (a flat
+importance matrix where llama.cpp needs one). All
 dimensions are multiples of 256, so every type applies to every tensor. Random weights
 decode at the speed of trained ones (the kernels do not look at values).
 
@@ -22,7 +23,15 @@ import make_tiny_llama_family as mt  # noqa: E402
 import make_lowbit_fixtures as mf  # noqa: E402
 from llama_ref import quiet_logs  # noqa: E402
 
-TYPES = {"Q4_K": 14, "Q1_0": 40, "TQ2_0": 37, "Q2_K": 10, "IQ2_XS": 20}
+# ggml type name -> llama_ftype whose `pure` default type it is (llama-quant.cpp: the
+# IQ2_S type comes from ftype IQ2_M, IQ3_S from ftype IQ3_S).
+TYPES = {
+    "Q4_K": 14, "Q1_0": 40, "TQ2_0": 37, "Q2_K": 10, "IQ2_XS": 20,
+    "TQ1_0": 36, "IQ2_XXS": 19, "IQ2_S": 29, "IQ3_XXS": 23, "IQ3_S": 26, "IQ1_S": 24,
+    "IQ1_M": 31,
+}
+# llama.cpp refuses these without an importance matrix; a flat one stands in.
+NEEDS_IMATRIX = {"IQ2_XS", "IQ2_XXS", "IQ2_S", "IQ3_XXS", "IQ1_S", "IQ1_M"}
 
 
 def main():
@@ -49,10 +58,17 @@ def main():
                        q8=False, seed=5, freq_base=10000.0)
         GGUFWriter.add_tensor = orig_add
     mf.FTYPES.update(TYPES)
+    mf.NEEDS_IMATRIX.update(NEEDS_IMATRIX)
+    only = os.environ.get("NEAGARI_BENCH_TYPES")
     for name in TYPES:
+        if only and name not in only.split(","):
+            continue
         dst = os.path.join(out, f"bench_{name.lower()}.gguf")
         if not os.path.exists(dst):
-            mf.quantize(src, dst, name)
+            # Through a temporary name, so an interrupted run leaves no partial file that
+            # a later run would take for a finished one.
+            mf.quantize(src, dst + ".part", name)
+            os.replace(dst + ".part", dst)
         print(name, dst, os.path.getsize(dst) // (1 << 20), "MiB")
 
 

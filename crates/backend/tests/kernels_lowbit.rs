@@ -45,7 +45,7 @@ fn scale_offset(ty: GgmlType) -> usize {
 
 /// `nw` weight rows of `k` values: even rows from the reference quantizer on Gaussian data
 /// (where the type has one), the others random bytes with a sane f16 scale (every code
-/// reachable).
+/// reachable; IQ1_M's scale lives in the top nibbles of its scale words).
 fn random_weights(ty: GgmlType, k: usize, nw: usize, rng: &mut StdRng) -> Vec<u8> {
     let rb = ty.row_bytes(k).expect("whole blocks");
     let bb = ty.info().bytes;
@@ -60,6 +60,17 @@ fn random_weights(ty: GgmlType, k: usize, nw: usize, rng: &mut StdRng) -> Vec<u8
         for blk in row.chunks_exact_mut(bb) {
             let v =
                 half::f16::from_f32(rng.gen_range(1e-4..2e-2) * if rng.gen() { 1.0 } else { -1.0 });
+            if ty == GgmlType::IQ1_M {
+                // The f16 scale is spread over the top nibbles of the four u16 scale words.
+                let bits = v.to_bits();
+                for i in 0..4 {
+                    let at = 48 + 2 * i;
+                    let sc = u16::from_le_bytes([blk[at], blk[at + 1]]);
+                    let sc = (sc & 0x0fff) | ((bits >> (4 * i)) & 15) << 12;
+                    blk[at..at + 2].copy_from_slice(&sc.to_le_bytes());
+                }
+                continue;
+            }
             blk[d..d + 2].copy_from_slice(&v.to_le_bytes());
         }
     }
@@ -219,23 +230,12 @@ fn bench_lowbit_gemv() {
     use std::time::Instant;
     let mut rng = StdRng::seed_from_u64(1);
     let types: Vec<GgmlType> = match std::env::var("NEAGARI_BENCH_TYPES") {
-        Ok(s) => [
-            GgmlType::Q1_0,
-            GgmlType::Q2_0,
-            GgmlType::PQ2_0,
-            GgmlType::PTQ1_0,
-            GgmlType::TQ1_0,
-            GgmlType::TQ2_0,
-            GgmlType::IQ4_NL,
-            GgmlType::IQ4_XS,
-            GgmlType::IQ2_XS,
-            GgmlType::Q4_K,
-            GgmlType::Q2_K,
-            GgmlType::Q8_0,
-        ]
-        .into_iter()
-        .filter(|t| s.split(',').any(|n| n.eq_ignore_ascii_case(t.name())))
-        .collect(),
+        Ok(s) => TYPES
+            .iter()
+            .copied()
+            .chain([GgmlType::Q4_K, GgmlType::Q2_K, GgmlType::Q8_0])
+            .filter(|t| s.split(',').any(|n| n.eq_ignore_ascii_case(t.name())))
+            .collect(),
         Err(_) => TYPES.to_vec(),
     };
     let k = 2048;

@@ -103,7 +103,6 @@ impl CpuFeatures {
 /// The fastest kernel this CPU has for weights of type `ty`; `None` if the type has no
 /// matmul on CPU. `scalar_only` forces the portable path (tests, `--cpu-isa scalar`).
 pub fn kernel_for(ty: GgmlType, feats: &CpuFeatures, scalar_only: bool) -> Option<MatKernel> {
-    use super::lowbit_ref;
     use super::{float, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0};
     match ty {
         // Unquantized and legacy 32-weight block formats.
@@ -125,16 +124,34 @@ pub fn kernel_for(ty: GgmlType, feats: &CpuFeatures, scalar_only: bool) -> Optio
         GgmlType::Q2_0 => Some(super::q2_0::kernel_q2_0(feats, scalar_only)),
         GgmlType::PQ2_0 => Some(super::q2_0::kernel_pq2_0(feats, scalar_only)),
         GgmlType::IQ4_NL => Some(super::iq4_nl::kernel(feats, scalar_only)),
-        GgmlType::PTQ1_0 => Some(lowbit_ref::kernel::<lowbit_ref::Ptq1_0>(feats, scalar_only)),
+        GgmlType::PTQ1_0 => Some(super::ptq1_0::kernel(feats, scalar_only)),
         GgmlType::TQ1_0 => Some(super::tq1_0::kernel(feats, scalar_only)),
         GgmlType::IQ4_XS => Some(super::iq4_xs::kernel(feats, scalar_only)),
-        GgmlType::IQ2_XXS => Some(lowbit_ref::kernel::<lowbit_ref::Iq2Xxs>(feats, scalar_only)),
+        GgmlType::IQ2_XXS => Some(super::iq_grid::kernel::<super::iq_grid::Iq2Xxs>(
+            feats,
+            scalar_only,
+        )),
         GgmlType::IQ2_XS => Some(super::iq2_xs::kernel(feats, scalar_only)),
-        GgmlType::IQ2_S => Some(lowbit_ref::kernel::<lowbit_ref::Iq2S>(feats, scalar_only)),
-        GgmlType::IQ3_XXS => Some(lowbit_ref::kernel::<lowbit_ref::Iq3Xxs>(feats, scalar_only)),
-        GgmlType::IQ3_S => Some(lowbit_ref::kernel::<lowbit_ref::Iq3S>(feats, scalar_only)),
-        GgmlType::IQ1_S => Some(lowbit_ref::kernel::<lowbit_ref::Iq1S>(feats, scalar_only)),
-        GgmlType::IQ1_M => Some(lowbit_ref::kernel::<lowbit_ref::Iq1M>(feats, scalar_only)),
+        GgmlType::IQ2_S => Some(super::iq_grid::kernel::<super::iq_grid::Iq2S>(
+            feats,
+            scalar_only,
+        )),
+        GgmlType::IQ3_XXS => Some(super::iq_grid::kernel::<super::iq_grid::Iq3Xxs>(
+            feats,
+            scalar_only,
+        )),
+        GgmlType::IQ3_S => Some(super::iq_grid::kernel::<super::iq_grid::Iq3S>(
+            feats,
+            scalar_only,
+        )),
+        GgmlType::IQ1_S => Some(super::iq_grid::kernel::<super::iq_grid::Iq1S>(
+            feats,
+            scalar_only,
+        )),
+        GgmlType::IQ1_M => Some(super::iq_grid::kernel::<super::iq_grid::Iq1M>(
+            feats,
+            scalar_only,
+        )),
         _ => None,
     }
 }

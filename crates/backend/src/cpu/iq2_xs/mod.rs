@@ -1,8 +1,11 @@
 //! IQ2_XS weights × Q8_K activations: the format's hooks for the shared K-quant kernels in
-//! `q8_k` (scalar = the quant crate's reference dot; AVX2 micro-kernel in `avx2.rs`).
+//! `q8_k` (scalar = the quant crate's reference dot; AVX2 micro-kernel in `avx2.rs`, AVX-512VL
+//! one with mask-register signs in `avx512.rs`).
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 use super::kernels::{CpuFeatures, MatKernel};
 use super::q8_k::KFormat;
@@ -22,6 +25,8 @@ impl KFormat for Format {
 
     #[cfg(target_arch = "x86_64")]
     type Micro = avx2::Iq2Xs;
+    #[cfg(target_arch = "x86_64")]
+    type Micro512 = avx512::Iq2XsMask;
 }
 
 /// The IQ2_XS kernel for this CPU.

@@ -22,6 +22,8 @@ impl KFormat for Format {
 
     #[cfg(target_arch = "x86_64")]
     type Micro = avx2::Iq4Xs;
+    #[cfg(target_arch = "x86_64")]
+    type Micro512 = avx2::Iq4Xs;
 }
 
 /// The IQ4_XS kernel for this CPU.

@@ -19,6 +19,22 @@ use std::arch::x86_64::*;
 
 pub(crate) struct Q1_0;
 
+/// The horizontal sums of four accumulators, in lanes 0..4.
+#[inline(always)]
+pub(crate) unsafe fn hsum4(a: __m512, b: __m512, c: __m512, d: __m512) -> __m128 {
+    // SAFETY: register-only intrinsics; the caller enables AVX-512F.
+    unsafe {
+        let half = |v: __m512| {
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+            _mm256_add_ps(_mm512_castps512_ps256(v), hi)
+        };
+        let ab = _mm256_hadd_ps(half(a), half(b));
+        let cd = _mm256_hadd_ps(half(c), half(d));
+        let h = _mm256_hadd_ps(ab, cd);
+        _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h))
+    }
+}
+
 impl WideMicro for Q1_0 {
     const BLOCK: usize = 128;
     const BYTES: usize = 18;
@@ -63,6 +79,51 @@ impl WideMicro for Q1_0 {
             for (i, v) in acc.iter().enumerate() {
                 *out.add(i * stride) = _mm512_reduce_add_ps(*v);
             }
+        }
+    }
+
+    /// Four weight rows against one activation row: the activation quants and their
+    /// negation are loaded once per block for all four; each row then only turns its sign
+    /// bits into two blends and two `vpdpbusd`.
+    #[inline(always)]
+    unsafe fn rows4(
+        w: *const u8,
+        wrb: usize,
+        nb: usize,
+        qs: *const i8,
+        dl: *const f32,
+        _sa: *const i32,
+        _k: usize,
+        out: *mut f32,
+    ) {
+        // SAFETY (whole body): blocks b < nb of weight rows r < 4 (`wrb` apart) and quants
+        // / scales 128b .. 128b + 128 of the activation row are inside their buffers
+        // (trait contract); four outputs follow `out`; the caller enables AVX-512
+        // F/BW/VL/VNNI.
+        unsafe {
+            let ones = _mm512_set1_epi8(1);
+            let zero = _mm512_setzero_si512();
+            let regroup = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+            let mut acc = [_mm512_setzero_ps(); 4];
+            for b in 0..nb {
+                let q = qs.add(128 * b);
+                let a0 = _mm512_loadu_si512(q as *const _);
+                let a1 = _mm512_loadu_si512(q.add(64) as *const _);
+                let (n0, n1) = (_mm512_sub_epi8(zero, a0), _mm512_sub_epi8(zero, a1));
+                let d = _mm512_loadu_ps(dl.add(32 * b));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let wb = w.add(r * wrb + b * 18);
+                    let bits = _mm_shuffle_epi8(_mm_loadu_si128(wb.add(2) as *const _), regroup);
+                    let m0: __mmask64 = _mm_cvtsi128_si64(bits) as u64;
+                    let m1: __mmask64 = _mm_extract_epi64::<1>(bits) as u64;
+                    let s0 = _mm512_mask_blend_epi8(m0, n0, a0);
+                    let s1 = _mm512_mask_blend_epi8(m1, n1, a1);
+                    let isum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, ones, s0), ones, s1);
+                    let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), d);
+                    *acc = _mm512_fmadd_ps(t, _mm512_set1_ps(load_f16(wb)), *acc);
+                }
+            }
+            _mm_storeu_ps(out, hsum4(acc[0], acc[1], acc[2], acc[3]));
         }
     }
 }

@@ -22,6 +22,8 @@ impl KFormat for Format {
 
     #[cfg(target_arch = "x86_64")]
     type Micro = avx2::Q5K;
+    #[cfg(target_arch = "x86_64")]
+    type Micro512 = avx2::Q5K;
 }
 
 /// The Q5_K kernel for this CPU.

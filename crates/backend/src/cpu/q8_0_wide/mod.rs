@@ -22,7 +22,7 @@ use neagari_quant::float::f16_to_f32;
 const Q8_0_BYTES: usize = 34;
 
 /// How the quants of each 32-block are laid out in the repacked activation.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Perm {
     /// As they are.
     Identity,
@@ -60,38 +60,103 @@ pub(crate) struct WideActs {
 }
 
 impl WideActs {
-    pub(crate) fn new(a: &[u8], na: usize, k: usize, perm: Perm) -> Self {
-        let nb = k / 32;
-        let mut x = WideActs {
-            qs: vec![0; na * k],
-            dl: vec![0.0; na * k / 4],
-            sa: vec![0; na * k / 4],
-            k,
-        };
-        // One row's quants in weight order and its block scales.
-        let mut q = vec![0i8; k];
-        let mut d = vec![0f32; nb];
-        for i in 0..na {
-            for b in 0..nb {
-                let at = (i * nb + b) * Q8_0_BYTES;
-                let blk = &a[at..at + Q8_0_BYTES];
-                d[b] = f16_to_f32([blk[0], blk[1]]);
-                for (v, &s) in q[32 * b..32 * b + 32].iter_mut().zip(&blk[2..]) {
-                    *v = s as i8;
-                }
-            }
-            let row = &mut x.qs[i * k..(i + 1) * k];
-            for (p, v) in row.iter_mut().enumerate() {
-                *v = q[perm.source(p)];
-            }
-            for l in 0..k / 4 {
-                let o = i * k / 4 + l;
-                x.dl[o] = d[perm.source(4 * l) / 32];
-                x.sa[o] = row[4 * l..4 * l + 4].iter().map(|&v| v as i32).sum();
-            }
+    fn empty() -> Self {
+        WideActs {
+            qs: Vec::new(),
+            dl: Vec::new(),
+            sa: Vec::new(),
+            k: 0,
         }
+    }
+
+    pub(crate) fn new(a: &[u8], na: usize, k: usize, perm: Perm) -> Self {
+        let mut x = WideActs::empty();
+        x.fill(a, na, k, perm);
         x
     }
+
+    /// Repacks `na` Q8_0 rows of `k` values from `a`, reusing the allocations.
+    fn fill(&mut self, a: &[u8], na: usize, k: usize, perm: Perm) {
+        let nb = k / 32;
+        self.k = k;
+        self.qs.clear();
+        self.qs.resize(na * k, 0);
+        self.dl.clear();
+        self.dl.resize(na * k / 4, 0.0);
+        self.sa.clear();
+        self.sa.resize(na * k / 4, 0);
+        // The permutation repeats every 128 quants (or is the identity).
+        let period: [u16; 128] = std::array::from_fn(|p| perm.source(p) as u16);
+        let rows = a.chunks_exact(nb * Q8_0_BYTES).take(na);
+        let outs = self.qs.chunks_exact_mut(k.max(1));
+        for (i, (src, row)) in rows.zip(outs).enumerate() {
+            // Quant of weight `s` of this row.
+            let q = |s: usize| src[s / 32 * Q8_0_BYTES + 2 + s % 32] as i8;
+            if perm == Perm::Identity || !k.is_multiple_of(128) {
+                for (p, v) in row.iter_mut().enumerate() {
+                    *v = q(perm.source(p));
+                }
+            } else {
+                for (c, chunk) in row.chunks_exact_mut(128).enumerate() {
+                    for (v, &s) in chunk.iter_mut().zip(&period) {
+                        *v = q(128 * c + s as usize);
+                    }
+                }
+            }
+            let dl = &mut self.dl[i * k / 4..(i + 1) * k / 4];
+            let sa = &mut self.sa[i * k / 4..(i + 1) * k / 4];
+            for (l, (d, s)) in dl.iter_mut().zip(sa.iter_mut()).enumerate() {
+                let at = perm.source(4 * l) / 32 * Q8_0_BYTES;
+                *d = f16_to_f32([src[at], src[at + 1]]);
+                *s = row[4 * l..4 * l + 4].iter().map(|&v| v as i32).sum();
+            }
+        }
+    }
+}
+
+/// The last repacked activation of this thread and what it was made from.
+struct ActCache {
+    src: Vec<u8>,
+    na: usize,
+    perm: Perm,
+    acts: WideActs,
+}
+
+thread_local! {
+    static ACT_CACHE: std::cell::RefCell<ActCache> = std::cell::RefCell::new(ActCache {
+        src: Vec::new(),
+        na: 0,
+        perm: Perm::Identity,
+        acts: WideActs::empty(),
+    });
+}
+
+/// Runs `f` on the repacked form of the Q8_0 rows `a`. A matmul hands the same activation
+/// to every chunk of weight rows, so each thread repacks it once per matmul instead of once
+/// per chunk: the repack is a pure function of (bytes, rows, k, order), and a cached copy
+/// is reused only when all four are equal (one compare of the Q8_0 bytes, ~2 KB in decode).
+pub(crate) fn with_acts<R>(
+    a: &[u8],
+    na: usize,
+    k: usize,
+    perm: Perm,
+    f: impl FnOnce(&WideActs) -> R,
+) -> R {
+    let a = &a[..na * (k / 32) * Q8_0_BYTES];
+    ACT_CACHE.with(|c| match c.try_borrow_mut() {
+        Ok(mut c) => {
+            if !(c.na == na && c.acts.k == k && c.perm == perm && c.src == a) {
+                c.acts.fill(a, na, k, perm);
+                c.src.clear();
+                c.src.extend_from_slice(a);
+                c.na = na;
+                c.perm = perm;
+            }
+            f(&c.acts)
+        }
+        // Re-entered from inside `f` (not done today): repack without the cache.
+        Err(_) => f(&WideActs::new(a, na, k, perm)),
+    })
 }
 
 impl Perm {

@@ -1,7 +1,7 @@
 //! x86 drivers of the wide-block Q8_0 formats: the micro-kernel contract and the walk over
 //! the output, compiled once for AVX2 + FMA + F16C and once with AVX-512 F/BW/VL/VNNI.
 
-use super::{shape, WideActs, WideFormat};
+use super::{shape, with_acts, WideActs, WideFormat};
 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
 
 /// A register-tile micro-kernel: dots of one weight row with `NA` repacked activation rows.
@@ -32,13 +32,42 @@ pub(crate) trait WideMicro {
         out: *mut f32,
         stride: usize,
     );
+
+    /// Decode: `out[r] = dot(weight row r, activation row 0)` for `r < 4`, weight rows
+    /// `wrb` bytes apart starting at `w` (other arguments as in `tile`). By default four
+    /// one-row tiles; a micro-kernel overrides it where sharing the activation loads and
+    /// the horizontal sums between rows pays.
+    ///
+    /// # Safety
+    /// As `tile`, for the four weight rows and four output cells.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn rows4(
+        w: *const u8,
+        wrb: usize,
+        nb: usize,
+        qs: *const i8,
+        dl: *const f32,
+        sa: *const i32,
+        k: usize,
+        out: *mut f32,
+    ) {
+        for r in 0..4 {
+            // SAFETY: forwarded contract, one row at a time.
+            unsafe { Self::tile::<1>(w.add(r * wrb), nb, qs, dl, sa, k, out.add(r), 1) }
+        }
+    }
 }
 
 /// Activation rows per tile in prefill.
 const TILE_ROWS: usize = 4;
 
-/// How far ahead of the decode kernel the weight rows are prefetched.
-const PF_BYTES: usize = 16384;
+/// How far ahead of the decode kernel the weight rows are prefetched: one 4 KiB page. The
+/// hardware prefetchers stop at page boundaries of the mmap'd file, and a Q1_0 page holds
+/// only ~14 rows of 2048 weights. Measured on the 6-layer Q1_0 bench model, 1 thread,
+/// alternating: 4 KiB +8–13 % tok/s over none; 1 KiB +5–10 %; 16–32 KiB no better
+/// (while the same kernel on a heap buffer gained nothing from any distance).
+const PF_BYTES: usize = 4096;
 
 /// Walks the output: decode streams the weight rows through the one-row kernel; prefill
 /// takes tiles of up to `TILE_ROWS` activation rows per weight row.
@@ -63,19 +92,24 @@ unsafe fn body<M: WideMicro>(
     // cells i * stride + j lie inside the buffers `shape` measured.
     unsafe {
         if na == 1 {
-            // Decode streams the rows once. Low-bit rows are short (Q1_0: 18 bytes per 128
-            // weights), so the kernel spends many cycles per cache line; the rows ahead are
-            // prefetched in case the hardware prefetchers stall at page boundaries (within
-            // noise on the loaded machine: Q1_0 from DRAM 2.6–3.3 GB/s either way).
+            // Decode streams the rows once, four at a time where the micro-kernel shares
+            // the activation loads and the final reductions between rows. The weights
+            // ahead are prefetched (see `PF_BYTES`).
+            let mut j = 0;
             let end = nw * wrb;
             let mut pf = 0;
-            for j in 0..nw {
-                let want = ((j + 1) * wrb + PF_BYTES).min(end);
+            while j + 4 <= nw {
+                let want = ((j + 4) * wrb + PF_BYTES).min(end);
                 while pf < want {
                     _mm_prefetch::<_MM_HINT_T0>(wp.add(pf) as *const i8);
                     pf += 64;
                 }
+                M::rows4(wp.add(j * wrb), wrb, nb, qs, dl, sa, k, op.add(j));
+                j += 4;
+            }
+            while j < nw {
                 M::tile::<1>(wp.add(j * wrb), nb, qs, dl, sa, k, op.add(j), stride);
+                j += 1;
             }
             return;
         }
@@ -142,11 +176,12 @@ pub(crate) fn gemm_avx2<F: WideFormat, M: WideMicro>(
         crate::cpu::avx2_tiles::available(),
         "AVX2 kernel called on a CPU without AVX2/FMA/F16C"
     );
-    let x = WideActs::new(a, na, k, F::PERM);
     let w = &w[..nw * s.wrb];
     debug_assert_eq!((F::BLOCK, F::BYTES), (M::BLOCK, M::BYTES));
-    // SAFETY: features checked just above; operands checked by `shape`.
-    unsafe { run_avx2::<M>(&x, w, nw, na, out, out_stride) }
+    with_acts(a, na, k, F::PERM, |x| {
+        // SAFETY: features checked just above; operands checked by `shape`.
+        unsafe { run_avx2::<M>(x, w, nw, na, out, out_stride) }
+    })
 }
 
 /// `GemmFn` of format `F` with its AVX-512 VNNI micro-kernel `M`.
@@ -167,9 +202,10 @@ pub(crate) fn gemm_avx512vnni<F: WideFormat, M: WideMicro>(
         crate::cpu::avx512_tiles::available(),
         "AVX-512 VNNI kernel called on a CPU without AVX-512 F/BW/VL/VNNI"
     );
-    let x = WideActs::new(a, na, k, F::PERM);
     let w = &w[..nw * s.wrb];
     debug_assert_eq!((F::BLOCK, F::BYTES), (M::BLOCK, M::BYTES));
-    // SAFETY: features checked just above; operands checked by `shape`.
-    unsafe { run_avx512vnni::<M>(&x, w, nw, na, out, out_stride) }
+    with_acts(a, na, k, F::PERM, |x| {
+        // SAFETY: features checked just above; operands checked by `shape`.
+        unsafe { run_avx512vnni::<M>(x, w, nw, na, out, out_stride) }
+    })
 }

@@ -50,6 +50,10 @@ pub(crate) trait KFormat {
     /// The format's AVX2 micro-kernel.
     #[cfg(target_arch = "x86_64")]
     type Micro: avx2::Micro;
+    /// The micro-kernel of the AVX-512VL driver: mostly `Micro` again (the same source
+    /// with EVEX encodings), or one written for AVX-512 F/BW/VL (mask registers).
+    #[cfg(target_arch = "x86_64")]
+    type Micro512: avx2::Micro;
 }
 
 fn gemm_scalar<F: KFormat>(
@@ -94,7 +98,7 @@ fn gemm_avx512vl<F: KFormat>(
     let r = tiles::check(k, F::BYTES, w, nw, a, na, out, out_stride);
     // SAFETY: handed out by `kernel` only after AVX2/FMA/F16C and AVX-512F/BW/VL were
     // detected; `r` was checked against these buffers.
-    unsafe { avx2::gemm_avx512vl::<F::Micro>(r, w, nw, a, na, out, out_stride) }
+    unsafe { avx2::gemm_avx512vl::<F::Micro512>(r, w, nw, a, na, out, out_stride) }
 }
 
 /// The kernel of K-quant `F` for this CPU: the AVX-512VL build of the AVX2 kernel where

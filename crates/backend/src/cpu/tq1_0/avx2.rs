@@ -2,9 +2,8 @@
 //! the shared driver).
 //!
 //! Weight block (54 B): `qs[48]`, `qh[4]`, `d: f16`. Digit n of a trit byte b is
-//! `((b·3ⁿ mod 256)·3) >> 8`: with b in the high byte of a 16-bit lane, `mullo` by 3ⁿ
-//! keeps `b·3ⁿ mod 256` there and `mulhi_epu16` by 3 yields the digit, for even and odd
-//! bytes separately (one shifted into place). 32 digits at a time meet 32 contiguous
+//! `((b·3ⁿ mod 256)·3) >> 8`: `b·3ⁿ mod 256` is the byte tripled n times with wrapping
+//! adds, and the digit is two unsigned compares of it (`trits`). 32 digits at a time meet 32 contiguous
 //! activation quants: the 32-byte stage gives weights 32n.., the 16-byte stage two digits
 //! per vector (weights 160 + 16n..), and its last digit shares a vector with the 16 `qh`
 //! digits (weights 240 + 4n + h). `Σ(t − 1)·a = Σ t·a − Σ a` with `Σ a` from the bsums.
@@ -18,18 +17,34 @@ use std::arch::x86_64::*;
 
 pub(crate) struct Tq1_0;
 
-/// The digits selected by the per-byte multipliers (3ⁿ at even bytes in `me`'s 16-bit
-/// lanes, at odd bytes in `mo`'s) of the 32 bytes of `v`, as bytes 0..=2.
+/// `q · 3` per byte, wrapping (the next digit's `b · 3ⁿ mod 256`).
 #[inline(always)]
-unsafe fn digits(v: __m256i, me: __m256i, mo: __m256i) -> __m256i {
+pub(crate) unsafe fn x3(q: __m256i) -> __m256i {
+    // SAFETY: register-only intrinsics; the caller enables AVX2.
+    unsafe { _mm256_add_epi8(q, _mm256_add_epi8(q, q)) }
+}
+
+/// The trit `⌊3q / 256⌋` of each byte `q = b · 3ⁿ mod 256`, as bytes 0..=2: `[q ≥ 86] +
+/// [q ≥ 171]` (3 · 85 < 256 ≤ 3 · 86, 3 · 170 < 512 ≤ 3 · 171), from unsigned max +
+/// compare. No multiplies: an earlier 16-bit `mullo`/`mulhi` form kept the multiplier ports,
+/// which `maddubs`/`madd` need too, busy (TQ1_0 hot 19 -> 28 G weights/s).
+#[inline(always)]
+pub(crate) unsafe fn trits(q: __m256i) -> __m256i {
     // SAFETY: register-only intrinsics; the caller enables AVX2.
     unsafe {
-        let three = _mm256_set1_epi16(3);
-        let even = _mm256_mulhi_epu16(_mm256_mullo_epi16(_mm256_slli_epi16::<8>(v), me), three);
-        let hi = _mm256_and_si256(v, _mm256_set1_epi16(0xff00u16 as i16));
-        let odd = _mm256_mulhi_epu16(_mm256_mullo_epi16(hi, mo), three);
-        _mm256_or_si256(even, _mm256_slli_epi16::<8>(odd))
+        let ge = |t: i8| _mm256_cmpeq_epi8(_mm256_max_epu8(q, _mm256_set1_epi8(t)), q);
+        _mm256_sub_epi8(
+            _mm256_setzero_si256(),
+            _mm256_add_epi8(ge(86), ge(171u8 as i8)),
+        )
     }
+}
+
+/// `q · 3` per byte of an xmm, wrapping.
+#[inline(always)]
+pub(crate) unsafe fn x3_128(q: __m128i) -> __m128i {
+    // SAFETY: register-only intrinsics; the caller enables AVX2.
+    unsafe { _mm_add_epi8(q, _mm_add_epi8(q, q)) }
 }
 
 impl Micro for Tq1_0 {
@@ -49,17 +64,6 @@ impl Micro for Tq1_0 {
         // enables AVX2/FMA/F16C.
         unsafe {
             let ones16 = _mm256_set1_epi16(1);
-            let p = |n: usize| _mm256_set1_epi16([1i16, 3, 9, 27, 81][n]);
-            let pair = |n: usize| {
-                _mm256_setr_m128i(
-                    _mm_set1_epi16([1i16, 3, 9, 27, 81][n]),
-                    _mm_set1_epi16([1i16, 3, 9, 27, 81][n + 1]),
-                )
-            };
-            // Last vector: digit 4 of the 16-byte stage, then qh byte h at byte 4n + h
-            // with multiplier 3ⁿ (even and odd bytes share n: pairs sit inside one n).
-            let last =
-                _mm256_setr_m128i(_mm_set1_epi16(81), _mm_setr_epi16(1, 1, 3, 3, 9, 9, 27, 27));
             let mut acc = [_mm256_setzero_ps(); NA];
             for b in 0..nb {
                 let wb = w.add(b * Self::BYTES);
@@ -75,16 +79,30 @@ impl Micro for Tq1_0 {
                         );
                     }
                 };
-                let v = load256(wb);
+                // 32-byte stage: digit n of byte m is weight 32n + m.
+                let mut q = load256(wb);
                 for n in 0..5 {
-                    add(digits(v, p(n), p(n)), 32 * n);
+                    add(trits(q), 32 * n);
+                    if n < 4 {
+                        q = x3(q);
+                    }
                 }
-                let u = _mm256_broadcastsi128_si256(_mm_loadu_si128(wb.add(32) as *const _));
-                add(digits(u, pair(0), pair(0)), 160);
-                add(digits(u, pair(2), pair(2)), 192);
-                let h = _mm_set1_epi32((wb.add(48) as *const i32).read_unaligned());
-                let x = _mm256_setr_m128i(_mm_loadu_si128(wb.add(32) as *const _), h);
-                add(digits(x, last, last), 224);
+                // 16-byte stage (weight 160 + 16n + m): digits 0 | 1, then 2 | 3, then 4.
+                let u = _mm_loadu_si128(wb.add(32) as *const _);
+                let q01 = _mm256_setr_m128i(u, x3_128(u));
+                add(trits(q01), 160);
+                let q23 = x3(x3(q01));
+                add(trits(q23), 192);
+                // Digit 4 of the 16-byte stage, then the qh bytes h at weight 240 + 4n + h:
+                // [h, 3h, 9h, 27h].
+                let u81 = x3_128(x3_128(_mm256_castsi256_si128(q23)));
+                let h1 = _mm_cvtsi32_si128((wb.add(48) as *const i32).read_unaligned());
+                let h3 = x3_128(h1);
+                let h9 = x3_128(h3);
+                let h27 = x3_128(h9);
+                let hq =
+                    _mm_unpacklo_epi64(_mm_unpacklo_epi32(h1, h3), _mm_unpacklo_epi32(h9, h27));
+                add(trits(_mm256_setr_m128i(u81, hq)), 224);
                 for i in 0..NA {
                     let asum = _mm256_madd_epi16(load256(ab[i].add(260)), ones16);
                     let isum = _mm256_sub_epi32(sumi[i], asum);

@@ -22,6 +22,8 @@ impl KFormat for Format {
 
     #[cfg(target_arch = "x86_64")]
     type Micro = avx2::TQ2_0;
+    #[cfg(target_arch = "x86_64")]
+    type Micro512 = avx2::TQ2_0;
 }
 
 /// The TQ2_0 kernel for this CPU.
