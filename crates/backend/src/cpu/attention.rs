@@ -5,20 +5,24 @@
 //! Layout: the cache holds, per layer and kv head, `n_ctx` head vectors of `vec_bytes`
 //! (f16, f32 or q8_0); q and out are `[rows, n_heads · head_dim]` f32.
 //!
-//! Tiling (what makes a 28K-token prefill feasible): a task is one kv head × one block of
-//! `QB` query rows and serves every query head of that head's GQA group, so one key is read
-//! for `QB · group` query vectors. Keys and values are visited in tiles of `KT` positions,
-//! converted to f32 once per task (64 KiB at head_dim 256, so a tile stays in L2 while every
-//! query vector of the block uses it); only the positions inside the block's causal /
+//! Tiling (what makes a 28K-token prefill feasible): a task is one kv head × one block of up
+//! to `QB` query rows and serves every query head of that head's GQA group, so one key is
+//! read for `QB · group` query vectors. Keys and values are visited in tiles of `KT`
+//! positions, converted to f32 once per task (64 KiB at head_dim 256, so a tile stays in L2
+//! while every query vector of the block uses it); only the tiles inside the block's causal /
 //! sliding window are touched. Tasks run across the thread pool.
 //!
-//! Two passes keep the arithmetic of the one-row reference (`attend` in the tests, the path before tiling) exactly: pass 1
-//! writes each query vector's scores (the same dot, scale and soft-cap), then a row softmax
-//! (max, `exp`, a sum in key order, weights rounded to f16 unless the cache is f32), then
-//! pass 2 adds weight × value tile by tile in key order. Each output element therefore sums
-//! over the same keys in the same order as that reference, and the results are bit-identical
-//! (tested below against it on random caches, ragged sizes, GQA, windows, soft-cap and
-//! `pos0 > 0`).
+//! Two passes keep the arithmetic of the one-row reference exactly (`attend` in the tests:
+//! the path before tiling): pass 1 writes each query vector's raw scores q·k
+//! (`simd::dots`: `simd::dot`'s float order, four queries × two keys per step), then a row
+//! softmax (scale, soft-cap, max, `exp`, a sum in key order, weights rounded to f16 unless
+//! the cache is f32), then pass 2 adds weight × value tile by tile in key order
+//! (`simd::axpys`: `simd::axpy`'s fused multiply-add per key, a row's heads held in
+//! registers). Each output element therefore sums over the same keys in the same order as
+//! the reference, and the results are bit-identical (tested below on random caches, ragged
+//! sizes, GQA, windows, soft-cap, every cache type and `pos0 > 0`). The cost: the scores of
+//! a block are held whole (`SCORES_MAX`) instead of an online softmax, which would change the
+//! rounding.
 
 use std::cell::RefCell;
 
@@ -29,8 +33,11 @@ use super::pool::{SyncPtr, ThreadPool};
 use super::{ops, shape_err, simd, CpuBuf, CpuKv};
 use crate::{Attn, KvType, Result};
 
-/// Query rows per task (each serves `QB × group` query vectors per key loaded).
-const QB: usize = 16;
+/// Query rows per task at most (each serves `QB × group` query vectors per key loaded;
+/// 32 measured a little faster than 16 at 4K–28K positions, tests/bench_attention.rs).
+const QB: usize = 32;
+/// Scores (f32) one task may hold: 16 MiB, e.g. 32 rows × 4 heads × 32K positions.
+const SCORES_MAX: usize = 4 << 20;
 /// Key positions per tile: `KT × head_dim` f32 of K (pass 1) or V (pass 2) stay in L2.
 const KT: usize = 64;
 
@@ -38,9 +45,9 @@ const KT: usize = 64;
 /// (and page-fault) megabytes of scores per block.
 #[derive(Default)]
 struct Scratch {
-    /// `[QB · group, head_dim]`: the block's query vectors (rounded to f16 unless exact).
+    /// `[qb · group, head_dim]`: the block's query vectors (rounded to f16 unless exact).
     q: Vec<f32>,
-    /// `[QB · group, n_pos]`: scores, then softmax weights, of positions `first..=last`.
+    /// `[qb · group, n_pos]`: scores, then softmax weights, of positions `first..=last`.
     s: Vec<f32>,
     /// `[KT, head_dim]`: one tile of keys or values as f32.
     tile: Vec<f32>,
@@ -93,7 +100,17 @@ pub(super) fn attention(
         }
     }
     out.reshape(rows, nh * hd);
-    let n_blocks = rows.div_ceil(QB);
+    // Smaller blocks where one block's scores would pass SCORES_MAX, and where there would
+    // be too few tasks to keep every thread busy.
+    let group = nh / nkv;
+    let n_pos_max = attn
+        .window
+        .map_or(pos0 + rows, |w| (w + QB).min(pos0 + rows));
+    let mut qb = (SCORES_MAX / (group * n_pos_max).max(1)).clamp(1, QB);
+    while qb > 4 && nkv * rows.div_ceil(qb) < 4 * pool.n_threads() {
+        qb /= 2;
+    }
+    let n_blocks = rows.div_ceil(qb);
     let op = SyncPtr(out.data.as_mut_ptr());
     let job = Job {
         kv,
@@ -107,8 +124,8 @@ pub(super) fn attention(
     };
     pool.run(nkv * n_blocks, |t| {
         let (h, b) = (t / n_blocks, t % n_blocks);
-        let r0 = b * QB;
-        let r1 = (r0 + QB).min(rows);
+        let r0 = b * qb;
+        let r1 = (r0 + qb).min(rows);
         SCRATCH.with(|s| job.block(&mut s.borrow_mut(), h, r0, r1, op));
     });
     Ok(())
@@ -171,78 +188,104 @@ impl Job<'_> {
             .step_by(KT)
             .map(|t0| (t0, (t0 + KT).min(last + 1)));
 
-        // Pass 1: scores, one key tile at a time.
+        let pos_r0 = self.pos0 + r0;
+        // Pass 1: raw scores q·k, one key tile at a time, for the block's rows whose window
+        // meets the tile (positions p ≥ t0 with lo(p) < t1: a run of rows, as both grow).
         for (t0, t1) in tiles.clone() {
             let tile = &mut sc.tile[..(t1 - t0) * hd];
             ops::kv_load(ty, &kc[self.kv.offset(h, t0)..self.kv.offset(h, t1)], tile);
-            for i in 0..nq {
-                let (lo, hi) = span(i);
-                let (a, b) = (lo.max(t0), (hi + 1).min(t1));
-                if a >= b {
-                    continue;
-                }
-                let qv = &sc.q[i * hd..(i + 1) * hd];
-                let s = &mut sc.s[i * n_pos..(i + 1) * n_pos];
-                for t in a..b {
-                    let mut x = simd::dot(qv, &tile[(t - t0) * hd..(t - t0 + 1) * hd]) * attn.scale;
-                    if let Some(cap) = attn.softcap {
-                        x = cap * (x / cap).tanh();
-                    }
-                    s[t - first] = x;
-                }
+            let ra = t0.saturating_sub(pos_r0);
+            let rb = (ra..r1 - r0)
+                .find(|&j| self.lo(pos_r0 + j) >= t1)
+                .unwrap_or(r1 - r0);
+            if ra >= rb {
+                continue;
             }
+            simd::dots(
+                &sc.q[ra * group * hd..rb * group * hd],
+                tile,
+                hd,
+                (rb - ra) * group,
+                t1 - t0,
+                &mut sc.s[ra * group * n_pos + t0 - first..],
+                n_pos,
+            );
         }
-        // Softmax of each query vector's scores, in key order; the weights meet the values
-        // as f16 against an f16 / q8_0 cache (ggml converts KQ to f16 before KQ · V).
+        // Softmax of each query vector's visible scores (scale and soft-cap first), in key
+        // order; the weights meet the values as f16 against an f16 / q8_0 cache (ggml
+        // converts KQ to f16 before KQ · V).
         for i in 0..nq {
             let (lo, hi) = span(i);
             let s = &mut sc.s[i * n_pos + lo - first..i * n_pos + hi + 1 - first];
-            let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            s.iter_mut().for_each(|x| *x *= attn.scale);
+            if let Some(cap) = attn.softcap {
+                s.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+            }
+            let max = max_of(s);
             let mut sum = 0f32;
             for x in s.iter_mut() {
                 *x = (*x - max).exp();
                 sum += *x;
             }
             let inv = 1.0 / sum;
-            for x in s.iter_mut() {
-                *x = if exact {
-                    *x * inv
-                } else {
-                    f16::from_f32(*x * inv).to_f32()
-                };
+            s.iter_mut().for_each(|x| *x *= inv);
+            if !exact {
+                round_f16(s);
             }
         }
-        // Pass 2: weights × values, one value tile at a time, keys in order.
-        for i in 0..nq {
-            let (r, qi) = (r0 + i / group, h * group + i % group);
-            // SAFETY: (row r, head qi) is written by this task only (tasks split kv heads
-            // and row blocks; heads of a group belong to one kv head).
-            let dst = unsafe {
-                std::slice::from_raw_parts_mut(out.get().add(r * self.out_cols + qi * hd), hd)
-            };
-            dst.fill(0.0);
+        // Pass 2: weights × values, one value tile at a time, keys in order. A row's query
+        // heads of this group are adjacent in `out` and in the scores.
+        let row_out = |j: usize| {
+            // SAFETY: row r0 + j, heads h·group .. (h+1)·group, is written by this task only
+            // (tasks split kv heads and row blocks; a group's heads belong to one kv head).
+            unsafe {
+                std::slice::from_raw_parts_mut(
+                    out.get().add((r0 + j) * self.out_cols + h * group * hd),
+                    group * hd,
+                )
+            }
+        };
+        for j in 0..r1 - r0 {
+            row_out(j).fill(0.0);
         }
         for (t0, t1) in tiles {
             let tile = &mut sc.tile[..(t1 - t0) * hd];
             ops::kv_load(ty, &vc[self.kv.offset(h, t0)..self.kv.offset(h, t1)], tile);
-            for i in 0..nq {
-                let (lo, hi) = span(i);
+            for j in 0..r1 - r0 {
+                let (lo, hi) = span(j * group);
                 let (a, b) = (lo.max(t0), (hi + 1).min(t1));
                 if a >= b {
                     continue;
                 }
-                let (r, qi) = (r0 + i / group, h * group + i % group);
-                // SAFETY: as above; this task owns the slice.
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(out.get().add(r * self.out_cols + qi * hd), hd)
-                };
-                let s = &sc.s[i * n_pos..(i + 1) * n_pos];
-                for t in a..b {
-                    simd::axpy(dst, s[t - first], &tile[(t - t0) * hd..(t - t0 + 1) * hd]);
-                }
+                simd::axpys(
+                    row_out(j),
+                    &sc.s[j * group * n_pos + a - first..],
+                    n_pos,
+                    &tile[(a - t0) * hd..(b - t0) * hd],
+                    hd,
+                    group,
+                    b - a,
+                );
             }
         }
     }
+}
+
+/// The largest value, NaN ignored (as a fold with `f32::max`, whose result does not depend
+/// on the order: eight running maxima let the loop vectorize).
+fn max_of(x: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for l in 0..8 {
+            m[l] = m[l].max(c[l]);
+        }
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    m.iter().fold(tail, |a, &b| a.max(b))
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) {
@@ -416,19 +459,22 @@ mod tests {
         out
     }
 
+    /// n_heads, n_kv_heads, head_dim, window, soft-cap, cache type, chunk sizes.
+    type Case = (
+        usize,
+        usize,
+        usize,
+        Option<usize>,
+        Option<f32>,
+        KvType,
+        &'static [usize],
+    );
+
     #[test]
     fn tiled_attention_is_bit_identical_to_the_one_row_path() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         // (n_heads, n_kv_heads, head_dim, window, soft-cap, cache type, chunk sizes)
-        let cases: &[(
-            usize,
-            usize,
-            usize,
-            Option<usize>,
-            Option<f32>,
-            KvType,
-            &[usize],
-        )] = &[
+        let cases: &[Case] = &[
             (4, 1, 256, None, None, KvType::F16, &[150, 1, 1, 40]),
             (8, 2, 64, Some(20), None, KvType::F16, &[3, 97, 1, 33]),
             (6, 3, 40, Some(70), Some(30.0), KvType::F32, &[71, 64, 2, 1]),
