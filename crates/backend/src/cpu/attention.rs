@@ -216,22 +216,11 @@ impl Job<'_> {
         // converts KQ to f16 before KQ · V).
         for i in 0..nq {
             let (lo, hi) = span(i);
-            let s = &mut sc.s[i * n_pos + lo - first..i * n_pos + hi + 1 - first];
-            s.iter_mut().for_each(|x| *x *= attn.scale);
-            if let Some(cap) = attn.softcap {
-                s.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
-            }
-            let max = max_of(s);
-            let mut sum = 0f32;
-            for x in s.iter_mut() {
-                *x = (*x - max).exp();
-                sum += *x;
-            }
-            let inv = 1.0 / sum;
-            s.iter_mut().for_each(|x| *x *= inv);
-            if !exact {
-                round_f16(s);
-            }
+            softmax(
+                &mut sc.s[i * n_pos + lo - first..i * n_pos + hi + 1 - first],
+                attn,
+                exact,
+            );
         }
         // Pass 2: weights × values, one value tile at a time, keys in order. A row's query
         // heads of this group are adjacent in `out` and in the scores.
@@ -268,6 +257,26 @@ impl Job<'_> {
                 );
             }
         }
+    }
+}
+
+/// Scores → softmax weights, in place: scale, soft-cap, max, `exp` and a sum in key order,
+/// weights rounded to f16 unless `exact`.
+fn softmax(s: &mut [f32], attn: &Attn, exact: bool) {
+    s.iter_mut().for_each(|x| *x *= attn.scale);
+    if let Some(cap) = attn.softcap {
+        s.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+    }
+    let max = max_of(s);
+    let mut sum = 0f32;
+    for x in s.iter_mut() {
+        *x = (*x - max).exp();
+        sum += *x;
+    }
+    let inv = 1.0 / sum;
+    s.iter_mut().for_each(|x| *x *= inv);
+    if !exact {
+        round_f16(s);
     }
 }
 
@@ -480,6 +489,11 @@ mod tests {
             (6, 3, 40, Some(70), Some(30.0), KvType::F32, &[71, 64, 2, 1]),
             (4, 2, 64, None, Some(50.0), KvType::Q8_0, &[17, 129, 1]),
             (2, 2, 16, Some(1), None, KvType::F16, &[5, 1]),
+            // Long spans after a first chunk, then single rows (decode).
+            (4, 1, 256, None, None, KvType::F16, &[300, 1, 1, 2]),
+            (8, 2, 64, Some(260), Some(20.0), KvType::Q8_0, &[280, 1, 3]),
+            (6, 2, 40, None, None, KvType::F32, &[270, 1]),
+            (2, 1, 160, None, None, KvType::Q8_0, &[257, 2]),
         ];
         for threads in [1, 3] {
             let be = CpuBackend::new(&CpuOptions {
