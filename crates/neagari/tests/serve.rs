@@ -141,6 +141,9 @@ fn run_claude(
         .args(["--max-turns", "1"])
         .args(extra)
         .env("HOME", home)
+        // Outside the repository: in a git checkout Claude Code puts the git status in its
+        // system prompt, and a commit between two turns would change the prompt's prefix.
+        .current_dir(home)
         .env("ANTHROPIC_BASE_URL", format!("http://127.0.0.1:{port}"))
         .env("ANTHROPIC_AUTH_TOKEN", "local")
         .env("ANTHROPIC_MODEL", "claude-sonnet-4-5")
