@@ -312,6 +312,7 @@ async fn messages_inner(
                 .messages
                 .last()
                 .is_some_and(|m| m.to_string().contains("__neagari_test_panic__")),
+        halt: None,
     };
     if let Some(f) = &prep.forced {
         params.constraint = Some(constraint(ready, f)?);
@@ -321,7 +322,20 @@ async fn messages_inner(
     } else {
         req.model.clone()
     };
-    let g = gen::submit(&st, prep.prompt, params, ToolParser::new(prep.parser))?;
+    // tool_choice.disable_parallel_tool_use: at most one tool call.
+    let one_call = req
+        .tool_choice
+        .as_ref()
+        .and_then(|c| c.get("disable_parallel_tool_use"))
+        .and_then(Value::as_bool)
+        == Some(true);
+    let g = gen::submit(
+        &st,
+        prep.prompt,
+        params,
+        ToolParser::new(prep.parser),
+        one_call.then_some(1),
+    )?;
     let id = format!("msg_{}", st.next_id());
     if !req.stream {
         return collect(g, id, model, stops, st).await;
@@ -335,6 +349,7 @@ async fn messages_inner(
         open: None,
         index: 0,
         pinged: false,
+        thinking: String::new(),
     };
     let make = move |outs: Vec<Out>, calls: usize| s.events(outs, calls);
     tokio::spawn(gen::pump(
@@ -344,6 +359,16 @@ async fn messages_inner(
         make,
     ));
     Ok(gen::sse_response(rx))
+}
+
+/// A thinking block's signature: clients must send it back with the block, and check only
+/// that it is there. Made from the block's text (FNV-1a, 64 bits), so the same thinking
+/// always carries the same signature, whichever response or stream it came in.
+fn signature(thinking: &str) -> String {
+    let h = thinking.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("neagari-{h:016x}")
 }
 
 fn event(name: &str, data: &Value) -> Bytes {
@@ -365,13 +390,15 @@ struct StreamState {
     open: Option<Block>,
     index: usize,
     pinged: bool,
+    /// The open thinking block's text so far (its signature is made from it).
+    thinking: String,
 }
 
 impl StreamState {
     fn close(&mut self, ev: &mut Vec<Bytes>) {
         if let Some(b) = self.open.take() {
             if b == Block::Thinking {
-                let sig = format!("neagari-{}", self.id);
+                let sig = signature(&std::mem::take(&mut self.thinking));
                 ev.push(event("content_block_delta", &json!({"type": "content_block_delta", "index": self.index, "delta": {"type": "signature_delta", "signature": sig}})));
             }
             ev.push(event(
@@ -430,6 +457,7 @@ impl StreamState {
                             json!({"type": "thinking", "thinking": "", "signature": ""}),
                         );
                     }
+                    self.thinking += &t;
                     ev.push(event("content_block_delta", &json!({"type": "content_block_delta", "index": self.index, "delta": {"type": "thinking_delta", "thinking": t}})));
                 }
                 Out::Piece(Piece::CallStart { name, .. }) => {
@@ -491,7 +519,7 @@ async fn collect(
                         let s = b["thinking"].as_str().unwrap_or("").to_string() + &t;
                         b["thinking"] = s.into();
                     }
-                    _ => content.push(json!({"type": "thinking", "thinking": t, "signature": format!("neagari-{id}")})),
+                    _ => content.push(json!({"type": "thinking", "thinking": t})),
                 },
                 Out::Piece(Piece::CallStart { name, .. }) => {
                     args.clear();
@@ -511,6 +539,9 @@ async fn collect(
     }
     let (finish, usage) =
         done.ok_or_else(|| ApiError::internal("the generation ended without a result"))?;
+    for b in content.iter_mut().filter(|b| b["type"] == "thinking") {
+        b["signature"] = signature(b["thinking"].as_str().unwrap_or("")).into();
+    }
     let calls = content.iter().filter(|b| b["type"] == "tool_use").count();
     let (reason, seq) = stop_reason(finish, calls, &stops);
     Ok(Json(json!({
@@ -558,5 +589,14 @@ mod tests {
             .contains("image"));
         let bad = vec![json!({"role": "system", "content": "x"})];
         assert!(to_chat_messages(None, &bad).is_err());
+    }
+
+    #[test]
+    fn thinking_signature_is_set_and_follows_the_text() {
+        let a = signature("Let me think about the sea.");
+        assert!(a.starts_with("neagari-") && a.len() > "neagari-".len());
+        assert_eq!(a, signature("Let me think about the sea."));
+        assert_ne!(a, signature("Let me think about the sky."));
+        assert_ne!(signature(""), "");
     }
 }

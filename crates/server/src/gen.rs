@@ -1,6 +1,8 @@
 //! One request's generation as the API translators see it: submit the job, then read its
 //! events with the text already split into text, reasoning and tool-call pieces.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -31,15 +33,25 @@ pub struct Generation {
     rx: mpsc::UnboundedReceiver<Event>,
     parser: ToolParser,
     ended: bool,
+    /// `Some(n)`: at most `n` tool calls; once the n-th ends, the rest of the output is
+    /// dropped and the job is told to stop (`halt`).
+    max_calls: Option<usize>,
+    /// The n-th call has ended.
+    capped: bool,
+    halt: Arc<AtomicBool>,
 }
 
+/// `max_calls`: `Some(1)` when the request allows no parallel tool calls.
 pub fn submit(
     st: &AppState,
     prompt: Vec<u32>,
-    params: GenParams,
+    mut params: GenParams,
     parser: ToolParser,
+    max_calls: Option<usize>,
 ) -> Result<Generation, ApiError> {
     let (tx, rx) = mpsc::unbounded_channel();
+    let halt = Arc::new(AtomicBool::new(false));
+    params.halt = Some(halt.clone());
     st.queue
         .submit(Job {
             prompt,
@@ -58,6 +70,9 @@ pub fn submit(
         rx,
         parser,
         ended: false,
+        max_calls,
+        capped: false,
+        halt,
     })
 }
 
@@ -83,14 +98,16 @@ impl Generation {
                 cached_tokens,
             }),
             Some(Event::Text { text, logprobs }) => {
-                if !logprobs.is_empty() {
+                if !logprobs.is_empty() && !self.capped {
                     out.push(Out::Logprobs(logprobs));
                 }
-                out.extend(self.parser.push(&text).into_iter().map(Out::Piece));
+                let pieces = self.parser.push(&text);
+                self.keep(pieces, &mut out);
             }
             Some(Event::Done { finish, usage }) => {
                 self.ended = true;
-                out.extend(self.parser.finish().into_iter().map(Out::Piece));
+                let pieces = self.parser.finish();
+                self.keep(pieces, &mut out);
                 out.push(Out::Done { finish, usage });
             }
             Some(Event::Failed(m)) => {
@@ -101,9 +118,28 @@ impl Generation {
         Some(out)
     }
 
-    /// Tool calls the parser has seen.
+    /// Moves `pieces` to `out` up to the end of the last tool call allowed; after it,
+    /// nothing more is given out and the job is asked to stop.
+    fn keep(&mut self, pieces: Vec<Piece>, out: &mut Vec<Out>) {
+        for p in pieces {
+            if self.capped {
+                break;
+            }
+            let last = matches!(p, Piece::CallEnd { index } if Some(index + 1) == self.max_calls);
+            out.push(Out::Piece(p));
+            if last {
+                self.capped = true;
+                self.halt.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Tool calls given out.
     pub fn calls(&self) -> usize {
-        self.parser.calls()
+        match self.max_calls {
+            Some(m) => self.parser.calls().min(m),
+            None => self.parser.calls(),
+        }
     }
 }
 
@@ -156,5 +192,84 @@ pub async fn pump(
         if end {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::ParserConfig;
+
+    /// A generation fed by hand: the worker's events for a reply with two tool calls.
+    fn two_calls(max_calls: Option<usize>) -> (Vec<Out>, usize, bool) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let halt = Arc::new(AtomicBool::new(false));
+        let mut g = Generation {
+            rx,
+            parser: ToolParser::new(ParserConfig {
+                tools: true,
+                tool_names: vec!["get_weather".into()],
+                ..Default::default()
+            }),
+            ended: false,
+            max_calls,
+            capped: false,
+            halt: halt.clone(),
+        };
+        let text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>";
+        for piece in text.split_inclusive('}') {
+            let _ = tx.send(Event::Text {
+                text: piece.to_string(),
+                logprobs: Vec::new(),
+            });
+        }
+        let _ = tx.send(Event::Done {
+            finish: Finish::Eog,
+            usage: Usage::default(),
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        let mut outs = Vec::new();
+        rt.block_on(async {
+            while let Some(o) = g.next().await {
+                outs.extend(o);
+            }
+        });
+        let calls = g.calls();
+        (outs, calls, halt.load(Ordering::Relaxed))
+    }
+
+    fn starts(outs: &[Out]) -> Vec<String> {
+        outs.iter()
+            .filter_map(|o| match o {
+                Out::Piece(Piece::CallStart { name, .. }) => Some(name.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn parallel_calls_pass_unless_one_is_allowed() {
+        let (outs, calls, halt) = two_calls(None);
+        assert_eq!((starts(&outs).len(), calls, halt), (2, 2, false));
+        let (outs, calls, halt) = two_calls(Some(1));
+        assert_eq!((starts(&outs).len(), calls, halt), (1, 1, true));
+        // The kept call is whole (its arguments and end), and the result still ends.
+        let args: String = outs
+            .iter()
+            .filter_map(|o| match o {
+                Out::Piece(Piece::CallArgs { delta, .. }) => Some(delta.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&args).ok(),
+            Some(serde_json::json!({"city": "Paris"}))
+        );
+        assert!(outs
+            .iter()
+            .any(|o| matches!(o, Out::Piece(Piece::CallEnd { index: 0 }))));
+        assert!(matches!(outs.last(), Some(Out::Done { .. })));
     }
 }

@@ -92,7 +92,7 @@ struct ChatReq {
     #[serde(default)]
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
-    #[allow(dead_code)]
+    /// `false`: at most one tool call.
     parallel_tool_calls: Option<bool>,
     response_format: Option<Value>,
     chat_template_kwargs: Option<Map<String, Value>>,
@@ -175,6 +175,7 @@ fn params_from(s: &Sampling, max_tokens: usize) -> Result<GenParams, ApiError> {
         constraint: None,
         ignore_eos: false,
         debug_panic: false,
+        halt: None,
     })
 }
 
@@ -430,7 +431,14 @@ async fn chat_inner(st: Shared, body: Result<Bytes, BytesRejection>) -> Result<R
     );
     let model = ready.model_name.clone();
     let _ = req.model;
-    let g = gen::submit(&st, prep.prompt, params, ToolParser::new(parser_cfg))?;
+    let max_calls = (req.parallel_tool_calls == Some(false)).then_some(1);
+    let g = gen::submit(
+        &st,
+        prep.prompt,
+        params,
+        ToolParser::new(parser_cfg),
+        max_calls,
+    )?;
     let id = format!("chatcmpl-{}", st.next_id());
     if req.stream {
         let usage = req.stream_options.is_some_and(|o| o.include_usage);
@@ -684,6 +692,7 @@ async fn completions_inner(
         prompt,
         params,
         ToolParser::new(ParserConfig::default()),
+        None,
     )?;
     let id = format!("cmpl-{}", st.next_id());
     let created = unix_now();

@@ -152,8 +152,25 @@ fn native_messages(messages: &[Value]) -> Vec<Value> {
         .collect()
 }
 
-/// The grammar for a forced call in the `<tool_call>` format.
-fn forced_call_grammar(tools: &[Value], choice: &ToolChoice) -> Option<OutputFormat> {
+/// How the model is to write a forced call: the form its template shows it (or, for a
+/// template that knows nothing of tools, the form the flattened tool description asks for).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum CallForm {
+    /// `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` (Hermes, Qwen; the
+    /// parser also reads Qwen3.x's XML inside the same wrapper).
+    Wrapped,
+    /// A bare `{"name": ..., "parameters": {...}}` reply (Llama 3.x and other native tool
+    /// templates without a `<tool_call>` wrapper).
+    BareJson,
+}
+
+/// The grammar for a forced call (`tool_choice` required or named) in `form`; each form is
+/// one the output parser reads back as a call.
+fn forced_call_grammar(
+    tools: &[Value],
+    choice: &ToolChoice,
+    form: CallForm,
+) -> Option<OutputFormat> {
     let pick: Vec<&Value> = match choice {
         ToolChoice::Required => tools.iter().collect(),
         ToolChoice::Named(n) => tools
@@ -161,6 +178,10 @@ fn forced_call_grammar(tools: &[Value], choice: &ToolChoice) -> Option<OutputFor
             .filter(|t| tool_name(t) == Some(n.as_str()))
             .collect(),
         _ => return None,
+    };
+    let args_key = match form {
+        CallForm::Wrapped => "arguments",
+        CallForm::BareJson => "parameters",
     };
     let alts: Vec<Value> = pick
         .iter()
@@ -172,8 +193,8 @@ fn forced_call_grammar(tools: &[Value], choice: &ToolChoice) -> Option<OutputFor
                 .unwrap_or(json!({"type": "object"}));
             Some(json!({
                 "type": "object",
-                "properties": {"name": {"const": f.get("name")?}, "arguments": params},
-                "required": ["name", "arguments"],
+                "properties": {"name": {"const": f.get("name")?}, args_key: params},
+                "required": ["name", args_key],
                 "additionalProperties": false,
             }))
         })
@@ -186,9 +207,12 @@ fn forced_call_grammar(tools: &[Value], choice: &ToolChoice) -> Option<OutputFor
     } else {
         json!({"anyOf": alts})
     });
-    Some(OutputFormat::Lark(format!(
-        "start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}\n"
-    )))
+    Some(OutputFormat::Lark(match form {
+        CallForm::Wrapped => {
+            format!("start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}\n")
+        }
+        CallForm::BareJson => format!("start: call\ncall: %json {schema}\n"),
+    }))
 }
 
 /// `check_len`: refuse a prompt that leaves no room in the context (off for counting).
@@ -230,10 +254,13 @@ pub fn prepare(ready: &Ready, req: &ChatRequest, check_len: bool) -> Result<Prep
     let src = ready.template_source.as_deref().unwrap_or("");
     let reasoning = src.contains("<think>") || text.contains("<think>");
     let start_in_reasoning = reasoning && text.trim_end().ends_with("<think>");
-    let forced = if use_tools && (native && !src.contains("<tool_call>")) {
-        None
-    } else if use_tools {
-        forced_call_grammar(tools, &req.tool_choice)
+    let form = if native && !src.contains("<tool_call>") {
+        CallForm::BareJson
+    } else {
+        CallForm::Wrapped
+    };
+    let forced = if use_tools {
+        forced_call_grammar(tools, &req.tool_choice, form)
     } else {
         None
     };
@@ -308,5 +335,92 @@ mod tests {
             out[3]["content"],
             "<tool_response>\nsunny\n</tool_response>\n<tool_response>\nwarm\n</tool_response>"
         );
+    }
+
+    /// Each form's forced grammar accepts a call in that form (and refuses the other
+    /// form's key), and the output parser reads the accepted text back as that call.
+    /// Needs NEAGARI_TEST_MODEL (its tokenizer; llguidance masks whole tokens).
+    #[test]
+    fn forced_calls_in_each_form_are_read_back_as_the_call() {
+        use crate::grammar::{compile, factory, Constraint};
+        use crate::tools::{Piece, ToolParser};
+        let Some(path) = std::env::var_os("NEAGARI_TEST_MODEL") else {
+            eprintln!("skipping: NEAGARI_TEST_MODEL is not set");
+            return;
+        };
+        let g = neagari_formats::gguf::Gguf::open(&path).unwrap();
+        let tok = std::sync::Arc::new(neagari_engine::loader::tokenizer_from_gguf(&g).unwrap());
+        let f = factory(tok.clone()).unwrap();
+        let city = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+        let tools = vec![
+            json!({"type": "function", "function": {"name": "get_weather", "parameters": city}}),
+            json!({"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}),
+        ];
+        let named = ToolChoice::Named("get_weather".into());
+        let wrapped = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let bare = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}";
+        for (form, good, other) in [
+            (CallForm::Wrapped, wrapped, bare),
+            (CallForm::BareJson, bare, wrapped),
+        ] {
+            for choice in [&ToolChoice::Required, &named] {
+                let fmt = forced_call_grammar(&tools, choice, form).unwrap();
+                // Feeds `text`: Some(completed) if every token is allowed, None if one is not.
+                let run = |text: &str| {
+                    let mut c = compile(&f, &fmt).unwrap();
+                    let mut done = false;
+                    for t in tok.encode(text, false, false) {
+                        let mut logits = vec![0f32; tok.n_vocab()];
+                        c.mask(&mut logits).unwrap();
+                        if logits[t as usize] == f32::NEG_INFINITY {
+                            return None;
+                        }
+                        done = c.commit(t).unwrap();
+                    }
+                    Some(done)
+                };
+                assert_eq!(run(good), Some(true), "{form:?} {choice:?}");
+                assert_eq!(run(other), None, "{form:?} {choice:?}");
+                let mut p = ToolParser::new(ParserConfig {
+                    tools: true,
+                    tool_names: vec!["get_weather".into(), "get_time".into()],
+                    ..Default::default()
+                });
+                let mut pieces = p.push(good);
+                pieces.extend(p.finish());
+                let args: String = pieces
+                    .iter()
+                    .filter_map(|x| match x {
+                        Piece::CallArgs { delta, .. } => Some(delta.as_str()),
+                        _ => None,
+                    })
+                    .collect();
+                assert!(pieces.contains(&Piece::CallStart {
+                    index: 0,
+                    name: "get_weather".into()
+                }));
+                assert_eq!(
+                    serde_json::from_str::<Value>(&args).unwrap(),
+                    json!({"city": "Paris"})
+                );
+                assert!(!pieces
+                    .iter()
+                    .any(|x| matches!(x, Piece::Text(t) if !t.trim().is_empty())));
+            }
+        }
+        // A named choice excludes the other tools.
+        let fmt = forced_call_grammar(&tools, &named, CallForm::BareJson).unwrap();
+        let mut c = compile(&f, &fmt).unwrap();
+        let mut ok = true;
+        for t in tok.encode("{\"name\": \"get_time\", \"parameters\": {}}", false, false) {
+            let mut logits = vec![0f32; tok.n_vocab()];
+            c.mask(&mut logits).unwrap();
+            ok &= logits[t as usize] != f32::NEG_INFINITY;
+            if !ok {
+                break;
+            }
+            c.commit(t).unwrap();
+        }
+        assert!(!ok, "get_time passed a grammar that names get_weather");
     }
 }

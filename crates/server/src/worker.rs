@@ -9,7 +9,7 @@
 //! that job as a failure, and the cache is cleared; the worker keeps serving.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -68,6 +68,9 @@ pub struct GenParams {
     pub ignore_eos: bool,
     /// Test hook: panic inside the job (only set when the server runs with the test env var).
     pub debug_panic: bool,
+    /// Set by the request's side to end the generation at the next token as if at an
+    /// end-of-generation token (the single tool call a request allows is complete).
+    pub halt: Option<Arc<AtomicBool>>,
 }
 
 pub struct Job {
@@ -358,6 +361,14 @@ impl<B: Backend> Worker<B> {
             .reuse_prefix(&self.be, &prompt)
             .map_err(|e| e.to_string())?;
         usage.cached_tokens = keep;
+        if prompt.len() - keep >= LOG_PREFILL_FROM {
+            // A long prefill takes a while on CPU: say so before it starts.
+            eprintln!(
+                "neagari serve: prefilling {} tokens ({keep} of {} cached)",
+                prompt.len() - keep,
+                prompt.len()
+            );
+        }
         let _ = events.send(Event::Started {
             prompt_tokens: prompt.len(),
             cached_tokens: keep,
@@ -403,6 +414,14 @@ impl<B: Backend> Worker<B> {
                 usage.completion_tokens = n;
                 usage.decode_s = t1.elapsed().as_secs_f64();
                 return Ok(Outcome::Cancelled(usage));
+            }
+            if params
+                .halt
+                .as_ref()
+                .is_some_and(|h| h.load(Ordering::Relaxed))
+            {
+                finish = Finish::Eog;
+                break;
             }
             if let Some(c) = params.constraint.as_mut() {
                 c.mask(&mut logits)?;
@@ -485,6 +504,9 @@ impl<B: Backend> Worker<B> {
         Ok(Outcome::Done(finish, usage))
     }
 }
+
+/// Prefills at least this long are announced when they start.
+const LOG_PREFILL_FROM: usize = 2048;
 
 /// One line per request on stderr: what was prefilled, what was reused, how fast.
 fn log_job(u: &Usage, end: &str) {

@@ -3,6 +3,7 @@
 //! of the forward pass (norms, RoPE, GLU, attention over an f16 or q8_0 KV cache).
 
 mod attend_ggml;
+mod attention;
 pub mod gated_delta;
 pub mod kernels;
 mod ops;
@@ -646,113 +647,7 @@ impl Backend for CpuBackend {
         attn: &Attn,
         out: &mut CpuBuf,
     ) -> Result<()> {
-        let (nh, nkv, hd) = (attn.n_heads, attn.n_kv_heads, attn.head_dim);
-        let rows = q.rows;
-        attn.check(
-            &kv.shape,
-            layer,
-            pos0,
-            (q.rows, q.cols),
-            (k.rows, k.cols),
-            (v.rows, v.cols),
-        )?;
-        if layer >= kv.k.len() {
-            return Err(shape_err(
-                "attention",
-                format!("layer {layer} has no cache"),
-            ));
-        }
-        // Store the new keys and values.
-        for r in 0..rows {
-            for h in 0..nkv {
-                let off = kv.offset(h, pos0 + r);
-                let vb = kv.vec_bytes;
-                let ks = &k.data[r * k.cols + h * hd..r * k.cols + (h + 1) * hd];
-                let vs = &v.data[r * v.cols + h * hd..r * v.cols + (h + 1) * hd];
-                ops::kv_store(kv.shape.ty, ks, &mut kv.k[layer][off..off + vb]);
-                ops::kv_store(kv.shape.ty, vs, &mut kv.v[layer][off..off + vb]);
-            }
-        }
-        out.reshape(rows, nh * hd);
-        let group = nh / nkv;
-        // Tasks: (kv head, block of query rows). Each task loads its head's keys and values
-        // once as f32 and serves every query head of the group.
-        let row_block = if rows >= 64 { 16 } else { rows.max(1) };
-        let n_blocks = rows.div_ceil(row_block);
-        let n_tasks = nkv * n_blocks;
-        let op = SyncPtr(out.data.as_mut_ptr());
-        let out_cols = out.cols;
-        let kvr = &*kv;
-        self.pool.run(n_tasks, |t| {
-            let h = t / n_blocks;
-            let b = t % n_blocks;
-            let r0 = b * row_block;
-            let r1 = (r0 + row_block).min(rows);
-            let last = pos0 + r1 - 1;
-            let first = match attn.window {
-                Some(w) => (pos0 + r0 + 1).saturating_sub(w),
-                None => 0,
-            };
-            let n_pos = last + 1 - first;
-            let mut kf = vec![0f32; n_pos * hd];
-            let mut vf = vec![0f32; n_pos * hd];
-            ops::kv_load(
-                kvr.shape.ty,
-                &kvr.k[layer][kvr.offset(h, first)..kvr.offset(h, last + 1)],
-                &mut kf,
-            );
-            ops::kv_load(
-                kvr.shape.ty,
-                &kvr.v[layer][kvr.offset(h, first)..kvr.offset(h, last + 1)],
-                &mut vf,
-            );
-            let mut scores = vec![0f32; n_pos];
-            let mut qh = vec![0f32; hd];
-            let mut scratch = attend_ggml::Scratch::default();
-            for r in r0..r1 {
-                let p = pos0 + r;
-                let lo = match attn.window {
-                    Some(w) => (p + 1).saturating_sub(w),
-                    None => 0,
-                };
-                for qi in h * group..(h + 1) * group {
-                    qh.copy_from_slice(&q.data[r * q.cols + qi * hd..r * q.cols + (qi + 1) * hd]);
-                    // SAFETY: (row r, head qi) is written by exactly this task.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(op.get().add(r * out_cols + qi * hd), hd)
-                    };
-                    if kvr.shape.ty == KvType::F16 && attn.softcap.is_none() {
-                        // ggml's order (bit-identical to llama.cpp; see attend_ggml.rs).
-                        attend_ggml::attend(
-                            &mut qh,
-                            &kf,
-                            &vf,
-                            hd,
-                            (lo - first, p - first, first),
-                            attn.scale,
-                            rows == 1,
-                            &mut scores,
-                            &mut scratch,
-                            dst,
-                        );
-                        continue;
-                    }
-                    ops::attend(
-                        kvr.shape.ty == KvType::F32,
-                        &mut qh,
-                        &kf,
-                        &vf,
-                        hd,
-                        lo - first,
-                        p - first,
-                        attn,
-                        &mut scores,
-                        dst,
-                    );
-                }
-            }
-        });
-        Ok(())
+        attention::attention(&self.pool, kv, layer, pos0, q, k, v, attn, out)
     }
 
     fn rec_alloc(&self, kv: &mut CpuKv, shape: &RecShape) -> Result<()> {

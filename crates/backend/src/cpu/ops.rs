@@ -6,8 +6,7 @@ use std::sync::OnceLock;
 
 use half::{f16, slice::HalfFloatSliceExt};
 
-use super::simd;
-use crate::{Attn, KvType, Rope};
+use crate::{KvType, Rope};
 
 /// `x = x / sqrt(mean(x²) + eps) * w`, in place. As ggml: each square rounded to f32, the
 /// squares summed in f64 in order, and `(x · scale) · w`.
@@ -177,56 +176,6 @@ pub fn kv_load(ty: KvType, src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// One query head over positions `lo..=hi` of `k`/`v` (`[n_pos, hd]` f32):
-/// `out = softmax(scale · q·kᵀ) · v`. `q` and the softmax weights are rounded to f16, as
-/// ggml does against an f16 cache, unless `exact` (an f32 cache).
-#[allow(clippy::too_many_arguments)]
-pub fn attend(
-    exact: bool,
-    q: &mut [f32],
-    k: &[f32],
-    v: &[f32],
-    hd: usize,
-    lo: usize,
-    hi: usize,
-    attn: &Attn,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
-    let mut qh = [f16::ZERO; 512];
-    for chunk in q.chunks_mut(512).filter(|_| !exact) {
-        let h = &mut qh[..chunk.len()];
-        h.convert_from_f32_slice(chunk);
-        h.convert_to_f32_slice(chunk);
-    }
-    let mut max = f32::NEG_INFINITY;
-    for t in lo..=hi {
-        let mut s = simd::dot(q, &k[t * hd..(t + 1) * hd]) * attn.scale;
-        if let Some(cap) = attn.softcap {
-            s = cap * (s / cap).tanh();
-        }
-        scores[t] = s;
-        max = max.max(s);
-    }
-    let mut sum = 0f32;
-    for s in &mut scores[lo..=hi] {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
-    let inv = 1.0 / sum;
-    out.iter_mut().for_each(|o| *o = 0.0);
-    for t in lo..=hi {
-        // The weights meet the f16 values as f16, as in ggml's attention (KQ · V with V in
-        // f16 converts the f32 softmax to f16 first).
-        let p = if exact {
-            scores[t] * inv
-        } else {
-            f16::from_f32(scores[t] * inv).to_f32()
-        };
-        simd::axpy(out, p, &v[t * hd..(t + 1) * hd]);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,25 +197,6 @@ mod tests {
         let mut y: Vec<f32> = (0..8).map(|i| i as f32).collect();
         rope_apply(&mut y, &cache, 8, false);
         assert_eq!(y, (0..8).map(|i| i as f32).collect::<Vec<_>>());
-    }
-
-    #[test]
-    fn attention_of_one_position_returns_its_value() {
-        let attn = Attn {
-            n_heads: 1,
-            n_kv_heads: 1,
-            head_dim: 4,
-            scale: 0.5,
-            window: None,
-            softcap: None,
-        };
-        let mut q = vec![1.0, 2.0, 3.0, 4.0];
-        let k = vec![0.5; 4];
-        let v = vec![1.0, -1.0, 2.0, 0.25];
-        let mut s = vec![0f32; 1];
-        let mut out = vec![9f32; 4];
-        attend(false, &mut q, &k, &v, 4, 0, 0, &attn, &mut s, &mut out);
-        assert_eq!(out, v);
     }
 
     #[test]

@@ -1,0 +1,704 @@
+//! Attention over the KV cache on the CPU: stores a step's keys and values in the cache, then
+//! `softmax(scale · q·kᵀ) · v` for every query row and head, causal, with an optional
+//! sliding window and soft-cap.
+//!
+//! Layout: the cache holds, per layer and kv head, `n_ctx` head vectors of `vec_bytes`
+//! (f16, f32 or q8_0); q and out are `[rows, n_heads · head_dim]` f32.
+//!
+//! Tiling (what makes a 28K-token prefill feasible): a task is one kv head × one block of up
+//! to `QB` query rows and serves every query head of that head's GQA group, so one key is
+//! read for `QB · group` query vectors. Keys and values are visited in tiles of `KT`
+//! positions, converted to f32 once per task (64 KiB at head_dim 256, so a tile stays in L2
+//! while every query vector of the block uses it); only the tiles inside the block's causal /
+//! sliding window are touched. Tasks run across the thread pool.
+//!
+//! Two passes keep the arithmetic of the one-row reference exactly (`attend` in the tests:
+//! the path before tiling): pass 1 writes each query vector's raw scores q·k
+//! (`simd::dots`: `simd::dot`'s float order, four queries × two keys per step), then a row
+//! softmax (scale, soft-cap, max, `exp`, a sum in key order, weights rounded to f16 unless
+//! the cache is f32), then pass 2 adds weight × value tile by tile in key order
+//! (`simd::axpys`: `simd::axpy`'s fused multiply-add per key, a row's heads held in
+//! registers). Each output element therefore sums over the same keys in the same order as
+//! the reference, and the results are bit-identical (tested below on random caches, ragged
+//! sizes, GQA, windows, soft-cap, every cache type and `pos0 > 0`). The cost: the scores of
+//! a block are held whole (`SCORES_MAX`) instead of an online softmax, which would change the
+//! rounding.
+
+use std::cell::RefCell;
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+use super::pool::{SyncPtr, ThreadPool};
+use super::{attend_ggml, ops, shape_err, simd, CpuBuf, CpuKv};
+use crate::{Attn, KvType, Result};
+
+/// Query rows per task at most (each serves `QB × group` query vectors per key loaded;
+/// 32 measured a little faster than 16 at 4K–28K positions, tests/bench_attention.rs).
+const QB: usize = 32;
+/// Scores (f32) one task may hold: 16 MiB, e.g. 32 rows × 4 heads × 32K positions.
+const SCORES_MAX: usize = 4 << 20;
+/// Key positions per tile: `KT × head_dim` f32 of K (pass 1) or V (pass 2) stay in L2.
+const KT: usize = 64;
+
+/// Per-thread scratch of a task, kept between calls so a long prefill does not allocate
+/// (and page-fault) megabytes of scores per block.
+#[derive(Default)]
+struct Scratch {
+    /// `[qb · group, head_dim]`: the block's query vectors (rounded to f16 unless exact).
+    q: Vec<f32>,
+    /// `[qb · group, n_pos]`: scores, then softmax weights, of positions `first..=last`.
+    s: Vec<f32>,
+    /// `[KT, head_dim]`: one tile of keys or values as f32.
+    tile: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Stores the step's keys and values (`k`, `v`: `[rows, n_kv_heads · head_dim]`) at
+/// positions `pos0..pos0 + rows` of `layer`, then writes the attention of `q`
+/// (`[rows, n_heads · head_dim]`) over positions `..=pos0 + r` into `out` (same shape as `q`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attention(
+    pool: &ThreadPool,
+    kv: &mut CpuKv,
+    layer: usize,
+    pos0: usize,
+    q: &CpuBuf,
+    k: &CpuBuf,
+    v: &CpuBuf,
+    attn: &Attn,
+    out: &mut CpuBuf,
+) -> Result<()> {
+    let (nh, nkv, hd) = (attn.n_heads, attn.n_kv_heads, attn.head_dim);
+    let rows = q.rows;
+    attn.check(
+        &kv.shape,
+        layer,
+        pos0,
+        (q.rows, q.cols),
+        (k.rows, k.cols),
+        (v.rows, v.cols),
+    )?;
+    if layer >= kv.k.len() {
+        return Err(shape_err(
+            "attention",
+            format!("layer {layer} has no cache"),
+        ));
+    }
+    // Store the new keys and values.
+    let vb = kv.vec_bytes;
+    for r in 0..rows {
+        for h in 0..nkv {
+            let off = kv.offset(h, pos0 + r);
+            let ks = &k.data[r * k.cols + h * hd..r * k.cols + (h + 1) * hd];
+            let vs = &v.data[r * v.cols + h * hd..r * v.cols + (h + 1) * hd];
+            ops::kv_store(kv.shape.ty, ks, &mut kv.k[layer][off..off + vb]);
+            ops::kv_store(kv.shape.ty, vs, &mut kv.v[layer][off..off + vb]);
+        }
+    }
+    out.reshape(rows, nh * hd);
+    if kv.shape.ty == KvType::F16 && attn.softcap.is_none() && pos0 + rows <= GGML_ORDER_MAX_POS {
+        ggml_order(pool, kv, layer, pos0, q, attn, out);
+    } else {
+        tiled(pool, kv, layer, pos0, q, attn, out);
+    }
+    Ok(())
+}
+
+/// The tiled two-pass form (module doc) of positions `..=pos0 + r`, the step's keys and
+/// values already stored.
+fn tiled(
+    pool: &ThreadPool,
+    kv: &CpuKv,
+    layer: usize,
+    pos0: usize,
+    q: &CpuBuf,
+    attn: &Attn,
+    out: &mut CpuBuf,
+) {
+    let (nh, nkv) = (attn.n_heads, attn.n_kv_heads);
+    let rows = q.rows;
+    // Smaller blocks where one block's scores would pass SCORES_MAX, and where there would
+    // be too few tasks to keep every thread busy.
+    let group = nh / nkv;
+    let n_pos_max = attn
+        .window
+        .map_or(pos0 + rows, |w| (w + QB).min(pos0 + rows));
+    let mut qb = (SCORES_MAX / (group * n_pos_max).max(1)).clamp(1, QB);
+    while qb > 4 && nkv * rows.div_ceil(qb) < 4 * pool.n_threads() {
+        qb /= 2;
+    }
+    let n_blocks = rows.div_ceil(qb);
+    let op = SyncPtr(out.data.as_mut_ptr());
+    let job = Job {
+        kv,
+        layer,
+        pos0,
+        rows,
+        q: &q.data,
+        q_cols: q.cols,
+        attn,
+        out_cols: out.cols,
+    };
+    pool.run(nkv * n_blocks, |t| {
+        let (h, b) = (t / n_blocks, t % n_blocks);
+        let r0 = b * qb;
+        let r1 = (r0 + qb).min(rows);
+        SCRATCH.with(|s| job.block(&mut s.borrow_mut(), h, r0, r1, op));
+    });
+}
+
+/// Up to this many positions an f16 cache without soft-cap is attended in ggml's float order
+/// (`attend_ggml.rs`: bit-identical to llama.cpp's CPU backend), one query row at a time over
+/// f32 copies of the block's whole span. Past it the tiled two-pass form below takes over:
+/// the same function with other roundings, and the only one that keeps a long span's keys in
+/// L2 (a 28K-token prompt is 6x faster tiled).
+const GGML_ORDER_MAX_POS: usize = 2048;
+
+/// ggml's order: tasks of (kv head, block of query rows); each loads its head's span
+/// `first..=last` once as f32 and serves every query head of the group.
+fn ggml_order(
+    pool: &ThreadPool,
+    kv: &CpuKv,
+    layer: usize,
+    pos0: usize,
+    q: &CpuBuf,
+    attn: &Attn,
+    out: &mut CpuBuf,
+) {
+    let (nh, nkv, hd) = (attn.n_heads, attn.n_kv_heads, attn.head_dim);
+    let rows = q.rows;
+    let group = nh / nkv;
+    let row_block = if rows >= 64 { 16 } else { rows.max(1) };
+    let n_blocks = rows.div_ceil(row_block);
+    let op = SyncPtr(out.data.as_mut_ptr());
+    let out_cols = out.cols;
+    let lo_of = |p: usize| match attn.window {
+        Some(w) => (p + 1).saturating_sub(w),
+        None => 0,
+    };
+    pool.run(nkv * n_blocks, |t| {
+        let (h, b) = (t / n_blocks, t % n_blocks);
+        let r0 = b * row_block;
+        let r1 = (r0 + row_block).min(rows);
+        let last = pos0 + r1 - 1;
+        let first = lo_of(pos0 + r0);
+        let n_pos = last + 1 - first;
+        // [n_pos, hd] each: the span's keys and values as f32.
+        let mut kf = vec![0f32; n_pos * hd];
+        let mut vf = vec![0f32; n_pos * hd];
+        let span = kv.offset(h, first)..kv.offset(h, last + 1);
+        ops::kv_load(kv.shape.ty, &kv.k[layer][span.clone()], &mut kf);
+        ops::kv_load(kv.shape.ty, &kv.v[layer][span], &mut vf);
+        let mut scores = vec![0f32; n_pos];
+        let mut qh = vec![0f32; hd];
+        let mut scratch = attend_ggml::Scratch::default();
+        for r in r0..r1 {
+            let p = pos0 + r;
+            for qi in h * group..(h + 1) * group {
+                qh.copy_from_slice(&q.data[r * q.cols + qi * hd..r * q.cols + (qi + 1) * hd]);
+                // SAFETY: (row r, head qi) is written by exactly this task.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(op.get().add(r * out_cols + qi * hd), hd)
+                };
+                attend_ggml::attend(
+                    &mut qh,
+                    &kf,
+                    &vf,
+                    hd,
+                    (lo_of(p) - first, p - first, first),
+                    attn.scale,
+                    rows == 1,
+                    &mut scores,
+                    &mut scratch,
+                    dst,
+                );
+            }
+        }
+    });
+}
+
+/// What every task of one `attention` call reads.
+struct Job<'a> {
+    kv: &'a CpuKv,
+    layer: usize,
+    pos0: usize,
+    rows: usize,
+    /// `[rows, q_cols]`.
+    q: &'a [f32],
+    q_cols: usize,
+    attn: &'a Attn,
+    out_cols: usize,
+}
+
+impl Job<'_> {
+    /// First visible position of the query at position `p`.
+    fn lo(&self, p: usize) -> usize {
+        match self.attn.window {
+            Some(w) => (p + 1).saturating_sub(w),
+            None => 0,
+        }
+    }
+
+    /// Query rows `r0..r1` of every query head of kv head `h` into their rows of `out`.
+    fn block(&self, sc: &mut Scratch, h: usize, r0: usize, r1: usize, out: SyncPtr<f32>) {
+        debug_assert!(r1 <= self.rows);
+        let attn = self.attn;
+        let (hd, ty) = (attn.head_dim, self.kv.shape.ty);
+        let exact = ty == KvType::F32;
+        let group = attn.n_heads / attn.n_kv_heads;
+        let nq = (r1 - r0) * group;
+        let first = self.lo(self.pos0 + r0);
+        let last = self.pos0 + r1 - 1;
+        let n_pos = last + 1 - first;
+        // Query vector i = (r - r0) · group + g is head h · group + g of row r.
+        let span = |i: usize| {
+            let p = self.pos0 + r0 + i / group;
+            (self.lo(p), p)
+        };
+        grow(&mut sc.q, nq * hd);
+        grow(&mut sc.s, nq * n_pos);
+        grow(&mut sc.tile, KT * hd);
+        for i in 0..nq {
+            let (r, qi) = (r0 + i / group, h * group + i % group);
+            let dst = &mut sc.q[i * hd..(i + 1) * hd];
+            dst.copy_from_slice(
+                &self.q[r * self.q_cols + qi * hd..r * self.q_cols + (qi + 1) * hd],
+            );
+            if !exact {
+                round_f16(dst);
+            }
+        }
+        let kc = &self.kv.k[self.layer];
+        let vc = &self.kv.v[self.layer];
+        let tiles = (first..=last)
+            .step_by(KT)
+            .map(|t0| (t0, (t0 + KT).min(last + 1)));
+
+        let pos_r0 = self.pos0 + r0;
+        // Pass 1: raw scores q·k, one key tile at a time, for the block's rows whose window
+        // meets the tile (positions p ≥ t0 with lo(p) < t1: a run of rows, as both grow).
+        for (t0, t1) in tiles.clone() {
+            let tile = &mut sc.tile[..(t1 - t0) * hd];
+            ops::kv_load(ty, &kc[self.kv.offset(h, t0)..self.kv.offset(h, t1)], tile);
+            let ra = t0.saturating_sub(pos_r0);
+            let rb = (ra..r1 - r0)
+                .find(|&j| self.lo(pos_r0 + j) >= t1)
+                .unwrap_or(r1 - r0);
+            if ra >= rb {
+                continue;
+            }
+            simd::dots(
+                &sc.q[ra * group * hd..rb * group * hd],
+                tile,
+                hd,
+                (rb - ra) * group,
+                t1 - t0,
+                &mut sc.s[ra * group * n_pos + t0 - first..],
+                n_pos,
+            );
+        }
+        // Softmax of each query vector's visible scores (scale and soft-cap first), in key
+        // order; the weights meet the values as f16 against an f16 / q8_0 cache (ggml
+        // converts KQ to f16 before KQ · V).
+        for i in 0..nq {
+            let (lo, hi) = span(i);
+            softmax(
+                &mut sc.s[i * n_pos + lo - first..i * n_pos + hi + 1 - first],
+                attn,
+                exact,
+            );
+        }
+        // Pass 2: weights × values, one value tile at a time, keys in order. A row's query
+        // heads of this group are adjacent in `out` and in the scores.
+        let row_out = |j: usize| {
+            // SAFETY: row r0 + j, heads h·group .. (h+1)·group, is written by this task only
+            // (tasks split kv heads and row blocks; a group's heads belong to one kv head).
+            unsafe {
+                std::slice::from_raw_parts_mut(
+                    out.get().add((r0 + j) * self.out_cols + h * group * hd),
+                    group * hd,
+                )
+            }
+        };
+        for j in 0..r1 - r0 {
+            row_out(j).fill(0.0);
+        }
+        for (t0, t1) in tiles {
+            let tile = &mut sc.tile[..(t1 - t0) * hd];
+            ops::kv_load(ty, &vc[self.kv.offset(h, t0)..self.kv.offset(h, t1)], tile);
+            for j in 0..r1 - r0 {
+                let (lo, hi) = span(j * group);
+                let (a, b) = (lo.max(t0), (hi + 1).min(t1));
+                if a >= b {
+                    continue;
+                }
+                simd::axpys(
+                    row_out(j),
+                    &sc.s[j * group * n_pos + a - first..],
+                    n_pos,
+                    &tile[(a - t0) * hd..(b - t0) * hd],
+                    hd,
+                    group,
+                    b - a,
+                );
+            }
+        }
+    }
+}
+
+/// Scores → softmax weights, in place: scale, soft-cap, max, `exp` and a sum in key order,
+/// weights rounded to f16 unless `exact`.
+fn softmax(s: &mut [f32], attn: &Attn, exact: bool) {
+    s.iter_mut().for_each(|x| *x *= attn.scale);
+    if let Some(cap) = attn.softcap {
+        s.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+    }
+    let max = max_of(s);
+    let mut sum = 0f32;
+    for x in s.iter_mut() {
+        *x = (*x - max).exp();
+        sum += *x;
+    }
+    let inv = 1.0 / sum;
+    s.iter_mut().for_each(|x| *x *= inv);
+    if !exact {
+        round_f16(s);
+    }
+}
+
+/// The largest value, NaN ignored (as a fold with `f32::max`, whose result does not depend
+/// on the order: eight running maxima let the loop vectorize).
+fn max_of(x: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for l in 0..8 {
+            m[l] = m[l].max(c[l]);
+        }
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    m.iter().fold(tail, |a, &b| a.max(b))
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+}
+
+/// Rounds to f16 and back (q meets an f16 cache as f16, as in ggml).
+fn round_f16(x: &mut [f32]) {
+    let mut h = [f16::ZERO; 512];
+    for chunk in x.chunks_mut(512) {
+        let h = &mut h[..chunk.len()];
+        h.convert_from_f32_slice(chunk);
+        h.convert_to_f32_slice(chunk);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::{CpuBackend, CpuOptions};
+    use crate::{Backend, KvShape};
+    use rand::{Rng, SeedableRng};
+
+    /// One query head over positions `lo..=hi` of `k`/`v` (`[n_pos, hd]` f32):
+    /// `out = softmax(scale · q·kᵀ) · v`. `q` and the softmax weights are rounded to f16, as
+    /// ggml does against an f16 cache, unless `exact` (an f32 cache).
+    ///
+    /// The one-row form of the arithmetic (the CPU path before tiling, kept as the
+    /// reference): the tiled attention must stay bit-identical to it.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        exact: bool,
+        q: &mut [f32],
+        k: &[f32],
+        v: &[f32],
+        hd: usize,
+        lo: usize,
+        hi: usize,
+        attn: &Attn,
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let mut qh = [f16::ZERO; 512];
+        for chunk in q.chunks_mut(512).filter(|_| !exact) {
+            let h = &mut qh[..chunk.len()];
+            h.convert_from_f32_slice(chunk);
+            h.convert_to_f32_slice(chunk);
+        }
+        let mut max = f32::NEG_INFINITY;
+        for t in lo..=hi {
+            let mut s = simd::dot(q, &k[t * hd..(t + 1) * hd]) * attn.scale;
+            if let Some(cap) = attn.softcap {
+                s = cap * (s / cap).tanh();
+            }
+            scores[t] = s;
+            max = max.max(s);
+        }
+        let mut sum = 0f32;
+        for s in &mut scores[lo..=hi] {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        out.iter_mut().for_each(|o| *o = 0.0);
+        for t in lo..=hi {
+            // The weights meet the f16 values as f16, as in ggml's attention (KQ · V with V in
+            // f16 converts the f32 softmax to f16 first).
+            let p = if exact {
+                scores[t] * inv
+            } else {
+                f16::from_f32(scores[t] * inv).to_f32()
+            };
+            simd::axpy(out, p, &v[t * hd..(t + 1) * hd]);
+        }
+    }
+
+    #[test]
+    fn attention_of_one_position_returns_its_value() {
+        let attn = Attn {
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 4,
+            scale: 0.5,
+            window: None,
+            softcap: None,
+        };
+        let mut q = vec![1.0, 2.0, 3.0, 4.0];
+        let k = vec![0.5; 4];
+        let v = vec![1.0, -1.0, 2.0, 0.25];
+        let mut s = vec![0f32; 1];
+        let mut out = vec![9f32; 4];
+        attend(false, &mut q, &k, &v, 4, 0, 0, &attn, &mut s, &mut out);
+        assert_eq!(out, v);
+    }
+
+    fn buf(rng: &mut impl Rng, rows: usize, cols: usize, amp: f32) -> CpuBuf {
+        CpuBuf {
+            data: (0..rows * cols).map(|_| rng.gen_range(-amp..amp)).collect(),
+            rows,
+            cols,
+        }
+    }
+
+    /// The one-row path: every (row, head) on its own through `ops::attend`, over the
+    /// cache's positions `lo..=p` loaded as f32.
+    fn one_row_path(kv: &CpuKv, layer: usize, pos0: usize, q: &CpuBuf, attn: &Attn) -> Vec<f32> {
+        let (nh, hd) = (attn.n_heads, attn.head_dim);
+        let group = nh / attn.n_kv_heads;
+        let mut out = vec![0f32; q.rows * nh * hd];
+        for r in 0..q.rows {
+            let p = pos0 + r;
+            let lo = attn.window.map_or(0, |w| (p + 1).saturating_sub(w));
+            for qi in 0..nh {
+                let h = qi / group;
+                let n = p + 1 - lo;
+                let (mut kf, mut vf) = (vec![0f32; n * hd], vec![0f32; n * hd]);
+                let (a, b) = (kv.offset(h, lo), kv.offset(h, p + 1));
+                ops::kv_load(kv.shape.ty, &kv.k[layer][a..b], &mut kf);
+                ops::kv_load(kv.shape.ty, &kv.v[layer][a..b], &mut vf);
+                let mut qh = q.data[r * q.cols + qi * hd..r * q.cols + (qi + 1) * hd].to_vec();
+                let mut s = vec![0f32; n];
+                let dst = &mut out[(r * nh + qi) * hd..(r * nh + qi + 1) * hd];
+                let exact = kv.shape.ty == KvType::F32;
+                attend(exact, &mut qh, &kf, &vf, hd, 0, n - 1, attn, &mut s, dst);
+            }
+        }
+        out
+    }
+
+    /// Textbook attention in f64 over the cache's (already rounded) keys and values.
+    fn naive(kv: &CpuKv, layer: usize, pos0: usize, q: &CpuBuf, attn: &Attn) -> Vec<f64> {
+        let (nh, hd) = (attn.n_heads, attn.head_dim);
+        let group = nh / attn.n_kv_heads;
+        let mut out = vec![0f64; q.rows * nh * hd];
+        let load = |c: &[u8], h: usize, t: usize| {
+            let mut x = vec![0f32; hd];
+            ops::kv_load(
+                kv.shape.ty,
+                &c[kv.offset(h, t)..kv.offset(h, t + 1)],
+                &mut x,
+            );
+            x
+        };
+        for r in 0..q.rows {
+            let p = pos0 + r;
+            let lo = attn.window.map_or(0, |w| (p + 1).saturating_sub(w));
+            for qi in 0..nh {
+                let h = qi / group;
+                let qv = &q.data[r * q.cols + qi * hd..r * q.cols + (qi + 1) * hd];
+                let s: Vec<f64> = (lo..=p)
+                    .map(|t| {
+                        let k = load(&kv.k[layer], h, t);
+                        let d: f64 = qv.iter().zip(&k).map(|(a, b)| *a as f64 * *b as f64).sum();
+                        let x = d * attn.scale as f64;
+                        attn.softcap.map_or(x, |c| c as f64 * (x / c as f64).tanh())
+                    })
+                    .collect();
+                let m = s.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+                let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                for (t, x) in (lo..=p).zip(&s) {
+                    let w = (x - m).exp() / z;
+                    let v = load(&kv.v[layer], h, t);
+                    for d in 0..hd {
+                        out[(r * nh + qi) * hd + d] += w * v[d] as f64;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// n_heads, n_kv_heads, head_dim, window, soft-cap, cache type, chunk sizes.
+    type Case = (
+        usize,
+        usize,
+        usize,
+        Option<usize>,
+        Option<f32>,
+        KvType,
+        &'static [usize],
+    );
+
+    #[test]
+    fn tiled_attention_is_bit_identical_to_the_one_row_path() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        // (n_heads, n_kv_heads, head_dim, window, soft-cap, cache type, chunk sizes)
+        let cases: &[Case] = &[
+            (4, 1, 256, None, None, KvType::F16, &[150, 1, 1, 40]),
+            (8, 2, 64, Some(20), None, KvType::F16, &[3, 97, 1, 33]),
+            (6, 3, 40, Some(70), Some(30.0), KvType::F32, &[71, 64, 2, 1]),
+            (4, 2, 64, None, Some(50.0), KvType::Q8_0, &[17, 129, 1]),
+            (2, 2, 16, Some(1), None, KvType::F16, &[5, 1]),
+            // Long spans after a first chunk, then single rows (decode).
+            (4, 1, 256, None, None, KvType::F16, &[300, 1, 1, 2]),
+            (8, 2, 64, Some(260), Some(20.0), KvType::Q8_0, &[280, 1, 3]),
+            (6, 2, 40, None, None, KvType::F32, &[270, 1]),
+            (2, 1, 160, None, None, KvType::Q8_0, &[257, 2]),
+        ];
+        for threads in [1, 3] {
+            let be = CpuBackend::new(&CpuOptions {
+                threads,
+                scalar_only: false,
+            });
+            for &(nh, nkv, hd, window, softcap, ty, chunks) in cases {
+                let attn = Attn {
+                    n_heads: nh,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    window,
+                    softcap,
+                };
+                let n_ctx: usize = chunks.iter().sum::<usize>() + 3;
+                let mut kv = be
+                    .kv_alloc(&KvShape {
+                        n_layers: 2,
+                        n_ctx,
+                        n_kv_heads: nkv,
+                        head_dim: hd,
+                        ty,
+                    })
+                    .unwrap();
+                let mut pos0 = 0;
+                for &rows in chunks {
+                    // Large q so that the softmax is peaked somewhere and flat elsewhere.
+                    let q = buf(&mut rng, rows, nh * hd, 2.0);
+                    let k = buf(&mut rng, rows, nkv * hd, 1.0);
+                    let v = buf(&mut rng, rows, nkv * hd, 1.0);
+                    let mut out = CpuBuf {
+                        data: Vec::new(),
+                        rows: 0,
+                        cols: 0,
+                    };
+                    be.attention(&mut kv, 1, pos0, &q, &k, &v, &attn, &mut out)
+                        .unwrap();
+                    let what = format!(
+                        "{nh}/{nkv}x{hd} window {window:?} softcap {softcap:?} {ty:?} \
+                         pos0 {pos0} rows {rows} threads {threads}"
+                    );
+                    assert_eq!((out.rows, out.cols), (rows, nh * hd), "{what}");
+                    // The tiled form itself (short f16 spans take ggml's order in `attention`).
+                    let mut tiled_out = CpuBuf {
+                        data: vec![0.0; rows * nh * hd],
+                        rows,
+                        cols: nh * hd,
+                    };
+                    tiled(&be.pool, &kv, 1, pos0, &q, &attn, &mut tiled_out);
+                    let want = one_row_path(&kv, 1, pos0, &q, &attn);
+                    for (j, (a, b)) in tiled_out.data.iter().zip(&want).enumerate() {
+                        assert_eq!(a.to_bits(), b.to_bits(), "{what}: element {j}: {a} vs {b}");
+                    }
+                    // And the math itself, of both forms: f16 weights and q cost ~1e-3.
+                    let exact = naive(&kv, 1, pos0, &q, &attn);
+                    let tol = if ty == KvType::F32 { 1e-5 } else { 1e-2 };
+                    for o in [&out, &tiled_out] {
+                        for (j, (a, b)) in o.data.iter().zip(&exact).enumerate() {
+                            assert!(
+                                (*a as f64 - b).abs() < tol,
+                                "{what}: element {j}: {a} vs {b}"
+                            );
+                        }
+                    }
+                    be.kv_commit(&mut kv, pos0 + rows).unwrap();
+                    pos0 += rows;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let be = CpuBackend::new(&CpuOptions {
+            threads: 1,
+            scalar_only: false,
+        });
+        let mut kv = be
+            .kv_alloc(&KvShape {
+                n_layers: 1,
+                n_ctx: 8,
+                n_kv_heads: 1,
+                head_dim: 4,
+                ty: KvType::F16,
+            })
+            .unwrap();
+        let attn = Attn {
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 4,
+            scale: 0.5,
+            window: None,
+            softcap: None,
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let (q, k, v) = (
+            buf(&mut rng, 2, 8, 1.0),
+            buf(&mut rng, 2, 4, 1.0),
+            buf(&mut rng, 2, 4, 1.0),
+        );
+        let mut out = CpuBuf {
+            data: Vec::new(),
+            rows: 0,
+            cols: 0,
+        };
+        // Past the context, and a layer the cache does not have.
+        assert!(be
+            .attention(&mut kv, 0, 7, &q, &k, &v, &attn, &mut out)
+            .is_err());
+        assert!(be
+            .attention(&mut kv, 1, 0, &q, &k, &v, &attn, &mut out)
+            .is_err());
+        assert!(be
+            .attention(&mut kv, 0, 6, &q, &k, &v, &attn, &mut out)
+            .is_ok());
+    }
+}
