@@ -329,7 +329,8 @@ fn graph_replayed_decode_equals_eager_decode() {
             let pos = prompt.len() + i;
             let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-            if pos + 1 <= 256 {
+            // pos + 1 visible positions: up to 256 both paths run one split.
+            if pos < 256 {
                 assert!(a == b, "{name}: position {pos}: graph logits differ by {d}");
             } else {
                 worst = worst.max(d / scale);
