@@ -376,6 +376,25 @@ pub trait Backend: Send + Sync + 'static {
     fn write(&self, dst: &mut Self::Buf, host: &[f32], rows: usize, cols: usize) -> Result<()>;
     /// Download rows `[row0, row0 + n)` into `host[n * cols]`.
     fn read(&self, src: &Self::Buf, row0: usize, n: usize, host: &mut [f32]) -> Result<()>;
+    /// The greedy pick of each row: the index of the highest value, the lowest among equals,
+    /// NaN ignored (0 for a row of NaNs). The default reads the rows back; a device backend
+    /// reduces on the device and brings back only the ids.
+    fn argmax(&self, x: &Self::Buf) -> Result<Vec<u32>> {
+        let (rows, cols) = self.buf_shape(x);
+        let mut host = vec![0f32; rows * cols];
+        self.read(x, 0, rows, &mut host)?;
+        Ok(host.chunks(cols.max(1)).map(argmax_host).collect())
+    }
+
+    /// Brackets a one-token decode step (`token` at position `kv_len(kv)`): between
+    /// `step_begin` and `step_end` the model's calls are the same every step, so a device
+    /// backend may record them once and replay the recording (CUDA graphs). The defaults do
+    /// nothing. `step_end` is called whether the step succeeded or not.
+    fn step_begin(&self, _kv: &Self::Kv, _token: u32) -> Result<()> {
+        Ok(())
+    }
+    fn step_end(&self) {}
+
     /// `dst[0, :] = src[row, :]`, dst reshaped to `[1, cols]`.
     fn copy_row(&self, src: &Self::Buf, row: usize, dst: &mut Self::Buf) -> Result<()>;
 
@@ -539,6 +558,22 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<()> {
         Err(not_implemented("scatter_add_rows", self))
     }
+}
+
+/// Index of the highest value, the lowest among equals, NaN ignored; 0 when there is none
+/// (the sampler's greedy rule).
+pub fn argmax_host(v: &[f32]) -> u32 {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &x) in v.iter().enumerate() {
+        if x.is_nan() {
+            continue;
+        }
+        match best {
+            Some((_, b)) if x <= b => {}
+            _ => best = Some((i, x)),
+        }
+    }
+    best.map_or(0, |(i, _)| i as u32)
 }
 
 fn not_implemented<B: Backend + ?Sized>(op: &str, be: &B) -> BackendError {

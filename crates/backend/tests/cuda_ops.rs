@@ -531,3 +531,67 @@ fn attention_matches_the_cpu() {
         );
     }
 }
+
+/// Greedy argmax on the device against the host rule (highest, lowest index among equals,
+/// NaN ignored) on random rows with planted ties, NaNs and infinities, at vocabulary sizes
+/// with ragged tails.
+#[test]
+fn argmax_equals_host_rule_with_ties() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng();
+    // The rule, written independently of `argmax_host`: among non-NaN values the maximum,
+    // then the smallest index holding it.
+    let want = |row: &[f32]| -> u32 {
+        let m = row
+            .iter()
+            .filter(|v| !v.is_nan())
+            .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        row.iter().position(|&v| v == m).map_or(0, |i| i as u32)
+    };
+    for &(rows, cols) in &[(1, 262_144), (3, 151_936), (5, 1000), (2, 33), (1, 1)] {
+        let mut x = randv(&mut r, rows * cols, 4.0);
+        for row in 0..rows {
+            let xs = &mut x[row * cols..(row + 1) * cols];
+            match row % 5 {
+                // A tie for the maximum at a high and a low index (the low one must win).
+                0 if cols > 2 => {
+                    let hi = r.gen_range(cols / 2..cols);
+                    let lo = r.gen_range(0..cols / 2);
+                    xs[hi] = 9.0;
+                    xs[lo] = 9.0;
+                }
+                // NaNs everywhere around a maximum that is not NaN.
+                1 => {
+                    for v in xs.iter_mut().step_by(3) {
+                        *v = f32::NAN;
+                    }
+                }
+                // Every value equal: index 0.
+                2 => xs.fill(-1.5),
+                // +inf twice, and -inf elsewhere.
+                3 if cols > 4 => {
+                    xs[cols - 1] = f32::INFINITY;
+                    xs[cols / 3] = f32::INFINITY;
+                    xs[0] = f32::NEG_INFINITY;
+                }
+                _ => {}
+            }
+        }
+        let mut b = g.buf(rows, cols).unwrap();
+        g.write(&mut b, &x, rows, cols).unwrap();
+        let got = g.argmax(&b).unwrap();
+        for row in 0..rows {
+            let xs = &x[row * cols..(row + 1) * cols];
+            assert_eq!(got[row], want(xs), "{rows}x{cols} row {row}");
+            assert_eq!(
+                got[row],
+                neagari_backend::argmax_host(xs),
+                "{rows}x{cols} row {row}"
+            );
+        }
+    }
+    // A row of NaNs gives 0, as the host rule does.
+    let mut b = g.buf(1, 77).unwrap();
+    g.write(&mut b, &[f32::NAN; 77], 1, 77).unwrap();
+    assert_eq!(g.argmax(&b).unwrap(), vec![0]);
+}

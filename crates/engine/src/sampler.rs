@@ -63,6 +63,12 @@ impl Default for SamplerConfig {
 }
 
 impl SamplerConfig {
+    /// Greedy without penalties: the pick depends on the logits alone, so it can be made
+    /// where the logits are (`Session::decode_greedy`).
+    pub fn is_plain_greedy(&self) -> bool {
+        self.temperature <= 0.0 && !self.penalties_active()
+    }
+
     fn penalties_active(&self) -> bool {
         self.repeat_last_n != 0
             && !(self.repeat_penalty == 1.0

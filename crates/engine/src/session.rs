@@ -171,9 +171,29 @@ impl<B: Backend> Session<B> {
         be: &B,
         token: u32,
     ) -> Result<Vec<f32>, ModelError> {
-        let logits = model.forward(be, &mut self.kv, &[token], false)?;
+        be.step_begin(&self.kv, token)?;
+        let logits = model.forward(be, &mut self.kv, &[token], false);
+        be.step_end();
+        let logits = logits?;
         self.tokens.push(token);
         Ok(logits)
+    }
+
+    /// Runs one token and returns the greedy pick of its logits (highest, lowest id among
+    /// equals): what `decode` then a greedy sampler without penalties would choose, without
+    /// bringing the logits back from a device.
+    pub fn decode_greedy(
+        &mut self,
+        model: &dyn CausalLm<B>,
+        be: &B,
+        token: u32,
+    ) -> Result<u32, ModelError> {
+        be.step_begin(&self.kv, token)?;
+        let id = model.forward_greedy(be, &mut self.kv, &[token]);
+        be.step_end();
+        let id = id?;
+        self.tokens.push(token);
+        Ok(id)
     }
 
     /// Runs `tokens` and returns the logits of every one (`[n, n_vocab]`): perplexity and

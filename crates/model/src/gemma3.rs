@@ -7,7 +7,7 @@ use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, Rope};
 
 use crate::dump::Dump;
 use crate::source::{ModelSource, SourceExt};
-use crate::{check_room, output_logits, CausalLm, ModelError, ModelInfo, Result};
+use crate::{check_room, output_argmax, output_logits, CausalLm, ModelError, ModelInfo, Result};
 
 /// Hyper-parameters, from `gemma3.*` metadata.
 #[derive(Clone, Debug)]
@@ -235,6 +235,50 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
         tokens: &[u32],
         all_logits: bool,
     ) -> Result<Vec<f32>> {
+        let (x, dump) = self.hidden(be, kv, tokens, all_logits)?;
+        let c = &self.cfg;
+        let logits = output_logits(
+            be,
+            &x,
+            &self.output_norm,
+            c.eps,
+            self.output.as_ref().unwrap_or(&self.tok_embd),
+            c.n_vocab,
+            c.final_softcap,
+            all_logits,
+        )?;
+        if let Some(d) = &dump {
+            d.put_host("result_output", None, &logits);
+        }
+        Ok(logits)
+    }
+
+    fn forward_greedy(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<u32> {
+        let (x, _) = self.hidden(be, kv, tokens, false)?;
+        let c = &self.cfg;
+        output_argmax(
+            be,
+            &x,
+            &self.output_norm,
+            c.eps,
+            self.output.as_ref().unwrap_or(&self.tok_embd),
+            c.n_vocab,
+            c.final_softcap,
+        )
+    }
+}
+
+impl<B: Backend> Gemma3<B> {
+    /// The layers: runs `tokens` after what `kv` holds and returns the residual stream
+    /// before the output norm (`[n, H]`, or `[1, H]` for the last token alone unless
+    /// `all_logits`), with the tensor dump of this step when `NEAGARI_DUMP` is set.
+    fn hidden(
+        &self,
+        be: &B,
+        kv: &mut B::Kv,
+        tokens: &[u32],
+        all_logits: bool,
+    ) -> Result<(B::Buf, Option<Dump>)> {
         let c = &self.cfg;
         let n = tokens.len();
         let pos0 = be.kv_len(kv);
@@ -342,20 +386,7 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
             put("l_out", Some(il), &x);
         }
         be.kv_commit(kv, pos0 + n)?;
-        let logits = output_logits(
-            be,
-            &x,
-            &self.output_norm,
-            c.eps,
-            self.output.as_ref().unwrap_or(&self.tok_embd),
-            c.n_vocab,
-            c.final_softcap,
-            all_logits,
-        )?;
-        if let Some(d) = &dump {
-            d.put_host("result_output", None, &logits);
-        }
-        Ok(logits)
+        Ok((x, dump))
     }
 }
 

@@ -78,6 +78,15 @@ pub trait CausalLm<B: Backend>: Send + Sync {
     /// `all_logits` (perplexity, speculative verify).
     fn forward(&self, be: &B, kv: &mut B::Kv, tokens: &[u32], all_logits: bool)
         -> Result<Vec<f32>>;
+
+    /// Runs `tokens` like `forward` and returns the greedy pick of the last token's logits:
+    /// the highest, the lowest id among equals, NaN ignored (the sampler's greedy rule).
+    /// Families that override it find the pick with `Backend::argmax`, so a device backend
+    /// brings back one id instead of the logits.
+    fn forward_greedy(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<u32> {
+        let logits = self.forward(be, kv, tokens, false)?;
+        Ok(neagari_backend::argmax_host(&logits))
+    }
 }
 
 /// Loads the architecture named by the file.
@@ -99,6 +108,35 @@ pub(crate) fn check_room(pos: usize, tokens: usize, n_ctx: usize) -> Result<()> 
         return Err(ModelError::ContextFull { tokens, pos, n_ctx });
     }
     Ok(())
+}
+
+/// The output head's greedy pick: the final RMSNorm, the vocabulary projection (optionally
+/// soft-capped) and `Backend::argmax` of the last row of `x` (`[n, H]`).
+pub(crate) fn output_argmax<B: Backend>(
+    be: &B,
+    x: &B::Buf,
+    norm: &B::Vector,
+    eps: f32,
+    head: &B::Mat,
+    n_vocab: usize,
+    softcap: Option<f32>,
+) -> Result<u32> {
+    let (n, h) = be.buf_shape(x);
+    let mut last = be.buf(1, h)?; // [1, H]
+    be.copy_row(x, n - 1, &mut last)?;
+    let mut xn = be.buf(1, h)?; // [1, H]
+    be.rms_norm(&last, norm, eps, &mut xn)?;
+    let mut logits = be.buf(1, n_vocab)?; // [1, vocab]
+    be.matmul(head, &xn, &mut logits)?;
+    if let Some(cap) = softcap {
+        be.softcap(&mut logits, cap)?;
+    }
+    let ids = be.argmax(&logits)?;
+    ids.first().copied().ok_or_else(|| {
+        ModelError::Backend(neagari_backend::BackendError::Other(
+            "argmax returned no row".into(),
+        ))
+    })
 }
 
 /// The output head shared by the families: the final RMSNorm and the vocabulary projection

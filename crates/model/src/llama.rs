@@ -6,7 +6,7 @@
 use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, Rope};
 
 use crate::source::{ModelSource, SourceExt};
-use crate::{check_room, output_logits, CausalLm, ModelError, ModelInfo, Result};
+use crate::{check_room, output_argmax, output_logits, CausalLm, ModelError, ModelInfo, Result};
 
 /// Hyper-parameters, from `{arch}.*` metadata.
 #[derive(Clone, Debug)]
@@ -211,6 +211,39 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
         tokens: &[u32],
         all_logits: bool,
     ) -> Result<Vec<f32>> {
+        let x = self.hidden(be, kv, tokens)?;
+        let c = &self.cfg;
+        output_logits(
+            be,
+            &x,
+            &self.output_norm,
+            c.eps,
+            self.output.as_ref().unwrap_or(&self.tok_embd),
+            c.n_vocab,
+            None,
+            all_logits,
+        )
+    }
+
+    fn forward_greedy(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<u32> {
+        let x = self.hidden(be, kv, tokens)?;
+        let c = &self.cfg;
+        output_argmax(
+            be,
+            &x,
+            &self.output_norm,
+            c.eps,
+            self.output.as_ref().unwrap_or(&self.tok_embd),
+            c.n_vocab,
+            None,
+        )
+    }
+}
+
+impl<B: Backend> Llama<B> {
+    /// The layers: runs `tokens` after what `kv` holds and returns the residual stream
+    /// `[n, H]` before the output norm.
+    fn hidden(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<B::Buf> {
         let c = &self.cfg;
         let n = tokens.len();
         let pos0 = be.kv_len(kv);
@@ -266,15 +299,6 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
             be.add(&mut x, &o)?;
         }
         be.kv_commit(kv, pos0 + n)?;
-        output_logits(
-            be,
-            &x,
-            &self.output_norm,
-            c.eps,
-            self.output.as_ref().unwrap_or(&self.tok_embd),
-            c.n_vocab,
-            None,
-            all_logits,
-        )
+        Ok(x)
     }
 }

@@ -28,6 +28,10 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Decode test: take the greedy pick on the device (only the token id comes back)
+    /// instead of reading the logits back each step.
+    #[arg(long)]
+    pub argmax: bool,
 }
 
 #[derive(Serialize)]
@@ -106,9 +110,14 @@ fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
             let toks = random_tokens(args.n_gen, vocab, 200 + r as u64);
             sess.truncate(&l.be, 0)?;
             let t = Instant::now();
-            sess.decode(l.model.as_ref(), &l.be, bos)?;
-            for &tok in &toks[1..] {
-                sess.decode(l.model.as_ref(), &l.be, tok)?;
+            // Teacher-forced random tokens; `--argmax` brings back the greedy pick instead
+            // of the logits.
+            for &tok in std::iter::once(&bos).chain(&toks[1..]) {
+                if args.argmax {
+                    sess.decode_greedy(l.model.as_ref(), &l.be, tok)?;
+                } else {
+                    sess.decode(l.model.as_ref(), &l.be, tok)?;
+                }
             }
             l.be.sync()?;
             tg.push(args.n_gen as f64 / t.elapsed().as_secs_f64());

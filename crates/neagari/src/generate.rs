@@ -161,8 +161,15 @@ pub fn generate<B: Backend>(
     let mut text = Utf8Stream::default();
     let t = Instant::now();
     st.stopped_by = "length";
+    // Greedy without penalties: the next pick is made where the logits are (on a GPU only
+    // the id comes back).
+    let greedy = sampler.config().is_plain_greedy();
+    let mut next: Option<u32> = None;
     for i in 0..max_tokens {
-        let tok = sampler.sample(&mut logits);
+        let tok = match next.take() {
+            Some(t) => t,
+            None => sampler.sample(&mut logits),
+        };
         sampler.accept(tok);
         if l.tokenizer.is_eog(tok) {
             st.stopped_by = "eog";
@@ -177,7 +184,11 @@ pub fn generate<B: Backend>(
             st.stopped_by = "context";
             break;
         }
-        logits = sess.decode(l.model.as_ref(), &l.be, tok)?;
+        if greedy {
+            next = Some(sess.decode_greedy(l.model.as_ref(), &l.be, tok)?);
+        } else {
+            logits = sess.decode(l.model.as_ref(), &l.be, tok)?;
+        }
     }
     emit(&text.finish());
     st.gen_tokens = out.len();

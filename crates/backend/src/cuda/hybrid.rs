@@ -147,6 +147,7 @@ impl CudaBackend {
             k: self.stream.alloc_zeros::<u16>(1).map_err(drv)?,
             v: self.stream.alloc_zeros::<u16>(1).map_err(drv)?,
             rec,
+            id: super::graph::next_kv_id(),
         })
     }
 

@@ -25,7 +25,8 @@ mod probe;
 pub use probe::{probe, DeviceInfo, Probe};
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::{sys as blas_sys, CudaBlas};
@@ -206,6 +207,7 @@ struct OpsKernels {
     kv_store: CudaFunction,
     attention: CudaFunction,
     att_combine: CudaFunction,
+    argmax_rows: CudaFunction,
 }
 
 /// The kernels of one weight format.
@@ -241,6 +243,8 @@ struct Scratch {
     /// GEMV's own bumps `gen`, so any op that may have written x since makes the key stale;
     /// a GEMV writing into x clears it.
     xq_key: Option<(u64, usize, usize, u64)>,
+    /// Greedy picks of `argmax` `[rows]`.
+    amax: Option<CudaSlice<u32>>,
 }
 
 pub struct CudaBackend {
@@ -262,13 +266,24 @@ pub struct CudaBackend {
     mv_int: bool,
     /// Counts kernel launches and device writes (see [`Scratch::xq_key`]).
     gen: AtomicU64,
+    /// Decode-step recording (graph.rs): the mode (OFF, WARM, CAPTURE, REPLAY), launches
+    /// made in the step, the scratch epoch, and the step state.
+    mode: AtomicU8,
+    launches: AtomicUsize,
+    epoch: AtomicU64,
+    step: Mutex<graph::Step>,
+    /// CUDA graphs for decode steps, unless NEAGARI_CUDA_GRAPH=0.
+    graphs_on: AtomicBool,
 }
 
 /// f32 activations `[rows, cols]` in device memory; `data` may be longer than needed.
 pub struct CudaBuf {
-    data: CudaSlice<f32>,
+    /// Dropped by hand (graph.rs): an arena slot's alias is leaked, not freed.
+    data: ManuallyDrop<CudaSlice<f32>>,
     rows: usize,
     cols: usize,
+    /// `data` aliases a slot of the decode-step arena.
+    lent: bool,
 }
 
 /// A packed matrix `[rows = out, cols = in]` in device memory, rows of `row_bytes`.
@@ -295,27 +310,34 @@ pub struct CudaKv {
     v: CudaSlice<u16>,
     /// Gated DeltaNet state of hybrid models (`rec_alloc`).
     rec: Option<hybrid::CudaRec>,
+    /// Unique per cache of the process: part of a recorded decode step's key (an address
+    /// can be reused by a later cache of another model).
+    id: u64,
 }
 
 macro_rules! launch {
     (@keep $be:expr, $f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
-        let mut b = $be.stream.launch_builder($f);
-        $( b.arg($a); )*
-        // SAFETY: every pointer argument is a live device allocation of the size the kernel
-        // indexes (checked by the caller), and scalars match the kernel's parameter types.
-        unsafe { b.launch($cfg) }.map(|_| ()).map_err(drv)
+        $be.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if $be.replaying() {
+            // A replayed decode step: the graph launches it at the step's read.
+            Ok(())
+        } else {
+            let mut b = $be.stream.launch_builder($f);
+            $( b.arg($a); )*
+            // SAFETY: every pointer argument is a live device allocation of the size the
+            // kernel indexes (checked by the caller), and scalars match the kernel's
+            // parameter types.
+            unsafe { b.launch($cfg) }.map(|_| ()).map_err(drv)
+        }
     }};
     ($be:expr, $f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
         $be.bump();
-        let mut b = $be.stream.launch_builder($f);
-        $( b.arg($a); )*
-        // SAFETY: every pointer argument is a live device allocation of the size the kernel
-        // indexes (checked by the caller), and scalars match the kernel's parameter types.
-        unsafe { b.launch($cfg) }.map(|_| ()).map_err(drv)
+        launch!(@keep $be, $f, $cfg $(, $a)*)
     }};
 }
 
-// After `launch!`, which it uses (macros are in scope textually).
+// After `launch!`, which they use (macros are in scope textually).
+mod graph;
 mod hybrid;
 
 fn cfg1(n: usize, block: u32) -> LaunchConfig {
@@ -372,6 +394,7 @@ impl CudaBackend {
             kv_store: f("kv_store")?,
             attention: f("attention")?,
             att_combine: f("att_combine")?,
+            argmax_rows: f("argmax_rows")?,
         };
         let hybrid = hybrid::HybridKernels::load(&ctx, &arch)?;
         // cuBLAS is optional: without it, batches run through the GEMV 8 rows at a time.
@@ -398,6 +421,11 @@ impl CudaBackend {
                 .filter(|&n| [1, 2, 4, 8].contains(&n)),
             mv_int: std::env::var("NEAGARI_CUDA_MV").as_deref() != Ok("float"),
             gen: AtomicU64::new(0),
+            mode: AtomicU8::new(graph::OFF),
+            launches: AtomicUsize::new(0),
+            epoch: AtomicU64::new(0),
+            step: Mutex::new(graph::Step::default()),
+            graphs_on: AtomicBool::new(std::env::var("NEAGARI_CUDA_GRAPH").as_deref() != Ok("0")),
         })
     }
 
@@ -452,6 +480,7 @@ impl CudaBackend {
     /// An activation buffer, left uninitialised: a memset per buffer would be one more
     /// GPU operation per call, and every op writes its output before anything reads it.
     fn alloc_f32(&self, n: usize) -> Result<CudaSlice<f32>> {
+        self.check_alloc("a device buffer")?;
         // SAFETY: f32 has no invalid bit patterns; the contents are overwritten by the op
         // that produces the buffer before any kernel or `read` consumes it.
         unsafe { self.stream.alloc::<f32>(n.max(1)) }
@@ -460,7 +489,16 @@ impl CudaBackend {
 
     fn reshape(&self, b: &mut CudaBuf, rows: usize, cols: usize) -> Result<()> {
         if b.data.len() < rows * cols {
-            b.data = self.alloc_f32(rows * cols)?;
+            let (data, lent) = self.lend(rows * cols)?;
+            // SAFETY: the old slice is replaced right after and never used again.
+            let old = unsafe { ManuallyDrop::take(&mut b.data) };
+            if b.lent {
+                old.leak();
+            } else {
+                drop(old);
+            }
+            b.data = ManuallyDrop::new(data);
+            b.lent = lent;
         }
         b.rows = rows;
         b.cols = cols;
@@ -539,6 +577,8 @@ impl CudaBackend {
         // The pairs follow the codes, 8-byte aligned (codes are whole 32s).
         let need = codes + rows * units * 8;
         if sc.xq.as_ref().is_none_or(|b| b.len() < need) {
+            self.check_alloc("the q8_1 scratch")?;
+            self.scratch_moved();
             sc.xq = None;
             sc.xq_key = None;
             // SAFETY: u8 has no invalid bit patterns; a q8_1 writer (quant_q8_1, rms_norm_q,
@@ -922,10 +962,12 @@ impl Backend for CudaBackend {
     }
 
     fn buf(&self, rows: usize, cols: usize) -> Result<CudaBuf> {
+        let (data, lent) = self.lend(rows * cols)?;
         Ok(CudaBuf {
-            data: self.alloc_f32(rows * cols)?,
+            data: ManuallyDrop::new(data),
             rows,
             cols,
+            lent,
         })
     }
 
@@ -944,6 +986,11 @@ impl Backend for CudaBackend {
         if host.is_empty() {
             return Ok(());
         }
+        if matches!(self.step_mode(), graph::CAPTURE | graph::REPLAY) {
+            return Err(BackendError::Other(
+                "cuda graph: a host upload inside a recorded decode step".into(),
+            ));
+        }
         self.bump();
         let mut view = dst.data.slice_mut(0..host.len());
         self.stream.memcpy_htod(host, &mut view).map_err(drv)
@@ -959,9 +1006,22 @@ impl Backend for CudaBackend {
         if host.is_empty() {
             return Ok(());
         }
+        self.step_finish()?;
         let view = src.data.slice(row0 * src.cols..(row0 + n) * src.cols);
         self.stream.memcpy_dtoh(&view, host).map_err(drv)?;
         self.synchronize()
+    }
+
+    fn argmax(&self, x: &CudaBuf) -> Result<Vec<u32>> {
+        self.argmax_impl(x)
+    }
+
+    fn step_begin(&self, kv: &CudaKv, token: u32) -> Result<()> {
+        self.step_begin_impl(kv, token)
+    }
+
+    fn step_end(&self) {
+        self.step_end_impl()
     }
 
     fn copy_row(&self, src: &CudaBuf, row: usize, dst: &mut CudaBuf) -> Result<()> {
@@ -969,8 +1029,12 @@ impl Backend for CudaBackend {
             return Err(shape_err("copy_row", format!("row {row} of {}", src.rows)));
         }
         self.reshape(dst, 1, src.cols)?;
-        let view = src.data.slice(row * src.cols..(row + 1) * src.cols);
         self.bump();
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        if self.replaying() {
+            return Ok(());
+        }
+        let view = src.data.slice(row * src.cols..(row + 1) * src.cols);
         let mut d = dst.data.slice_mut(0..src.cols);
         self.stream.memcpy_dtod(&view, &mut d).map_err(drv)
     }
@@ -987,7 +1051,16 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let in_step = self.step_mode() != graph::OFF;
+        if in_step && ids.len() != 1 {
+            return Err(shape_err(
+                "embed",
+                format!("{} ids in a one-token decode step", ids.len()),
+            ));
+        }
         if sc.ids.as_ref().is_none_or(|s| s.len() < ids.len()) {
+            self.check_alloc("the token id scratch")?;
+            self.scratch_moved();
             sc.ids = Some(
                 self.stream
                     .alloc_zeros::<u32>(ids.len().max(512))
@@ -997,8 +1070,11 @@ impl Backend for CudaBackend {
         let Some(idb) = sc.ids.as_mut() else {
             return Err(BackendError::Other("cuda: id scratch missing".into()));
         };
-        let mut view = idb.slice_mut(0..ids.len());
-        self.stream.memcpy_htod(ids, &mut view).map_err(drv)?;
+        // In a decode step `step_begin` uploaded the token.
+        if !in_step {
+            let mut view = idb.slice_mut(0..ids.len());
+            self.stream.memcpy_htod(ids, &mut view).map_err(drv)?;
+        }
         let idp = self.dptr(idb);
         let units = table.cols.div_ceil(32);
         let cfg = LaunchConfig {
@@ -1171,6 +1247,7 @@ impl Backend for CudaBackend {
         let mscale_yarn = 1.0 + 0.1 * (1.0 / rope.freq_scale).ln();
         let xp = self.dptr(&x.data);
         let ffp = freq_factors.map_or(0u64, |v| self.dptr(&v.data));
+        let posp = self.step_posp();
         let n_pairs = x.cols / head_dim * (n_dims / 2);
         // One thread per pair: a block per row looped 8 times over Llama 3 8B's q (6.9 µs).
         let block = n_pairs.clamp(32, 256).div_ceil(32) * 32;
@@ -1203,7 +1280,8 @@ impl Backend for CudaBackend {
             &c0,
             &c1,
             &mscale_yarn,
-            &ffp
+            &ffp,
+            &posp
         )
     }
 
@@ -1237,6 +1315,7 @@ impl Backend for CudaBackend {
             k: alloc()?,
             v: alloc()?,
             rec: None,
+            id: graph::next_kv_id(),
         })
     }
 
@@ -1292,6 +1371,7 @@ impl Backend for CudaBackend {
         }
         let n_ctx = kv.shape.n_ctx;
         let (kc, vc) = self.kv_layer_ptrs(kv, layer);
+        let posp = self.step_posp();
         let (kp, vp) = (self.dptr(&k.data), self.dptr(&v.data));
         let (rows_i, nkv_i, hd_i, nctx_i, pos_i) = (
             rows as i32,
@@ -1312,11 +1392,13 @@ impl Backend for CudaBackend {
             &nkv_i,
             &hd_i,
             &nctx_i,
-            &pos_i
+            &pos_i,
+            &posp
         )?;
         // Split the positions across blocks when there are too few (row, head) blocks to
         // fill the GPU: decode over a long cache.
-        let last = pos0 + rows;
+        // In a decode step: the lowest of the position's class (graph.rs).
+        let last = self.split_last(pos0 + rows);
         let visible = match attn.window {
             Some(w) => last.min(w),
             None => last,
@@ -1336,6 +1418,7 @@ impl Backend for CudaBackend {
             let need = rows * nh * nsplit * (hd + 2);
             if sc.part.as_ref().is_none_or(|s| s.len() < need) {
                 sc.part = Some(self.alloc_f32(need)?);
+                self.scratch_moved();
             }
             sc.part.as_ref().map_or(0, |s| self.dptr(s))
         } else {
@@ -1367,7 +1450,8 @@ impl Backend for CudaBackend {
             &attn.scale,
             &window_i,
             &softcap,
-            &nsplit_i
+            &nsplit_i,
+            &posp
         )?;
         if nsplit > 1 {
             let cfg = LaunchConfig {

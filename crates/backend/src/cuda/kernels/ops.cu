@@ -130,10 +130,12 @@ extern "C" __global__ void to_f16(const float* x, u16* dst, int rows, int cols, 
 
 // RoPE. Grid: (rows, blocks over the (head, pair)s); a thread per pair. theta_scale, c0, c1 and mscale_yarn come
 // from the host so they round exactly as the CPU's.
+// `posp`, when set, holds the position instead of pos0 (a replayed CUDA graph's step).
 extern "C" __global__ void rope(float* x, int cols, int head_dim, int dims, int pos0, int neox,
                                 float theta_scale, float freq_scale, float ext_factor,
                                 float attn_factor, float c0, float c1, float mscale_yarn,
-                                const float* ff) {
+                                const float* ff, const int* posp) {
+    if (posp) pos0 = *posp;
     const int r = blockIdx.x;
     const int half = dims / 2;
     const int n_heads = cols / head_dim;
@@ -165,7 +167,8 @@ extern "C" __global__ void rope(float* x, int cols, int head_dim, int dims, int 
 // Store k, v ([rows, nkv·hd] f32) as f16 at positions pos0.. of one layer's cache
 // ([nkv, n_ctx, hd] each).
 extern "C" __global__ void kv_store(const float* k, const float* v, u16* kc, u16* vc, int rows,
-                                    int nkv, int hd, int n_ctx, int pos0) {
+                                    int nkv, int hd, int n_ctx, int pos0, const int* posp) {
+    if (posp) pos0 = *posp;
     const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     const i64 n = (i64)rows * nkv * hd;
     if (t >= n) return;
@@ -187,7 +190,8 @@ extern "C" __global__ void kv_store(const float* k, const float* v, u16* kc, u16
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention(const float* q, const u16* kc, const u16* vc, float* out, float* part, int nh,
               int nkv, int hd, int n_ctx, int pos0, float scale, int window, float softcap,
-              int nsplit) {
+              int nsplit, const int* posp) {
+    if (posp) pos0 = *posp;
     const int h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kh = h / (nh / nkv);
@@ -284,5 +288,49 @@ extern "C" __global__ void att_combine(const float* part, float* out, int nh, in
             if (ms != NEG_INF) a += pp[s * (hd + 2) + 2 + d] * expf(ms - M);
         }
         out[(i64)r * nh * hd + (i64)h * hd + d] = a / L;
+    }
+}
+
+// Greedy pick of each row: the highest value, the lowest index among equals, NaN ignored
+// (-1 while none is seen; a row of NaNs gives 0). Grid: rows; 1,024 threads.
+__device__ __forceinline__ void amax_merge(float& v, int& i, float v2, int i2) {
+    if (i2 < 0) return;
+    if (i < 0 || v2 > v || (v2 == v && i2 < i)) {
+        v = v2;
+        i = i2;
+    }
+}
+
+extern "C" __global__ void argmax_rows(const float* x, int cols, unsigned* out) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float* row = x + (i64)blockIdx.x * cols;
+    float v = 0.0f;
+    int i = -1;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        const float y = row[c];
+        if (!isnan(y)) amax_merge(v, i, y, c);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v2 = __shfl_down_sync(0xffffffffu, v, o);
+        const int i2 = __shfl_down_sync(0xffffffffu, i, o);
+        amax_merge(v, i, v2, i2);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        sv[warp] = v;
+        si[warp] = i;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const int nw = blockDim.x >> 5;
+        v = lane < nw ? sv[lane] : 0.0f;
+        i = lane < nw ? si[lane] : -1;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float v2 = __shfl_down_sync(0xffffffffu, v, o);
+            const int i2 = __shfl_down_sync(0xffffffffu, i, o);
+            amax_merge(v, i, v2, i2);
+        }
+        if (lane == 0) out[blockIdx.x] = i < 0 ? 0u : (unsigned)i;
     }
 }

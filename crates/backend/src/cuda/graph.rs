@@ -1,0 +1,344 @@
+//! CUDA graph replay of the one-token decode step, and the greedy argmax on the device.
+//!
+//! The engine brackets a decode step with `Backend::step_begin` / `step_end`. Inside it the
+//! backend runs in one of three modes:
+//! - `Warm`: ops run as usual, but the step's activation buffers come from an arena (the
+//!   i-th buffer the step asks for is always arena slot i, so it has the same address every
+//!   step), the token id and the position are uploaded at `step_begin` into device memory
+//!   that `embed`, `rope`, `kv_store` and `attention` read, and scratch that must grow grows.
+//! - `Capture`: the next step with the same key is recorded by stream capture; the graph is
+//!   instantiated and launched when the model reads its result (`read` or `argmax`).
+//! - `Replay`: later steps with that key skip every launch and copy (only the host-side
+//!   shape bookkeeping runs) and launch the graph at the read.
+//!
+//! The key is (the KV cache's id, the attention split class of the position, the scratch
+//! epoch). Attention splits the visible positions into a number of blocks that depends on
+//! the position; in a step it is computed from the lowest position of the 64-position class
+//! instead, so it is constant across the class (the kernel divides the actual positions,
+//! read from device memory, among that many blocks). A new class, a new cache or grown
+//! scratch (the epoch) makes a new key: one warm step, one capture, then replays.
+//! Models with recurrent state (`rec_alloc`) run without graphs (their MoE routing reads
+//! back in the middle of a step). `NEAGARI_CUDA_GRAPH=0` turns graphs off.
+
+use std::mem::ManuallyDrop;
+use std::sync::atomic::Ordering;
+
+use cudarc::driver::{CudaGraph, CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::{drv, CudaBackend, CudaBuf, CudaKv};
+use crate::{BackendError, Result};
+
+/// Positions per attention split class (the split count changes at multiples of 64).
+pub(super) const POS_CLASS: usize = 64;
+
+/// `CudaBackend::mode` values.
+pub(super) const OFF: u8 = 0;
+pub(super) const WARM: u8 = 1;
+pub(super) const CAPTURE: u8 = 2;
+pub(super) const REPLAY: u8 = 3;
+
+/// A new cache's `CudaKv::id`.
+pub(super) fn next_kv_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// (KV cache id, position class, scratch epoch).
+type Key = (u64, usize, u64);
+
+/// A recorded step. cudarc's graph holds raw driver handles and is not `Send`.
+pub(super) struct Recorded(CudaGraph);
+
+// SAFETY: the graph is only touched under the backend's step mutex, so calls on it are
+// serialized (what CUDA requires of graph objects); the driver handles are valid on any
+// thread bound to the context, which cudarc binds before each call.
+unsafe impl Send for Recorded {}
+
+/// Decode-step state of the backend (see the module docs).
+#[derive(Default)]
+pub(super) struct Step {
+    key: Option<Key>,
+    /// Key of the last warm step that reached its read: the next step with it captures.
+    warm: Option<Key>,
+    /// The recorded step, its key and how many launches it holds.
+    graph: Option<(Key, Recorded, usize)>,
+    /// Arena slots lent in step order; `next` is the next slot to lend.
+    arena: Vec<CudaSlice<f32>>,
+    next: usize,
+    /// Slots replaced by larger ones: kept (not freed) while the backend lives, since a
+    /// buffer lent from them may still be alive.
+    retired: Vec<CudaSlice<f32>>,
+    /// `[pos]`: the step's position, read by rope / kv_store / attention.
+    pos: Option<CudaSlice<i32>>,
+    /// The read of this step happened (a warm step may then be captured next time).
+    finished: bool,
+    /// Graphs captured and replayed (for tests and measurements).
+    pub(super) captures: u64,
+    pub(super) replays: u64,
+}
+
+impl Drop for CudaBuf {
+    fn drop(&mut self) {
+        // SAFETY: `data` is not used after this point (we are in drop).
+        let s = unsafe { ManuallyDrop::take(&mut self.data) };
+        if self.lent {
+            // An arena slot's alias: the arena owns (and frees) the memory.
+            s.leak();
+        }
+    }
+}
+
+impl CudaBackend {
+    pub(super) fn step_mode(&self) -> u8 {
+        self.mode.load(Ordering::Relaxed)
+    }
+
+    /// Whether launches and copies are skipped (a replayed step).
+    pub(super) fn replaying(&self) -> bool {
+        self.step_mode() == REPLAY
+    }
+
+    /// Allocation is not allowed while a step is captured or replayed: it would change
+    /// addresses the graph holds (or be recorded into it).
+    pub(super) fn check_alloc(&self, what: &str) -> Result<()> {
+        match self.step_mode() {
+            CAPTURE | REPLAY => Err(BackendError::Other(format!(
+                "cuda graph: {what} would allocate inside a recorded decode step"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Scratch at a new address: recorded graphs that use the old one are stale.
+    pub(super) fn scratch_moved(&self) {
+        self.epoch.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Device address of the step's position when a step is on, else 0 (kernels then take
+    /// the position argument).
+    pub(super) fn step_posp(&self) -> u64 {
+        if self.step_mode() == OFF {
+            return 0;
+        }
+        let st = self.step.lock().unwrap_or_else(|e| e.into_inner());
+        st.pos.as_ref().map_or(0, |p| self.dptr(p))
+    }
+
+    /// The last position attention's split count is computed from: the lowest of the
+    /// position's class during a step, so the graph's launch shapes hold across the class.
+    pub(super) fn split_last(&self, last: usize) -> usize {
+        if self.step_mode() == OFF {
+            last
+        } else {
+            (last / POS_CLASS * POS_CLASS).max(1)
+        }
+    }
+
+    /// An activation buffer of `n` values: from the arena during a step, else allocated.
+    pub(super) fn lend(&self, n: usize) -> Result<(CudaSlice<f32>, bool)> {
+        if self.step_mode() == OFF {
+            return Ok((self.alloc_f32(n)?, false));
+        }
+        let mut st = self.step.lock().unwrap_or_else(|e| e.into_inner());
+        let i = st.next;
+        st.next += 1;
+        if st.arena.get(i).is_none_or(|s| s.len() < n) {
+            self.check_alloc("an activation buffer")?;
+            let s = self.alloc_f32(n)?;
+            if i < st.arena.len() {
+                let old = std::mem::replace(&mut st.arena[i], s);
+                st.retired.push(old);
+            } else {
+                st.arena.push(s);
+            }
+            self.scratch_moved();
+        }
+        let slot = &st.arena[i];
+        let (ptr, len) = (self.dptr(slot), slot.len());
+        // SAFETY: `ptr` is a live allocation of `len` f32 owned by the arena, which never
+        // frees it while the backend lives (replaced slots are retired, not freed); the
+        // alias is leaked, not freed, when its `CudaBuf` drops.
+        let alias = unsafe { self.stream.upgrade_device_ptr::<f32>(ptr, len) };
+        Ok((alias, true))
+    }
+
+    pub(super) fn step_begin_impl(&self, kv: &CudaKv, token: u32) -> Result<()> {
+        self.step_end_impl();
+        if !self.graphs_on.load(Ordering::Relaxed) || kv.rec.is_some() {
+            return Ok(());
+        }
+        let pos = kv.len;
+        let mut st = self.step.lock().unwrap_or_else(|e| e.into_inner());
+        if st.pos.is_none() {
+            st.pos = Some(self.stream.alloc_zeros::<i32>(1).map_err(drv)?);
+        }
+        {
+            let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            if sc.ids.is_none() {
+                sc.ids = Some(self.stream.alloc_zeros::<u32>(512).map_err(drv)?);
+                self.scratch_moved();
+            }
+            if let Some(ids) = sc.ids.as_mut() {
+                let mut v = ids.slice_mut(0..1);
+                self.stream.memcpy_htod(&[token][..], &mut v).map_err(drv)?;
+            }
+        }
+        if let Some(p) = st.pos.as_mut() {
+            self.stream.memcpy_htod(&[pos as i32][..], p).map_err(drv)?;
+        }
+        let key = (
+            kv.id,
+            (pos + 1) / POS_CLASS,
+            self.epoch.load(Ordering::Relaxed),
+        );
+        st.key = Some(key);
+        st.next = 0;
+        st.finished = false;
+        self.launches.store(0, Ordering::Relaxed);
+        let mode = if st.graph.as_ref().is_some_and(|g| g.0 == key) {
+            REPLAY
+        } else if st.warm == Some(key) {
+            st.graph = None;
+            self.stream
+                .begin_capture(
+                    cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+                )
+                .map_err(drv)?;
+            CAPTURE
+        } else {
+            WARM
+        };
+        self.mode.store(mode, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The model reads its result: a captured step is instantiated and launched, a replayed
+    /// one launched; the rest of the step (if any) runs as usual.
+    pub(super) fn step_finish(&self) -> Result<()> {
+        let mode = self.step_mode();
+        if mode == OFF {
+            return Ok(());
+        }
+        self.mode.store(OFF, Ordering::Relaxed);
+        let mut st = self.step.lock().unwrap_or_else(|e| e.into_inner());
+        st.finished = true;
+        let n = self.launches.load(Ordering::Relaxed);
+        match mode {
+            CAPTURE => {
+                let g = match self
+                    .stream
+                    .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+                {
+                    Ok(Some(g)) => g,
+                    failed => {
+                        // This step's work is lost; later steps run without graphs.
+                        st.warm = None;
+                        self.graphs_on.store(false, Ordering::Relaxed);
+                        return Err(BackendError::Other(format!(
+                            "cuda graph: capture failed ({:?}); graphs are off from now on",
+                            failed.err()
+                        )));
+                    }
+                };
+                g.launch().map_err(drv)?;
+                st.captures += 1;
+                if let Some(key) = st.key {
+                    st.graph = Some((key, Recorded(g), n));
+                }
+            }
+            REPLAY => {
+                let recorded = st.graph.as_ref().map(|g| g.2);
+                if recorded != Some(n) {
+                    st.graph = None;
+                    return Err(BackendError::Other(format!(
+                        "cuda graph: the step made {n} launches, the recording {recorded:?}"
+                    )));
+                }
+                if let Some((_, g, _)) = st.graph.as_ref() {
+                    g.0.launch().map_err(drv)?;
+                }
+                st.replays += 1;
+            }
+            _ => {}
+        }
+        // What the q8_1 scratch holds is no longer tied to this step's launches.
+        self.scratch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .xq_key = None;
+        Ok(())
+    }
+
+    pub(super) fn step_end_impl(&self) {
+        let mode = self.mode.swap(OFF, Ordering::Relaxed);
+        let mut st = self.step.lock().unwrap_or_else(|e| e.into_inner());
+        if mode == CAPTURE {
+            // The step failed before its read: drop the partial recording.
+            let _ = self
+                .stream
+                .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+            st.warm = None;
+        }
+        if st.finished && st.graph.as_ref().map(|g| g.0) != st.key {
+            // A warm step: the next one with the same key (same epoch: nothing grew) captures.
+            st.warm = st.key.filter(|k| k.2 == self.epoch.load(Ordering::Relaxed));
+        }
+        if mode == REPLAY && !st.finished {
+            st.graph = None;
+        }
+        st.key = None;
+        st.finished = false;
+    }
+
+    /// Turns decode-step graphs on or off (on unless NEAGARI_CUDA_GRAPH=0); takes effect
+    /// at the next `step_begin`.
+    pub fn set_graphs(&self, on: bool) {
+        self.graphs_on.store(on, Ordering::Relaxed);
+    }
+
+    /// (graphs captured, steps replayed) so far.
+    pub fn graph_stats(&self) -> (u64, u64) {
+        let st = self.step.lock().unwrap_or_else(|e| e.into_inner());
+        (st.captures, st.replays)
+    }
+
+    /// Greedy pick of each row on the device (`argmax_rows`); only the ids come back.
+    pub(super) fn argmax_impl(&self, x: &CudaBuf) -> Result<Vec<u32>> {
+        if x.rows == 0 {
+            return Ok(Vec::new());
+        }
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if sc.amax.as_ref().is_none_or(|s| s.len() < x.rows) {
+            self.check_alloc("argmax")?;
+            sc.amax = Some(
+                self.stream
+                    .alloc_zeros::<u32>(x.rows.max(64))
+                    .map_err(drv)?,
+            );
+            self.scratch_moved();
+        }
+        let Some(out) = sc.amax.as_ref() else {
+            return Err(BackendError::Other("cuda: argmax scratch missing".into()));
+        };
+        let (xp, op) = (self.dptr(&x.data), self.dptr(out));
+        let cols_i = x.cols as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (x.rows as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(self, &self.ops.argmax_rows, cfg, &xp, &cols_i, &op)?;
+        drop(sc);
+        self.step_finish()?;
+        let sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(out) = sc.amax.as_ref() else {
+            return Err(BackendError::Other("cuda: argmax scratch missing".into()));
+        };
+        let mut ids = vec![0u32; x.rows];
+        self.stream
+            .memcpy_dtoh(&out.slice(0..x.rows), &mut ids)
+            .map_err(drv)?;
+        self.synchronize()?;
+        Ok(ids)
+    }
+}
