@@ -4,7 +4,7 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(super) mod avx512;
 
 use super::kernels::{ActFormat, CpuFeatures, MatKernel};
 use super::tiles::{check, scalar_gemm};
