@@ -458,10 +458,14 @@ fn lowbit_matmul_and_embed() {
                 let xb = upload(&g, &x, n, cols);
                 let mut out = g.buf(1, 1).expect("buf");
                 g.matmul(&m, &xb, &mut out).expect("matmul");
-                let tol = if n <= 8 || !g.has_cublas() {
-                    1e-5
-                } else {
+                let tol = if n > 8 && g.has_cublas() {
                     3e-3
+                } else if ty != GgmlType::Q2_0 {
+                    // Q1_0 / TQ2_0 take the integer GEMV: q8_1 activations, the CPU's error
+                    // class (cuda_ops.rs holds it to the same 1.2e-2 floor).
+                    1.2e-2
+                } else {
+                    1e-5
                 };
                 check(
                     &format!("{ty} {rows}x{cols}, {n} rows"),
