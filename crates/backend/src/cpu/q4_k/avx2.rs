@@ -18,7 +18,9 @@
 //! fuse each scale `madd` with its `add`; `vpdpbusd` does not fit, as the scales apply to
 //! 32-weight sums.)
 
-use crate::cpu::q8_k::avx2::{hsum_epi32, load256, load_f16x2, Micro};
+use crate::cpu::q8_k::avx2::{
+    hsum8_epi32, hsum_epi32, load256, load_f16x2, pair_sums8_epi32, Micro,
+};
 use std::arch::x86_64::*;
 
 pub(crate) struct Q4K;
@@ -164,6 +166,84 @@ impl Q4K {
     }
 }
 
+impl Q4K {
+    /// The `CHUNKED` order of [`Q4K::body`], bit-identical to it, with the per-output work
+    /// done across rows: per 64-weight chunk the eight rows' integer sums come out of one
+    /// transpose-reduce as one vector (lane i = row i), and the f32 steps
+    /// (`d · d_a`, `fma(Σ, d·d_a, acc)`, the mins chain, `acc − acc_min`) run lane-wise, each
+    /// lane doing exactly the scalar operations of its output in the same order.
+    ///
+    /// # Safety
+    /// As `Micro::tile`, with `NA ≤ 8`.
+    #[inline(always)]
+    unsafe fn body_gemm<const NA: usize>(
+        w: *const u8,
+        a: *const u8,
+        arb: usize,
+        nb: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        const { assert!(NA <= 8) };
+        let m4 = _mm256_set1_epi8(0x0f);
+        let ctrl = scale_selectors();
+        // Lane i: output i's accumulators (lanes ≥ NA stay unused).
+        let mut acc = _mm256_setzero_ps();
+        let mut acc_min = _mm256_setzero_ps();
+        for b in 0..nb {
+            // SAFETY (whole block): the weight row and activation rows i < NA are nb blocks
+            // long (trait contract), so every offset below is inside block b of its row.
+            unsafe {
+                let wb = w.add(b * Self::BYTES);
+                let ab: [*const u8; NA] = std::array::from_fn(|i| a.add(i * arb + b * 292));
+                let p = prep(wb);
+                let mut da = [0f32; 8];
+                for i in 0..NA {
+                    da[i] = (ab[i] as *const f32).read_unaligned();
+                }
+                let da = _mm256_loadu_ps(da.as_ptr());
+                let dd = _mm256_mul_ps(p.d, da);
+                let dm = _mm256_mul_ps(p.dmin, da);
+                // Row i, lane j: m_j · (bsum_2j + bsum_2j+1); mc[c] lane i: chunk c's mins
+                // term of row i.
+                let mut mins = [_mm256_setzero_si256(); 8];
+                for i in 0..NA {
+                    mins[i] = _mm256_madd_epi16(load256(ab[i].add(260)), p.mins);
+                }
+                let mc = pair_sums8_epi32(mins);
+                for c in 0..4 {
+                    let qv = load256(wb.add(16 + 32 * c));
+                    let lo = _mm256_and_si256(qv, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4);
+                    let slo = _mm256_shuffle_epi8(p.sc16, ctrl[2 * c]);
+                    let shi = _mm256_shuffle_epi8(p.sc16, ctrl[2 * c + 1]);
+                    let mut s = [_mm256_setzero_si256(); 8];
+                    for i in 0..NA {
+                        let pl = _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(lo, load256(ab[i].add(4 + 64 * c))),
+                            slo,
+                        );
+                        let ph = _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(hi, load256(ab[i].add(36 + 64 * c))),
+                            shi,
+                        );
+                        s[i] = _mm256_add_epi32(pl, ph);
+                    }
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8_epi32(s)), dd, acc);
+                    acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mc[c]), dm, acc_min);
+                }
+            }
+        }
+        let mut r = [0f32; 8];
+        // SAFETY: r holds 8 floats.
+        unsafe { _mm256_storeu_ps(r.as_mut_ptr(), _mm256_sub_ps(acc, acc_min)) };
+        for (i, v) in r.iter().take(NA).enumerate() {
+            // SAFETY: output cell i is inside the tile (trait contract).
+            unsafe { *out.add(i * stride) = *v };
+        }
+    }
+}
+
 impl Micro for Q4K {
     const BYTES: usize = 144;
 
@@ -194,6 +274,90 @@ impl Micro for Q4K {
         stride: usize,
     ) {
         // SAFETY: forwarded contract.
-        unsafe { Self::body::<NA, true>(w, a, arb, nb, out, stride) }
+        unsafe { Self::body_gemm::<NA>(w, a, arb, nb, out, stride) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Q4K;
+    use crate::cpu::q8_k::avx2::testdata;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    /// Rows `0..na` through the tile of `NA = na` rows: the fast GEMM-order body, or the
+    /// one-output-at-a-time one it must match bit for bit.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available; `w` one row of `nb` blocks, `a` `na` rows,
+    /// `out[i * stride]` valid for `i < na`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn run(
+        fast: bool,
+        w: &[u8],
+        a: &[u8],
+        na: usize,
+        nb: usize,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        let (w, a, o, arb) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr(), nb * 292);
+        macro_rules! go {
+            ($n:literal) => {
+                if fast {
+                    Q4K::body_gemm::<$n>(w, a, arb, nb, o, stride)
+                } else {
+                    Q4K::body::<$n, true>(w, a, arb, nb, o, stride)
+                }
+            };
+        }
+        // SAFETY: forwarded contract.
+        unsafe {
+            match na {
+                1 => go!(1),
+                2 => go!(2),
+                3 => go!(3),
+                4 => go!(4),
+                5 => go!(5),
+                6 => go!(6),
+                7 => go!(7),
+                _ => go!(8),
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_order_lanes_match_one_output_at_a_time() {
+        if !(is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"))
+        {
+            eprintln!("skipped: no AVX2/FMA/F16C");
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(0x4b4b);
+        for nb in [1, 2, 3, 7, 11] {
+            for na in 1..=8 {
+                let w = testdata::weights(144, &[0, 2], nb, 1, &mut rng);
+                let a = testdata::acts(nb, na, &mut rng);
+                let stride = 3;
+                let (mut want, mut got) = (vec![0f32; na * stride], vec![0f32; na * stride]);
+                // SAFETY: features detected above; buffers sized for nb blocks, na rows.
+                unsafe {
+                    run(false, &w, &a, na, nb, &mut want, stride);
+                    run(true, &w, &a, na, nb, &mut got, stride);
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "nb {nb} na {na}: {got:?} vs {want:?}"
+                );
+                assert!(
+                    want.iter().step_by(stride).all(|x| *x != 0.0),
+                    "nb {nb} na {na}"
+                );
+            }
+        }
     }
 }

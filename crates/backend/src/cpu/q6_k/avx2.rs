@@ -12,10 +12,20 @@
 //! crate's `q6_k::dot` in tests/kernels_k.rs.
 
 use crate::cpu::q4_k::avx2::scale_selectors;
-use crate::cpu::q8_k::avx2::{hsum_epi32, hsum_ps, load256, load_f16, Micro};
+use crate::cpu::q8_k::avx2::{hsum8_epi32, hsum_epi32, hsum_ps, load256, load_f16, Micro};
 use std::arch::x86_64::*;
 
 pub(crate) struct Q6K;
+
+/// `Q6K::body` orders: `ggml_vec_dot_q6_K_q8_K`'s.
+const VEC_DOT: u8 = 0;
+/// llama.cpp's tiled matmul order, one output at a time (the oracle of `TILED_LANES`).
+#[cfg_attr(not(test), allow(dead_code))]
+const TILED: u8 = 1;
+/// The same order with the rows in vector lanes: one transpose-reduce gives the eight
+/// rows' block sums, and each lane runs its output's scalar steps (`s · d`, then
+/// `fma(·, d_a, acc)`), so the results are bit-identical to `TILED`.
+const TILED_LANES: u8 = 2;
 
 impl Micro for Q6K {
     const BYTES: usize = 210;
@@ -39,7 +49,7 @@ impl Micro for Q6K {
         stride: usize,
     ) {
         // SAFETY: forwarded contract.
-        unsafe { Self::body::<NA, false>(w, a, arb, nb, out, stride) }
+        unsafe { Self::body::<NA, VEC_DOT>(w, a, arb, nb, out, stride) }
     }
 
     #[inline(always)]
@@ -52,20 +62,20 @@ impl Micro for Q6K {
         stride: usize,
     ) {
         // SAFETY: forwarded contract.
-        unsafe { Self::body::<NA, true>(w, a, arb, nb, out, stride) }
+        unsafe { Self::body::<NA, TILED_LANES>(w, a, arb, nb, out, stride) }
     }
 }
 
 impl Q6K {
-    /// The tile body. `TILED`: llama.cpp's tiled matmul order (per block the whole integer
-    /// sum `s`, then `acc = fma(s · d, d_a, acc)`; GCC contracts its `acc + (s·d)·d_a`);
-    /// otherwise `ggml_vec_dot_q6_K_q8_K`'s (8 lanes of `fma(d·d_a, lane, acc)`, then a
-    /// horizontal sum).
+    /// The tile body. `TILED` / `TILED_LANES`: llama.cpp's tiled matmul order (per block
+    /// the whole integer sum `s`, then `acc = fma(s · d, d_a, acc)`; GCC contracts its
+    /// `acc + (s·d)·d_a`); `VEC_DOT`: `ggml_vec_dot_q6_K_q8_K`'s (8 lanes of
+    /// `fma(d·d_a, lane, acc)`, then a horizontal sum). `TILED_LANES` needs `NA ≤ 8`.
     ///
     /// # Safety
     /// As `Micro::tile`.
     #[inline(always)]
-    unsafe fn body<const NA: usize, const TILED: bool>(
+    unsafe fn body<const NA: usize, const MODE: u8>(
         w: *const u8,
         a: *const u8,
         arb: usize,
@@ -82,6 +92,9 @@ impl Q6K {
         let evens_odds = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
         let ctrl = scale_selectors();
         let mut acc = [_mm256_setzero_ps(); NA];
+        // TILED_LANES: lane i is output i's accumulator.
+        let mut acc8 = _mm256_setzero_ps();
+        const { assert!(MODE != TILED_LANES || NA <= 8) };
         for b in 0..nb {
             // SAFETY (whole block): the weight row and activation rows i < NA are nb blocks
             // long (trait contract), so every offset below is inside block b of its row.
@@ -126,11 +139,25 @@ impl Q6K {
                         }
                     }
                 }
+                if MODE == TILED_LANES {
+                    let mut s = [_mm256_setzero_si256(); 8];
+                    let mut da = [0f32; 8];
+                    for i in 0..NA {
+                        da[i] = (ab[i] as *const f32).read_unaligned();
+                        s[i] = _mm256_sub_epi32(
+                            sumi[i],
+                            _mm256_madd_epi16(load256(ab[i].add(260)), sc32),
+                        );
+                    }
+                    let r = _mm256_mul_ps(_mm256_cvtepi32_ps(hsum8_epi32(s)), _mm256_set1_ps(d));
+                    acc8 = _mm256_fmadd_ps(r, _mm256_loadu_ps(da.as_ptr()), acc8);
+                    continue;
+                }
                 for i in 0..NA {
                     let da = (ab[i] as *const f32).read_unaligned();
                     let s =
                         _mm256_sub_epi32(sumi[i], _mm256_madd_epi16(load256(ab[i].add(260)), sc32));
-                    if TILED {
+                    if MODE == TILED {
                         let r = hsum_epi32(s) as f32 * d;
                         acc1[i] = r.mul_add(da, acc1[i]);
                     } else {
@@ -140,10 +167,104 @@ impl Q6K {
                 }
             }
         }
+        if MODE == TILED_LANES {
+            let mut r = [0f32; 8];
+            // SAFETY: r holds 8 floats.
+            unsafe { _mm256_storeu_ps(r.as_mut_ptr(), acc8) };
+            acc1.copy_from_slice(&r[..NA]);
+        }
         for (i, v) in acc.iter().enumerate() {
-            let o = if TILED { acc1[i] } else { hsum_ps(*v) };
+            let o = if MODE == VEC_DOT {
+                hsum_ps(*v)
+            } else {
+                acc1[i]
+            };
             // SAFETY: output cell i is inside the tile (trait contract).
             unsafe { *out.add(i * stride) = o };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Q6K, TILED, TILED_LANES};
+    use crate::cpu::q8_k::avx2::testdata;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    /// Rows `0..na` through the tile of `NA = na` rows in the tiled order: lane-wise or
+    /// one output at a time (the oracle).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available; `w` one row of `nb` blocks, `a` `na` rows,
+    /// `out[i * stride]` valid for `i < na`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn run(
+        fast: bool,
+        w: &[u8],
+        a: &[u8],
+        na: usize,
+        nb: usize,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        let (w, a, o, arb) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr(), nb * 292);
+        macro_rules! go {
+            ($n:literal) => {
+                if fast {
+                    Q6K::body::<$n, TILED_LANES>(w, a, arb, nb, o, stride)
+                } else {
+                    Q6K::body::<$n, TILED>(w, a, arb, nb, o, stride)
+                }
+            };
+        }
+        // SAFETY: forwarded contract.
+        unsafe {
+            match na {
+                1 => go!(1),
+                2 => go!(2),
+                3 => go!(3),
+                4 => go!(4),
+                5 => go!(5),
+                6 => go!(6),
+                7 => go!(7),
+                _ => go!(8),
+            }
+        }
+    }
+
+    #[test]
+    fn tiled_order_lanes_match_one_output_at_a_time() {
+        if !(is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"))
+        {
+            eprintln!("skipped: no AVX2/FMA/F16C");
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(0x6b6b);
+        for nb in [1, 2, 3, 7, 11] {
+            for na in 1..=8 {
+                let w = testdata::weights(210, &[208], nb, 1, &mut rng);
+                let a = testdata::acts(nb, na, &mut rng);
+                let stride = 3;
+                let (mut want, mut got) = (vec![0f32; na * stride], vec![0f32; na * stride]);
+                // SAFETY: features detected above; buffers sized for nb blocks, na rows.
+                unsafe {
+                    run(false, &w, &a, na, nb, &mut want, stride);
+                    run(true, &w, &a, na, nb, &mut got, stride);
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "nb {nb} na {na}: {got:?} vs {want:?}"
+                );
+                assert!(
+                    want.iter().step_by(stride).all(|x| *x != 0.0),
+                    "nb {nb} na {na}"
+                );
+            }
         }
     }
 }

@@ -33,6 +33,48 @@ pub(crate) fn hsum_epi32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
+/// Lane `i`: the sum of the 8 i32 lanes of `v[i]`, exact like [`hsum_epi32`]. One
+/// transpose-reduce (6 `hadd`, 2 lane permutes, 1 add) for eight rows instead of eight
+/// horizontal sums: the integer sums are the same whatever the order of the additions.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn hsum8_epi32(v: [__m256i; 8]) -> __m256i {
+    // h01: [v0 0+1, v0 2+3, v1 0+1, v1 2+3 | the same for lanes 4..8].
+    let h01 = _mm256_hadd_epi32(v[0], v[1]);
+    let h23 = _mm256_hadd_epi32(v[2], v[3]);
+    let h45 = _mm256_hadd_epi32(v[4], v[5]);
+    let h67 = _mm256_hadd_epi32(v[6], v[7]);
+    // x: [v0..v3 lanes 0..4 | v0..v3 lanes 4..8]; y the same for v4..v7.
+    let x = _mm256_hadd_epi32(h01, h23);
+    let y = _mm256_hadd_epi32(h45, h67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(x, y),
+        _mm256_permute2x128_si256::<0x31>(x, y),
+    )
+}
+
+/// Lane `i` of result `c`: `v[i][2c] + v[i][2c + 1]` (the four pair sums of eight rows,
+/// transposed so that each result holds one pair of every row).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn pair_sums8_epi32(v: [__m256i; 8]) -> [__m256i; 4] {
+    // After hadd + the 0,2,1,3 dword shuffle, as i64 lanes: [rows 2r,2r+1 of pair 0, of
+    // pair 1 | of pair 2, of pair 3].
+    let p: [__m256i; 4] = std::array::from_fn(|r| {
+        _mm256_shuffle_epi32::<0b11_01_10_00>(_mm256_hadd_epi32(v[2 * r], v[2 * r + 1]))
+    });
+    let e01 = _mm256_unpacklo_epi64(p[0], p[1]); // [pair 0 rows 0..4 | pair 2 rows 0..4]
+    let o01 = _mm256_unpackhi_epi64(p[0], p[1]); // [pair 1 | pair 3]
+    let e23 = _mm256_unpacklo_epi64(p[2], p[3]);
+    let o23 = _mm256_unpackhi_epi64(p[2], p[3]);
+    [
+        _mm256_permute2x128_si256::<0x20>(e01, e23),
+        _mm256_permute2x128_si256::<0x20>(o01, o23),
+        _mm256_permute2x128_si256::<0x31>(e01, e23),
+        _mm256_permute2x128_si256::<0x31>(o01, o23),
+    ]
+}
+
 /// Two little-endian f16 at `p` as f32 `[p[0..2], p[2..4]]` in lanes 0 and 1.
 ///
 /// # Safety
@@ -345,4 +387,48 @@ unsafe fn round8(x: *const f32, s: __m256, cap: __m256i) -> __m256i {
     // SAFETY: the caller guarantees 8 readable floats.
     let v = unsafe { _mm256_loadu_ps(x) };
     _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v, s)), cap)
+}
+
+/// Random operands for the micro-kernel bit-identity tests.
+#[cfg(test)]
+pub(crate) mod testdata {
+    use rand::rngs::StdRng;
+    use rand::Rng;
+
+    /// `na` Q8_K rows of `nb` blocks: `d` of either sign, `qs` in −127..=127 as the
+    /// quantizer writes them, and matching `bsums`.
+    pub(crate) fn acts(nb: usize, na: usize, rng: &mut StdRng) -> Vec<u8> {
+        let mut out = Vec::with_capacity(na * nb * 292);
+        for _ in 0..na * nb {
+            let d: f32 = rng.gen_range(1e-3f32..1.0) * if rng.gen_bool(0.5) { 1.0 } else { -1.0 };
+            out.extend_from_slice(&d.to_le_bytes());
+            let qs: Vec<i8> = (0..256).map(|_| rng.gen_range(-127i8..=127)).collect();
+            out.extend(qs.iter().map(|&q| q as u8));
+            for g in qs.chunks(16) {
+                let s: i16 = g.iter().map(|&q| q as i16).sum();
+                out.extend_from_slice(&s.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// `nw` weight rows of `nb` blocks of `bytes` random bytes, with the f16 fields at
+    /// `f16_at` (block offsets) set to finite normal values of either sign.
+    pub(crate) fn weights(
+        bytes: usize,
+        f16_at: &[usize],
+        nb: usize,
+        nw: usize,
+        rng: &mut StdRng,
+    ) -> Vec<u8> {
+        let mut w: Vec<u8> = (0..bytes * nb * nw).map(|_| rng.gen()).collect();
+        for blk in w.chunks_mut(bytes) {
+            for &o in f16_at {
+                let bits: u16 =
+                    rng.gen_range(0x1400u16..0x4400) | if rng.gen_bool(0.5) { 0x8000 } else { 0 };
+                blk[o..o + 2].copy_from_slice(&bits.to_le_bytes());
+            }
+        }
+        w
+    }
 }
