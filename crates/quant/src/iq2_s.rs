@@ -8,7 +8,7 @@
 //! Dotted with Q8_K activations. Tested against gguf-py (dequantize) and ggml
 //! (`ggml_vec_dot_iq2_s_q8_K_generic`) through tests/fixtures.
 
-use crate::float::f16_to_f32;
+use crate::iq_common::{self, nibble, signed8, ScaledGrid};
 use crate::iq_grids::IQ2S_GRID;
 use crate::k_common::QK_K;
 use crate::q8_k::BlockQ8_K;
@@ -30,60 +30,33 @@ const _: () = assert!(std::mem::size_of::<BlockIQ2_S>() == 82);
 fn eight(b: &BlockIQ2_S, e: usize) -> [i32; 8] {
     let (ib, l) = (e / 4, e % 4);
     let idx = b.qs[e] as usize | (((b.qh[ib] as usize) << (8 - 2 * l)) & 0x300);
-    let grid = IQ2S_GRID[idx].to_le_bytes();
-    let signs = b.qs[32 + e];
-    std::array::from_fn(|j| {
-        let g = grid[j] as i32;
-        if signs & (1 << j) != 0 {
-            -g
-        } else {
-            g
-        }
-    })
+    signed8(IQ2S_GRID[idx].to_le_bytes(), b.qs[32 + e])
 }
 
-#[inline]
-fn scale(b: &BlockIQ2_S, ib: usize, h: usize) -> u32 {
-    ((b.scales[ib] >> (4 * h)) & 15) as u32
+impl ScaledGrid<16> for BlockIQ2_S {
+    fn d(&self) -> [u8; 2] {
+        self.d
+    }
+
+    /// Weights `16k .. 16k + 16`: two entries and their 4-bit scale (nibble `k % 2` of
+    /// group `k / 2`'s scale byte).
+    fn sub_block(&self, k: usize) -> ([i32; 16], u32) {
+        let mut v = [0i32; 16];
+        for (h, v8) in v.chunks_exact_mut(8).enumerate() {
+            v8.copy_from_slice(&eight(self, 2 * k + h));
+        }
+        (v, nibble(&self.scales, k))
+    }
 }
 
 /// `out[256 · blocks.len()]` ← the blocks' values.
 pub fn dequantize(blocks: &[BlockIQ2_S], out: &mut [f32]) {
     assert_eq!(out.len(), blocks.len() * QK_K, "IQ2_S row length");
-    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-        let d = f16_to_f32(b.d);
-        for (e, o8) in o.chunks_exact_mut(8).enumerate() {
-            let db = d * (0.5 + scale(b, e / 4, (e % 4) / 2) as f32) * 0.25;
-            for (y, g) in o8.iter_mut().zip(eight(b, e)) {
-                *y = if g < 0 {
-                    -(db * (-g) as f32)
-                } else {
-                    db * g as f32
-                };
-            }
-        }
-    }
+    iq_common::dequantize(blocks, out, |d, s| d * (0.5 + s as f32) * 0.25);
 }
 
 /// Reference dot with a Q8_K row: `0.125 · Σ_b d_w·d_a · Σ_16 (2s+1)·Σ v·a`.
 pub fn dot(w: &[BlockIQ2_S], a: &[BlockQ8_K]) -> f32 {
     assert_eq!(w.len(), a.len(), "IQ2_S dot length");
-    let mut sumf = 0f32;
-    for (x, y) in w.iter().zip(a) {
-        let d = f16_to_f32(x.d) * y.d();
-        let mut bsum = 0i32;
-        for ib in 0..8 {
-            for h in 0..2 {
-                let mut sumi = 0i32;
-                for e in 4 * ib + 2 * h..4 * ib + 2 * h + 2 {
-                    for (g, &q) in eight(x, e).iter().zip(&y.qs[8 * e..8 * e + 8]) {
-                        sumi += g * q as i32;
-                    }
-                }
-                bsum += sumi * (2 * scale(x, ib, h) as i32 + 1);
-            }
-        }
-        sumf += d * bsum as f32;
-    }
-    0.125 * sumf
+    0.125 * iq_common::dot(w, a)
 }

@@ -9,8 +9,8 @@
 //! gguf-py (dequantize) and ggml (`ggml_vec_dot_iq2_xxs_q8_K_generic`) through
 //! tests/fixtures made by scripts/quant_reference_lowbit.py.
 
-use crate::float::f16_to_f32;
-use crate::iq_grids::{IQ2XXS_GRID, KSIGNS_IQ2XS};
+use crate::iq_common::{self, ksigns, signed8, ScaledGrid};
+use crate::iq_grids::IQ2XXS_GRID;
 use crate::k_common::QK_K;
 use crate::q8_k::BlockQ8_K;
 use bytemuck::{Pod, Zeroable};
@@ -24,60 +24,32 @@ pub struct BlockIQ2_XXS {
 }
 const _: () = assert!(std::mem::size_of::<BlockIQ2_XXS>() == 66);
 
-/// Signed grid values (magnitude · sign) of group `ib` and its 4-bit scale.
-#[inline]
-fn group(b: &BlockIQ2_XXS, ib: usize) -> ([i32; 32], u32) {
-    let q = &b.qs[8 * ib..8 * ib + 8];
-    let aux = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
-    let mut v = [0i32; 32];
-    for l in 0..4 {
-        let grid = IQ2XXS_GRID[q[l] as usize].to_le_bytes();
-        let signs = KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize];
-        for j in 0..8 {
-            let g = grid[j] as i32;
-            v[8 * l + j] = if signs & (1 << j) != 0 { -g } else { g };
-        }
+impl ScaledGrid<32> for BlockIQ2_XXS {
+    fn d(&self) -> [u8; 2] {
+        self.d
     }
-    (v, aux >> 28)
+
+    /// Group `ib`: four grid entries, their sign indices and the scale.
+    fn sub_block(&self, ib: usize) -> ([i32; 32], u32) {
+        let q = &self.qs[8 * ib..8 * ib + 8];
+        let aux = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
+        let mut v = [0i32; 32];
+        for (l, v8) in v.chunks_exact_mut(8).enumerate() {
+            let grid = IQ2XXS_GRID[q[l] as usize].to_le_bytes();
+            v8.copy_from_slice(&signed8(grid, ksigns(aux, l)));
+        }
+        (v, aux >> 28)
+    }
 }
 
 /// `out[256 · blocks.len()]` ← the blocks' values.
 pub fn dequantize(blocks: &[BlockIQ2_XXS], out: &mut [f32]) {
     assert_eq!(out.len(), blocks.len() * QK_K, "IQ2_XXS row length");
-    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-        let d = f16_to_f32(b.d);
-        for (ib, og) in o.chunks_exact_mut(32).enumerate() {
-            let (v, s) = group(b, ib);
-            let db = d * (0.5 + s as f32) * 0.25;
-            for (y, g) in og.iter_mut().zip(v) {
-                // db · |g| then the sign, as ggml does (the sign flip is exact).
-                *y = if g < 0 {
-                    -(db * (-g) as f32)
-                } else {
-                    db * g as f32
-                };
-            }
-        }
-    }
+    iq_common::dequantize(blocks, out, |d, s| d * (0.5 + s as f32) * 0.25);
 }
 
 /// Reference dot with a Q8_K row: `0.125 · Σ_b d_w·d_a · Σ_g (2s+1)·Σ v·a`.
 pub fn dot(w: &[BlockIQ2_XXS], a: &[BlockQ8_K]) -> f32 {
     assert_eq!(w.len(), a.len(), "IQ2_XXS dot length");
-    let mut sumf = 0f32;
-    for (x, y) in w.iter().zip(a) {
-        let d = f16_to_f32(x.d) * y.d();
-        let mut bsum = 0i32;
-        for ib in 0..8 {
-            let (v, s) = group(x, ib);
-            let sumi: i32 = v
-                .iter()
-                .zip(&y.qs[32 * ib..])
-                .map(|(&g, &q)| g * q as i32)
-                .sum();
-            bsum += sumi * (2 * s as i32 + 1);
-        }
-        sumf += d * bsum as f32;
-    }
-    0.125 * sumf
+    0.125 * iq_common::dot(w, a)
 }

@@ -9,7 +9,7 @@
 //! Tested against gguf-py (dequantize) and ggml (`ggml_vec_dot_iq3_s_q8_K_generic`)
 //! through tests/fixtures.
 
-use crate::float::f16_to_f32;
+use crate::iq_common::{self, grid_pair, nibble, signed8, ScaledGrid};
 use crate::iq_grids::IQ3S_GRID;
 use crate::k_common::QK_K;
 use crate::q8_k::BlockQ8_K;
@@ -27,60 +27,33 @@ pub struct BlockIQ3_S {
 }
 const _: () = assert!(std::mem::size_of::<BlockIQ3_S>() == 110);
 
-/// Signed grid values of group `ib` and its 4-bit scale.
-#[inline]
-fn group(b: &BlockIQ3_S, ib: usize) -> ([i32; 32], u32) {
-    let mut v = [0i32; 32];
-    let qh = b.qh[ib] as usize;
-    for l in 0..4 {
-        let i1 = b.qs[8 * ib + 2 * l] as usize | ((qh << (8 - 2 * l)) & 256);
-        let i2 = b.qs[8 * ib + 2 * l + 1] as usize | ((qh << (7 - 2 * l)) & 256);
-        let (g1, g2) = (IQ3S_GRID[i1].to_le_bytes(), IQ3S_GRID[i2].to_le_bytes());
-        let signs = b.signs[4 * ib + l];
-        for j in 0..8 {
-            let g = if j < 4 { g1[j] } else { g2[j - 4] } as i32;
-            v[8 * l + j] = if signs & (1 << j) != 0 { -g } else { g };
-        }
+impl ScaledGrid<32> for BlockIQ3_S {
+    fn d(&self) -> [u8; 2] {
+        self.d
     }
-    (v, ((b.scales[ib / 2] >> (4 * (ib % 2))) & 15) as u32)
+
+    /// Group `ib`: eight 9-bit grid indices, four sign bytes and the scale.
+    fn sub_block(&self, ib: usize) -> ([i32; 32], u32) {
+        let qh = self.qh[ib] as usize;
+        let mut v = [0i32; 32];
+        for (l, v8) in v.chunks_exact_mut(8).enumerate() {
+            let i1 = self.qs[8 * ib + 2 * l] as usize | ((qh << (8 - 2 * l)) & 256);
+            let i2 = self.qs[8 * ib + 2 * l + 1] as usize | ((qh << (7 - 2 * l)) & 256);
+            let grid = grid_pair(IQ3S_GRID[i1], IQ3S_GRID[i2]);
+            v8.copy_from_slice(&signed8(grid, self.signs[4 * ib + l]));
+        }
+        (v, nibble(&self.scales, ib))
+    }
 }
 
 /// `out[256 · blocks.len()]` ← the blocks' values.
 pub fn dequantize(blocks: &[BlockIQ3_S], out: &mut [f32]) {
     assert_eq!(out.len(), blocks.len() * QK_K, "IQ3_S row length");
-    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-        let d = f16_to_f32(b.d);
-        for (ib, og) in o.chunks_exact_mut(32).enumerate() {
-            let (v, s) = group(b, ib);
-            let db = d * (1 + 2 * s) as f32;
-            for (y, g) in og.iter_mut().zip(v) {
-                *y = if g < 0 {
-                    -(db * (-g) as f32)
-                } else {
-                    db * g as f32
-                };
-            }
-        }
-    }
+    iq_common::dequantize(blocks, out, |d, s| d * (1 + 2 * s) as f32);
 }
 
 /// Reference dot with a Q8_K row: `Σ_b d_w·d_a · Σ_g (2s+1)·Σ v·a`.
 pub fn dot(w: &[BlockIQ3_S], a: &[BlockQ8_K]) -> f32 {
     assert_eq!(w.len(), a.len(), "IQ3_S dot length");
-    let mut sumf = 0f32;
-    for (x, y) in w.iter().zip(a) {
-        let d = f16_to_f32(x.d) * y.d();
-        let mut bsum = 0i32;
-        for ib in 0..8 {
-            let (v, s) = group(x, ib);
-            let sumi: i32 = v
-                .iter()
-                .zip(&y.qs[32 * ib..])
-                .map(|(&g, &q)| g * q as i32)
-                .sum();
-            bsum += sumi * (2 * s as i32 + 1);
-        }
-        sumf += d * bsum as f32;
-    }
-    sumf
+    iq_common::dot(w, a)
 }

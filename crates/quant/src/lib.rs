@@ -47,6 +47,7 @@ pub mod iq3_s;
 pub mod iq3_xxs;
 pub mod iq4_nl;
 pub mod iq4_xs;
+mod iq_common;
 mod iq_dispatch;
 pub mod iq_grids;
 mod lowbit;
