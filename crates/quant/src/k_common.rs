@@ -10,6 +10,7 @@
 // Index loops here follow the layout formulas (weight 128h + 32k + l, ...) literally.
 #![allow(clippy::needless_range_loop)]
 
+use crate::q8_k::BlockQ8_K;
 use crate::{GgmlType, QuantError};
 
 /// Weights per K-quant super-block.
@@ -60,6 +61,44 @@ pub fn dequantize_scale_min_k4(
             o[l] = d1 * q[l] as f32 - m1;
         }
     }
+}
+
+/// Integer parts of one Q4_K/Q5_K block's dot with a Q8_K block, from its unpacked quants
+/// `q`: `(Σ_j sc_j·Σ q·a, Σ_j m_j·Σ a)` over the eight 32-weight sub-blocks.
+#[inline]
+pub(crate) fn isums_scale_min_k4(scales: &[u8; 12], q: &[u8; QK_K], a: &BlockQ8_K) -> (i32, i32) {
+    let mut sumi = 0i32;
+    let mut summ = 0i32;
+    for j in 0..8 {
+        let (sc, m) = scale_min_k4(j, scales);
+        let mut s = 0i32;
+        for l in 32 * j..32 * j + 32 {
+            s += q[l] as i32 * a.qs[l] as i32;
+        }
+        sumi += sc as i32 * s;
+        summ += m as i32 * (a.bsum(2 * j) + a.bsum(2 * j + 1));
+    }
+    (sumi, summ)
+}
+
+/// Reference dot of a row of a K-quant with a super-block `d` and `dmin` (Q2_K, Q4_K, Q5_K)
+/// with a Q8_K row of the same block count: `Σ_b d_a·d·sumi − d_a·dmin·summ`, the integer
+/// parts `(sumi, summ)` from `isums`, accumulated in f32 in ggml's order. `d_dmin` gives a
+/// block's two f16 fields.
+pub(crate) fn dot_d_dmin<B>(
+    w: &[B],
+    a: &[BlockQ8_K],
+    d_dmin: impl Fn(&B) -> ([u8; 2], [u8; 2]),
+    isums: impl Fn(&B, &BlockQ8_K) -> (i32, i32),
+) -> f32 {
+    let mut sum = 0f32;
+    for (x, y) in w.iter().zip(a) {
+        let (sumi, summ) = isums(x, y);
+        let (d, dmin) = d_dmin(x);
+        let da = y.d();
+        sum += f16_to_f32(d) * da * sumi as f32 - f16_to_f32(dmin) * da * summ as f32;
+    }
+    sum
 }
 
 /// Scale and min of sub-block `j` (0..8) from the 12 packed bytes of Q4_K/Q5_K: sub-blocks

@@ -10,7 +10,9 @@
 // Index loops here follow the layout formulas (weight 128h + 32k + l, ...) literally.
 #![allow(clippy::needless_range_loop)]
 
-use crate::k_common::{f16_to_f32, f32_to_f16, make_qkx2_quants, nearest_int, Qkx2, QK_K};
+use crate::k_common::{
+    dot_d_dmin, f16_to_f32, f32_to_f16, make_qkx2_quants, nearest_int, Qkx2, QK_K,
+};
 use crate::q8_k::BlockQ8_K;
 use bytemuck::{Pod, Zeroable};
 
@@ -154,11 +156,5 @@ pub fn block_isums(b: &BlockQ2_K, a: &BlockQ8_K) -> (i32, i32) {
 /// Reference dot of a Q2_K weight row with a Q8_K activation row (same block count).
 pub fn dot(w: &[BlockQ2_K], a: &[BlockQ8_K]) -> f32 {
     assert_eq!(w.len(), a.len(), "Q2_K dot length");
-    let mut sum = 0f32;
-    for (x, y) in w.iter().zip(a) {
-        let (sumi, summ) = block_isums(x, y);
-        let da = y.d();
-        sum += f16_to_f32(x.d) * da * sumi as f32 - f16_to_f32(x.dmin) * da * summ as f32;
-    }
-    sum
+    dot_d_dmin(w, a, |x| (x.d, x.dmin), block_isums)
 }

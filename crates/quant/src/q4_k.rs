@@ -13,8 +13,8 @@
 
 pub use crate::k_common::scale_min_k4;
 use crate::k_common::{
-    dequantize_scale_min_k4, f16_to_f32, f32_to_f16, make_qkx2_quants, nearest_int,
-    pack_scale_min_k4, Qkx2, QK_K,
+    dequantize_scale_min_k4, dot_d_dmin, f16_to_f32, f32_to_f16, isums_scale_min_k4,
+    make_qkx2_quants, nearest_int, pack_scale_min_k4, Qkx2, QK_K,
 };
 use crate::q8_k::BlockQ8_K;
 use bytemuck::{Pod, Zeroable};
@@ -74,18 +74,7 @@ pub fn quantize_row(x: &[f32], out: &mut [BlockQ4_K]) {
         use_mad: false,
     };
     for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK_K)) {
-        let mut l = [0u8; QK_K];
-        let (scales, mins) = sub_block_fits(&p, xs, &mut l);
-        quantize_block_from_fits(
-            xs,
-            &scales,
-            &mins,
-            15,
-            &mut b.d,
-            &mut b.dmin,
-            &mut b.scales,
-            &mut l,
-        );
+        let l = quantize_scale_min_block(&p, xs, &mut b.d, &mut b.dmin, &mut b.scales);
         for c in 0..4 {
             for i in 0..32 {
                 b.qs[32 * c + i] = l[64 * c + i] | (l[64 * c + 32 + i] << 4);
@@ -94,8 +83,24 @@ pub fn quantize_row(x: &[f32], out: &mut [BlockQ4_K]) {
     }
 }
 
-/// Per 32-weight sub-block scale and min from the asymmetric search (shared with Q5_K).
-pub(crate) fn sub_block_fits(p: &Qkx2, xs: &[f32], l: &mut [u8; QK_K]) -> ([f32; 8], [f32; 8]) {
+/// The scale/min part of quantizing one Q4_K/Q5_K block `xs[256]` (shared with Q5_K): fits
+/// each sub-block with the asymmetric search `p`, stores `d`, `dmin` and the packed 6-bit
+/// scales and mins, and returns the quants (0..=`p.nmax`) recomputed with the stored values.
+pub(crate) fn quantize_scale_min_block(
+    p: &Qkx2,
+    xs: &[f32],
+    d: &mut [u8; 2],
+    dmin: &mut [u8; 2],
+    scales: &mut [u8; 12],
+) -> [u8; QK_K] {
+    let mut l = [0u8; QK_K];
+    let (sc, mins) = sub_block_fits(p, xs, &mut l);
+    quantize_block_from_fits(xs, &sc, &mins, p.nmax, d, dmin, scales, &mut l);
+    l
+}
+
+/// Per 32-weight sub-block scale and min from the asymmetric search.
+fn sub_block_fits(p: &Qkx2, xs: &[f32], l: &mut [u8; QK_K]) -> ([f32; 8], [f32; 8]) {
     let mut scales = [0f32; 8];
     let mut mins = [0f32; 8];
     for j in 0..8 {
@@ -115,9 +120,9 @@ pub(crate) fn sub_block_fits(p: &Qkx2, xs: &[f32], l: &mut [u8; QK_K]) -> ([f32;
 }
 
 /// Rounds the sub-block scales/mins to 6 bits, stores `d`, `dmin` and the packed scales, and
-/// recomputes `l` (0..=nmax) with the stored values (shared with Q5_K).
+/// recomputes `l` (0..=nmax) with the stored values.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn quantize_block_from_fits(
+fn quantize_block_from_fits(
     xs: &[f32],
     scales: &[f32; 8],
     mins: &[f32; 8],
@@ -163,30 +168,12 @@ pub(crate) fn quantize_block_from_fits(
 /// Integer parts of one block's dot with a Q8_K block: `(Σ_j sc_j·Σ q·a, Σ_j m_j·Σ a)`.
 #[inline]
 pub fn block_isums(b: &BlockQ4_K, a: &BlockQ8_K) -> (i32, i32) {
-    let q = unpack(b);
-    let mut sumi = 0i32;
-    let mut summ = 0i32;
-    for j in 0..8 {
-        let (sc, m) = scale_min_k4(j, &b.scales);
-        let mut s = 0i32;
-        for l in 32 * j..32 * j + 32 {
-            s += q[l] as i32 * a.qs[l] as i32;
-        }
-        sumi += sc as i32 * s;
-        summ += m as i32 * (a.bsum(2 * j) + a.bsum(2 * j + 1));
-    }
-    (sumi, summ)
+    isums_scale_min_k4(&b.scales, &unpack(b), a)
 }
 
 /// Reference dot of a Q4_K weight row with a Q8_K activation row (same block count):
 /// `Σ_b d_a·(d·Σ sc·q·a − dmin·Σ m·a)`, integer sums exact, f32 accumulation.
 pub fn dot(w: &[BlockQ4_K], a: &[BlockQ8_K]) -> f32 {
     assert_eq!(w.len(), a.len(), "Q4_K dot length");
-    let mut sum = 0f32;
-    for (x, y) in w.iter().zip(a) {
-        let (sumi, summ) = block_isums(x, y);
-        let da = y.d();
-        sum += f16_to_f32(x.d) * da * sumi as f32 - f16_to_f32(x.dmin) * da * summ as f32;
-    }
-    sum
+    dot_d_dmin(w, a, |x| (x.d, x.dmin), block_isums)
 }

@@ -10,8 +10,8 @@
 // Index loops here follow the layout formulas (weight 128h + 32k + l, ...) literally.
 #![allow(clippy::needless_range_loop)]
 
-use crate::k_common::{dequantize_scale_min_k4, f16_to_f32, scale_min_k4, Qkx2, QK_K};
-use crate::q4_k::{quantize_block_from_fits, sub_block_fits};
+use crate::k_common::{dequantize_scale_min_k4, dot_d_dmin, isums_scale_min_k4, Qkx2, QK_K};
+use crate::q4_k::quantize_scale_min_block;
 use crate::q8_k::BlockQ8_K;
 use bytemuck::{Pod, Zeroable};
 
@@ -68,18 +68,7 @@ pub fn quantize_row(x: &[f32], out: &mut [BlockQ5_K]) {
         use_mad: false,
     };
     for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK_K)) {
-        let mut l = [0u8; QK_K];
-        let (scales, mins) = sub_block_fits(&p, xs, &mut l);
-        quantize_block_from_fits(
-            xs,
-            &scales,
-            &mins,
-            31,
-            &mut b.d,
-            &mut b.dmin,
-            &mut b.scales,
-            &mut l,
-        );
+        let l = quantize_scale_min_block(&p, xs, &mut b.d, &mut b.dmin, &mut b.scales);
         b.qh = [0; 32];
         for c in 0..4 {
             for i in 0..32 {
@@ -94,29 +83,11 @@ pub fn quantize_row(x: &[f32], out: &mut [BlockQ5_K]) {
 /// Integer parts of one block's dot with a Q8_K block: `(Σ_j sc_j·Σ q·a, Σ_j m_j·Σ a)`.
 #[inline]
 pub fn block_isums(b: &BlockQ5_K, a: &BlockQ8_K) -> (i32, i32) {
-    let q = unpack(b);
-    let mut sumi = 0i32;
-    let mut summ = 0i32;
-    for j in 0..8 {
-        let (sc, m) = scale_min_k4(j, &b.scales);
-        let mut s = 0i32;
-        for l in 32 * j..32 * j + 32 {
-            s += q[l] as i32 * a.qs[l] as i32;
-        }
-        sumi += sc as i32 * s;
-        summ += m as i32 * (a.bsum(2 * j) + a.bsum(2 * j + 1));
-    }
-    (sumi, summ)
+    isums_scale_min_k4(&b.scales, &unpack(b), a)
 }
 
 /// Reference dot of a Q5_K weight row with a Q8_K activation row (same block count).
 pub fn dot(w: &[BlockQ5_K], a: &[BlockQ8_K]) -> f32 {
     assert_eq!(w.len(), a.len(), "Q5_K dot length");
-    let mut sum = 0f32;
-    for (x, y) in w.iter().zip(a) {
-        let (sumi, summ) = block_isums(x, y);
-        let da = y.d();
-        sum += f16_to_f32(x.d) * da * sumi as f32 - f16_to_f32(x.dmin) * da * summ as f32;
-    }
-    sum
+    dot_d_dmin(w, a, |x| (x.d, x.dmin), block_isums)
 }
