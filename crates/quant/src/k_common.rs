@@ -10,6 +10,7 @@
 // Index loops here follow the layout formulas (weight 128h + 32k + l, ...) literally.
 #![allow(clippy::needless_range_loop)]
 
+use crate::legacy::first_absmax;
 use crate::q8_k::BlockQ8_K;
 use crate::{GgmlType, QuantError};
 
@@ -138,14 +139,8 @@ pub(crate) fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
 /// Returns the scale.
 pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     let n = x.len();
-    let (mut max, mut amax) = (0f32, 0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
+    let max = first_absmax(x);
+    if max.abs() < GROUP_MAX_EPS {
         l_out[..n].fill(0);
         return 0.0;
     }
@@ -190,14 +185,8 @@ pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
 /// quants to improve the x²-weighted fit. `L[i]` in 0..2·nmax. Returns the scale.
 pub(crate) fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     let n = x.len();
-    let (mut max, mut amax) = (0f32, 0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
+    let max = first_absmax(x);
+    if max.abs() < GROUP_MAX_EPS {
         l_out[..n].fill(0);
         return 0.0;
     }

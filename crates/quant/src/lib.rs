@@ -8,6 +8,7 @@ mod types;
 pub use types::{GgmlType, TypeInfo};
 
 pub mod float;
+mod legacy;
 pub mod mlx_affine;
 pub mod q4_0;
 pub mod q4_1;

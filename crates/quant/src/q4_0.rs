@@ -6,7 +6,8 @@
 //! Dotted with Q8_0 activations. Tested against the `gguf` Python package (dequantize,
 //! quantize) and ggml's `ggml_vec_dot_q4_0_q8_0` (tests/fixtures).
 
-use crate::float::{f16_to_f32, f32_to_f16};
+use crate::float::f32_to_f16;
+use crate::legacy::{self, first_absmax, nibbles, pack_nibbles};
 use crate::q8_0::BlockQ8_0;
 use bytemuck::{Pod, Zeroable};
 
@@ -27,23 +28,13 @@ const _: () = assert!(std::mem::align_of::<BlockQ4_0>() == 1);
 /// The block's 32 quants, in weight order, after removing the offset: −8..=7.
 #[inline]
 pub fn unpack(b: &BlockQ4_0) -> [i8; QK] {
-    let mut q = [0i8; QK];
-    for j in 0..QK / 2 {
-        q[j] = (b.qs[j] & 15) as i8 - 8;
-        q[j + QK / 2] = (b.qs[j] >> 4) as i8 - 8;
-    }
-    q
+    nibbles(&b.qs).map(|q| q as i8 - 8)
 }
 
 /// `out[32 · blocks.len()]` ← the blocks' values.
 pub fn dequantize(blocks: &[BlockQ4_0], out: &mut [f32]) {
     assert_eq!(out.len(), blocks.len() * QK, "Q4_0 row length");
-    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
-        let d = f16_to_f32(b.d);
-        for (y, q) in o.iter_mut().zip(unpack(b)) {
-            *y = q as f32 * d;
-        }
-    }
+    legacy::dequantize_scaled(blocks, out, |b| (b.d, unpack(b)));
 }
 
 /// ggml's `quantize_row_q4_0_ref`: `d = max / −8` where `max` is the first value of largest
@@ -52,21 +43,12 @@ pub fn dequantize(blocks: &[BlockQ4_0], out: &mut [f32]) {
 pub fn quantize_row(x: &[f32], out: &mut [BlockQ4_0]) {
     assert_eq!(x.len(), out.len() * QK, "Q4_0 row length");
     for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK)) {
-        let (mut amax, mut max) = (0f32, 0f32);
-        for &v in xs {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        let d = max / -8.0;
+        let d = first_absmax(xs) / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         b.d = f32_to_f16(d);
         // `as i8` truncates toward zero like the C cast; the argument is ≥ 0.5 here.
         let q = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
-        for j in 0..QK / 2 {
-            b.qs[j] = q(xs[j]) | (q(xs[j + QK / 2]) << 4);
-        }
+        b.qs = pack_nibbles(&std::array::from_fn(|j| q(xs[j])));
     }
 }
 
@@ -74,10 +56,5 @@ pub fn quantize_row(x: &[f32], out: &mut [BlockQ4_0]) {
 /// `Σ_b (d_w · d_a) · Σ_j qw_j · qa_j`, accumulated in f32 as ggml does.
 pub fn dot(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
     assert_eq!(w.len(), a.len(), "Q4_0 dot length");
-    let mut sum = 0f32;
-    for (x, y) in w.iter().zip(a) {
-        let isum = crate::q8_0::block_isum(&unpack(x), &y.qs);
-        sum += (f16_to_f32(x.d) * f16_to_f32(y.d)) * isum as f32;
-    }
-    sum
+    legacy::dot_q8_0(w, a, |x| (x.d, unpack(x)))
 }

@@ -6,7 +6,8 @@
 //! Tested against the `gguf` Python package (dequantize, quantize) and ggml's
 //! `ggml_vec_dot_q4_1_q8_1` (tests/fixtures).
 
-use crate::float::{f16_to_f32, f32_to_f16};
+use crate::float::f32_to_f16;
+use crate::legacy::{self, min_max, nibbles, pack_nibbles};
 use crate::q8_1::BlockQ8_1;
 use bytemuck::{Pod, Zeroable};
 
@@ -29,23 +30,13 @@ const _: () = assert!(std::mem::align_of::<BlockQ4_1>() == 1);
 /// The block's 32 quants in weight order: 0..=15.
 #[inline]
 pub fn unpack(b: &BlockQ4_1) -> [u8; QK] {
-    let mut q = [0u8; QK];
-    for j in 0..QK / 2 {
-        q[j] = b.qs[j] & 15;
-        q[j + QK / 2] = b.qs[j] >> 4;
-    }
-    q
+    nibbles(&b.qs)
 }
 
 /// `out[32 · blocks.len()]` ← the blocks' values (`q · d + m`, two roundings, as gguf-py).
 pub fn dequantize(blocks: &[BlockQ4_1], out: &mut [f32]) {
     assert_eq!(out.len(), blocks.len() * QK, "Q4_1 row length");
-    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
-        let (d, m) = (f16_to_f32(b.d), f16_to_f32(b.m));
-        for (y, q) in o.iter_mut().zip(unpack(b)) {
-            *y = q as f32 * d + m;
-        }
-    }
+    legacy::dequantize_offset(blocks, out, |b| (b.d, b.m, unpack(b)));
 }
 
 /// ggml's `quantize_row_q4_1_ref`: `d = (max − min) / 15`, `m = min`,
@@ -53,23 +44,13 @@ pub fn dequantize(blocks: &[BlockQ4_1], out: &mut [f32]) {
 pub fn quantize_row(x: &[f32], out: &mut [BlockQ4_1]) {
     assert_eq!(x.len(), out.len() * QK, "Q4_1 row length");
     for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK)) {
-        let (mut min, mut max) = (f32::MAX, -f32::MAX);
-        for &v in xs {
-            if v < min {
-                min = v;
-            }
-            if v > max {
-                max = v;
-            }
-        }
+        let (min, max) = min_max(xs);
         let d = (max - min) / 15.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         b.d = f32_to_f16(d);
         b.m = f32_to_f16(min);
         let q = |v: f32| (((v - min) * id + 0.5) as i8).min(15) as u8;
-        for j in 0..QK / 2 {
-            b.qs[j] = q(xs[j]) | (q(xs[j + QK / 2]) << 4);
-        }
+        b.qs = pack_nibbles(&std::array::from_fn(|j| q(xs[j])));
     }
 }
 
@@ -77,15 +58,5 @@ pub fn quantize_row(x: &[f32], out: &mut [BlockQ4_1]) {
 /// `Σ_b (d_w · d_a) · Σ_j qw_j · qa_j + m_w · s_a`, accumulated in f32 as ggml does.
 pub fn dot(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
     assert_eq!(w.len(), a.len(), "Q4_1 dot length");
-    let mut sum = 0f32;
-    for (x, y) in w.iter().zip(a) {
-        let isum: i32 = unpack(x)
-            .iter()
-            .zip(&y.qs)
-            .map(|(&q, &a)| q as i32 * a as i32)
-            .sum();
-        sum +=
-            (f16_to_f32(x.d) * f16_to_f32(y.d)) * isum as f32 + f16_to_f32(x.m) * f16_to_f32(y.s);
-    }
-    sum
+    legacy::dot_q8_1(w, a, |x| (x.d, x.m, unpack(x)))
 }

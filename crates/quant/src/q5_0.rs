@@ -5,7 +5,8 @@
 //! little-endian u32 `qh`. Dotted with Q8_0 activations. Tested against the `gguf` Python
 //! package (dequantize, quantize) and ggml's `ggml_vec_dot_q5_0_q8_0` (tests/fixtures).
 
-use crate::float::{f16_to_f32, f32_to_f16};
+use crate::float::f32_to_f16;
+use crate::legacy::{self, first_absmax, fives, pack_fives};
 use crate::q8_0::BlockQ8_0;
 use bytemuck::{Pod, Zeroable};
 
@@ -28,26 +29,13 @@ const _: () = assert!(std::mem::align_of::<BlockQ5_0>() == 1);
 /// The block's 32 quants in weight order after removing the offset: −16..=15.
 #[inline]
 pub fn unpack(b: &BlockQ5_0) -> [i8; QK] {
-    let qh = u32::from_le_bytes(b.qh);
-    let mut q = [0i8; QK];
-    for j in 0..QK / 2 {
-        let h0 = ((qh >> j) & 1) as u8;
-        let h1 = ((qh >> (j + 16)) & 1) as u8;
-        q[j] = ((b.qs[j] & 15) | (h0 << 4)) as i8 - 16;
-        q[j + QK / 2] = ((b.qs[j] >> 4) | (h1 << 4)) as i8 - 16;
-    }
-    q
+    fives(&b.qs, b.qh).map(|q| q as i8 - 16)
 }
 
 /// `out[32 · blocks.len()]` ← the blocks' values.
 pub fn dequantize(blocks: &[BlockQ5_0], out: &mut [f32]) {
     assert_eq!(out.len(), blocks.len() * QK, "Q5_0 row length");
-    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
-        let d = f16_to_f32(b.d);
-        for (y, q) in o.iter_mut().zip(unpack(b)) {
-            *y = q as f32 * d;
-        }
-    }
+    legacy::dequantize_scaled(blocks, out, |b| (b.d, unpack(b)));
 }
 
 /// ggml's `quantize_row_q5_0_ref`: `d = max / −16` (`max` the first value of largest
@@ -55,25 +43,11 @@ pub fn dequantize(blocks: &[BlockQ5_0], out: &mut [f32]) {
 pub fn quantize_row(x: &[f32], out: &mut [BlockQ5_0]) {
     assert_eq!(x.len(), out.len() * QK, "Q5_0 row length");
     for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK)) {
-        let (mut amax, mut max) = (0f32, 0f32);
-        for &v in xs {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        let d = max / -16.0;
+        let d = first_absmax(xs) / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         b.d = f32_to_f16(d);
         let q = |v: f32| ((v * id + 16.5) as i8).min(31) as u8;
-        let mut qh = 0u32;
-        for j in 0..QK / 2 {
-            let (q0, q1) = (q(xs[j]), q(xs[j + QK / 2]));
-            b.qs[j] = (q0 & 15) | ((q1 & 15) << 4);
-            qh |= ((q0 >> 4) as u32) << j;
-            qh |= ((q1 >> 4) as u32) << (j + QK / 2);
-        }
-        b.qh = qh.to_le_bytes();
+        (b.qs, b.qh) = pack_fives(&std::array::from_fn(|j| q(xs[j])));
     }
 }
 
@@ -81,10 +55,5 @@ pub fn quantize_row(x: &[f32], out: &mut [BlockQ5_0]) {
 /// `Σ_b (d_w · d_a) · Σ_j qw_j · qa_j`, accumulated in f32 as ggml does.
 pub fn dot(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
     assert_eq!(w.len(), a.len(), "Q5_0 dot length");
-    let mut sum = 0f32;
-    for (x, y) in w.iter().zip(a) {
-        let isum = crate::q8_0::block_isum(&unpack(x), &y.qs);
-        sum += (f16_to_f32(x.d) * f16_to_f32(y.d)) * isum as f32;
-    }
-    sum
+    legacy::dot_q8_0(w, a, |x| (x.d, unpack(x)))
 }

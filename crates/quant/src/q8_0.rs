@@ -5,7 +5,7 @@
 //! are dotted with. Tested against the `gguf` Python package (dequantize, quantize) and
 //! ggml's `ggml_vec_dot_q8_0_q8_0` (tests/fixtures, scripts/quant_reference.py).
 
-use crate::float::{f16_to_f32, f32_to_f16};
+use crate::float::f32_to_f16;
 use bytemuck::{Pod, Zeroable};
 
 /// Weights per block.
@@ -24,12 +24,7 @@ const _: () = assert!(std::mem::align_of::<BlockQ8_0>() == 1);
 /// `out[32 · blocks.len()]` ← the blocks' values.
 pub fn dequantize(blocks: &[BlockQ8_0], out: &mut [f32]) {
     assert_eq!(out.len(), blocks.len() * QK, "Q8_0 row length");
-    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
-        let d = f16_to_f32(b.d);
-        for (y, &q) in o.iter_mut().zip(&b.qs) {
-            *y = q as f32 * d;
-        }
-    }
+    crate::legacy::dequantize_scaled(blocks, out, |b| (b.d, b.qs));
 }
 
 /// ggml's `quantize_row_q8_0_ref`: `d = amax / 127`, `q = round(x / d)` (half away from zero,
@@ -47,20 +42,9 @@ pub fn quantize_row(x: &[f32], out: &mut [BlockQ8_0]) {
     }
 }
 
-/// Integer dot of two blocks' quants.
-#[inline]
-pub(crate) fn block_isum(w: &[i8; QK], a: &[i8; QK]) -> i32 {
-    w.iter().zip(a).map(|(&x, &y)| x as i32 * y as i32).sum()
-}
-
 /// Reference dot of a Q8_0 weight row with a Q8_0 activation row (same length):
 /// `Σ_b (d_w · d_a) · Σ_j qw_j · qa_j`, accumulated in f32 block by block as ggml does.
 pub fn dot(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
     assert_eq!(w.len(), a.len(), "Q8_0 dot length");
-    let mut sum = 0f32;
-    for (x, y) in w.iter().zip(a) {
-        let isum = block_isum(&x.qs, &y.qs);
-        sum += (f16_to_f32(x.d) * f16_to_f32(y.d)) * isum as f32;
-    }
-    sum
+    crate::legacy::dot_q8_0(w, a, |x| (x.d, x.qs))
 }

@@ -9,6 +9,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::k_common::{nearest_int, QK_K};
+use crate::legacy::first_absmax;
 use bytemuck::{Pod, Zeroable};
 
 #[repr(C)]
@@ -60,14 +61,8 @@ pub fn dequantize(blocks: &[BlockQ8_K], out: &mut [f32]) {
 pub fn quantize_row(x: &[f32], out: &mut [BlockQ8_K]) {
     assert_eq!(x.len(), out.len() * QK_K, "Q8_K row length");
     for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK_K)) {
-        let (mut max, mut amax) = (0f32, 0f32);
-        for &v in xs {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        if amax == 0.0 {
+        let max = first_absmax(xs);
+        if max == 0.0 {
             *b = BlockQ8_K::zeroed();
             continue;
         }
