@@ -7,7 +7,7 @@
 //! `x = d·(0.5 + s)·0.25 · grid[j] · sign`. Dotted with Q8_K activations. Tested against
 //! gguf-py (dequantize) and ggml (`ggml_vec_dot_iq2_xs_q8_K_generic`) through tests/fixtures.
 
-use crate::iq_common::{self, nibble, signed8, ScaledGrid};
+use crate::iq_common::{self, concat8, nibble, signed8, ScaledGrid};
 use crate::iq_grids::{IQ2XS_GRID, KSIGNS_IQ2XS};
 use crate::k_common::QK_K;
 use crate::q8_k::BlockQ8_K;
@@ -42,10 +42,7 @@ impl ScaledGrid<16> for BlockIQ2_XS {
     /// Weights `16k .. 16k + 16`: two entries and their 4-bit scale (nibble `k % 2` of
     /// group `k / 2`'s scale byte).
     fn sub_block(&self, k: usize) -> ([i32; 16], u32) {
-        let mut v = [0i32; 16];
-        for (h, v8) in v.chunks_exact_mut(8).enumerate() {
-            v8.copy_from_slice(&eight(self, 2 * k + h));
-        }
+        let v = concat8(eight(self, 2 * k), eight(self, 2 * k + 1));
         (v, nibble(&self.scales, k))
     }
 }

@@ -44,6 +44,12 @@ pub(crate) fn grid_pair(lo: u32, hi: u32) -> [u8; 8] {
     (lo as u64 | (hi as u64) << 32).to_le_bytes()
 }
 
+/// Two entries' 8 signed values as one 16-weight sub-block.
+#[inline]
+pub(crate) fn concat8(lo: [i32; 8], hi: [i32; 8]) -> [i32; 16] {
+    std::array::from_fn(|j| if j < 8 { lo[j] } else { hi[j - 8] })
+}
+
 /// 4-bit scale `k` of scales packed two to a byte, low nibble first.
 #[inline]
 pub(crate) fn nibble(scales: &[u8], k: usize) -> u32 {

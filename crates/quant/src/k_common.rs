@@ -133,6 +133,27 @@ pub(crate) fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
     s
 }
 
+/// The first pass of the symmetric searches: `L[i] = clamp(round(−nmax·x/max), −nmax,
+/// nmax−1)`, stored as `L[i] + offset`; returns the x²-weighted sums `(Σ w·x·L, Σ w·L²)`.
+fn first_symmetric_pass(
+    nmax: i32,
+    max: f32,
+    x: &[f32],
+    offset: i32,
+    l_out: &mut [i8],
+) -> (f32, f32) {
+    let iscale = -(nmax as f32) / max;
+    let (mut sumlx, mut suml2) = (0f32, 0f32);
+    for (&v, lo) in x.iter().zip(l_out.iter_mut()) {
+        let l = nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+        *lo = (l + offset) as i8;
+        let w = v * v;
+        sumlx += w * v * l as f32;
+        suml2 += w * l as f32 * l as f32;
+    }
+    (sumlx, suml2)
+}
+
 /// Symmetric search (ggml `make_qx_quants`, the `rmse_type = 1`, no-importance case that
 /// Q6_K uses): `L[i] = clamp(round(x/scale), −nmax, nmax−1) + nmax`, trying 19 inverse
 /// scales around `−nmax/max` and keeping the one with the best weighted (w = x²) fit.
@@ -145,22 +166,14 @@ pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
         return 0.0;
     }
     let clamp = |l: i32| l.clamp(-nmax, nmax - 1);
-    let mut iscale = -(nmax as f32) / max;
-    let (mut sumlx, mut suml2) = (0f32, 0f32);
-    for i in 0..n {
-        let l = clamp(nearest_int(iscale * x[i]));
-        l_out[i] = (l + nmax) as i8;
-        let w = x[i] * x[i];
-        sumlx += w * x[i] * l as f32;
-        suml2 += w * l as f32 * l as f32;
-    }
+    let (mut sumlx, mut suml2) = first_symmetric_pass(nmax, max, x, nmax, l_out);
     let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
     let mut best = scale * sumlx;
     for is in -9i32..=9 {
         if is == 0 {
             continue;
         }
-        iscale = -(nmax as f32 + 0.1 * is as f32) / max;
+        let iscale = -(nmax as f32 + 0.1 * is as f32) / max;
         sumlx = 0.0;
         suml2 = 0.0;
         for &v in x {
@@ -191,15 +204,7 @@ pub(crate) fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
         return 0.0;
     }
     let clamp = |l: i32| l.clamp(-nmax, nmax - 1);
-    let iscale = -(nmax as f32) / max;
-    let (mut sumlx, mut suml2) = (0f32, 0f32);
-    for i in 0..n {
-        let l = clamp(nearest_int(iscale * x[i]));
-        l_out[i] = l as i8;
-        let w = x[i] * x[i];
-        sumlx += w * x[i] * l as f32;
-        suml2 += w * l as f32 * l as f32;
-    }
+    let (mut sumlx, mut suml2) = first_symmetric_pass(nmax, max, x, 0, l_out);
     for _ in 0..5 {
         let mut changed = 0;
         for i in 0..n {
