@@ -3,47 +3,12 @@
 //! quantizers (byte for byte), ggml's scalar dot products, and gguf-py's dequantization
 //! of every K-quant tensor of the real test model (when NEAGARI_TEST_MODEL is set).
 
+mod common;
+
+use common::{check_blocks, check_dequant, check_dot, f32s, fixture, hex};
 use neagari_quant::{dequantize_row, quantize_row, GgmlType};
 use neagari_quant::{BlockQ2_K, BlockQ3_K, BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K};
-use serde_json::Value;
 use std::io::{Read, Seek, SeekFrom};
-
-fn fixture(name: &str) -> Value {
-    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_json::from_str(&text).expect("fixture json")
-}
-
-fn hex(v: &Value) -> Vec<u8> {
-    let s = v.as_str().expect("hex string");
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
-        .collect()
-}
-
-fn f32s(v: &Value) -> Vec<f32> {
-    hex(v)
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn assert_bits_eq(ours: &[f32], theirs: &[f32], what: &str) {
-    assert_eq!(ours.len(), theirs.len(), "{what}: length");
-    for (i, (a, b)) in ours.iter().zip(theirs).enumerate() {
-        assert_eq!(
-            a.to_bits(),
-            b.to_bits(),
-            "{what}: value {i}: ours {a} theirs {b}"
-        );
-    }
-}
-
-fn check_dequant(ty: GgmlType, bytes: &[u8], want: &[f32], what: &str) {
-    let mut out = vec![0f32; want.len()];
-    dequantize_row(ty, bytes, &mut out).expect("dequantize_row");
-    assert_bits_eq(&out, want, what);
-}
 
 const WEIGHT_TYPES: [GgmlType; 5] = [
     GgmlType::Q2_K,
@@ -93,15 +58,7 @@ fn quantizers_match_ggml_ref_byte_for_byte() {
         let want = hex(&f["blocks"]);
         let mut ours = vec![0u8; want.len()];
         quantize_row(ty, &x, &mut ours).expect("quantize_row");
-        let size = ty.info().bytes;
-        for (b, (o, w)) in ours.chunks(size).zip(want.chunks(size)).enumerate() {
-            assert_eq!(
-                o,
-                w,
-                "{ty}: block {b} differs from ggml's quantize_row_{}_ref",
-                ty.name()
-            );
-        }
+        check_blocks(ty, &ours, &want, &format!("quantize_row_{}_ref", ty.name()));
     }
 }
 
@@ -136,19 +93,9 @@ fn dots_match_ggml_generic() {
                 let a: &[BlockQ8_K] = &bytemuck::cast_slice::<u8, BlockQ8_K>(&araw)[..nb];
                 let mut af = vec![0f32; nb * 256];
                 neagari_quant::q8_k::dequantize(a, &mut af);
-                // Scale of the terms, for a tolerance that is relative to what was summed.
-                let mag: f64 = wf
-                    .iter()
-                    .zip(&af)
-                    .map(|(x, y)| (*x as f64 * *y as f64).abs())
-                    .sum();
                 let want = want.as_f64().expect("dot") as f32;
-                let ours = dot(ty, &w, a);
-                let err = (ours - want).abs() as f64;
-                assert!(
-                    err <= 1e-5 * mag + 1e-30,
-                    "{ty} {wkey} row {r}: ours {ours} ggml {want} (Σ|w·a| {mag})"
-                );
+                let what = format!("{ty} {wkey} row {r}");
+                check_dot(&wf, &af, dot(ty, &w, a), want, 1e-5, &what);
             }
         }
     }

@@ -4,42 +4,14 @@
 //! PTQ1_0 have no library reference; the script derives theirs from ggml's Q2_0 and
 //! gguf-py's TQ1_0 (see its doc).
 
+mod common;
+
+use common::{check_blocks, check_dequant, check_dot, f32s, hex};
 use neagari_quant::{dequantize_row, quantize_row, GgmlType};
 use serde_json::Value;
 
 fn fixture(name: &str) -> Value {
-    let path = format!(
-        "{}/tests/fixtures/lowbit/{name}.json",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_json::from_str(&text).expect("fixture json")
-}
-
-fn hex(v: &Value) -> Vec<u8> {
-    let s = v.as_str().expect("hex string");
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
-        .collect()
-}
-
-fn f32s(v: &Value) -> Vec<f32> {
-    hex(v)
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn check_dequant(ty: GgmlType, bytes: &[u8], want: &[f32], what: &str) {
-    let mut out = vec![0f32; want.len()];
-    dequantize_row(ty, bytes, &mut out).expect("dequantize_row");
-    for (i, (a, b)) in out.iter().zip(want).enumerate() {
-        assert_eq!(
-            a.to_bits(),
-            b.to_bits(),
-            "{what}: value {i}: ours {a} theirs {b}"
-        );
-    }
+    common::fixture(&format!("lowbit/{name}.json"))
 }
 
 /// Types with a full fixture (ggml and/or gguf-py know them).
@@ -122,18 +94,9 @@ fn check_dots(ty: GgmlType, w: &[u8], acts: &Value, want: &Value, rel: f64, what
     {
         let araw = &hex(araw)[..arb];
         let af = act_values(ty, araw, n);
-        let mag: f64 = wf
-            .iter()
-            .zip(&af)
-            .map(|(x, y)| (*x as f64 * *y as f64).abs())
-            .sum();
         let want = want.as_f64().expect("dot") as f32;
         let ours = dot(ty, w, araw);
-        let err = (ours - want).abs() as f64;
-        assert!(
-            err <= rel * mag + 1e-30,
-            "{what} row {r}: ours {ours} ggml {want} (Σ|w·a| {mag})"
-        );
+        check_dot(&wf, &af, ours, want, rel, &format!("{what} row {r}"));
     }
 }
 
@@ -168,10 +131,7 @@ fn quantizers_match_ggml_ref_byte_for_byte() {
         let want = hex(&f["blocks"]);
         let mut ours = vec![0u8; want.len()];
         quantize_row(ty, &x, &mut ours).expect("quantize_row");
-        let size = ty.info().bytes;
-        for (b, (o, w)) in ours.chunks(size).zip(want.chunks(size)).enumerate() {
-            assert_eq!(o, w, "{ty}: block {b} differs from ggml's _ref quantizer");
-        }
+        check_blocks(ty, &ours, &want, "_ref quantizer");
     }
 }
 
