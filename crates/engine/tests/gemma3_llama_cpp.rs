@@ -4,9 +4,12 @@
 //!
 //! Needs NEAGARI_TEST_MODEL (the .gguf); skips with a note without it.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use common::{argmax, ids, max_abs_diff, read_f32, read_json};
 use neagari_backend::cpu::{CpuBackend, CpuOptions};
 use neagari_backend::KvType;
 use neagari_engine::loader::tokenizer_from_gguf;
@@ -19,7 +22,7 @@ use neagari_tokenizer::Tokenizer;
 use serde_json::Value;
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+    common::repo_fixtures("")
 }
 
 struct Setup {
@@ -44,10 +47,7 @@ fn setup() -> Option<Setup> {
     });
     let model = neagari_model::load(&be, &GgufSource::new(file.clone())).expect("load the model");
     let tok = tokenizer_from_gguf(&file).expect("tokenizer");
-    let refs: Value = serde_json::from_str(
-        &std::fs::read_to_string(fixtures().join("gemma3_270m_llama_cpp.json")).expect("fixture"),
-    )
-    .expect("fixture JSON");
+    let refs = read_json(&fixtures().join("gemma3_270m_llama_cpp.json"));
     Some(Setup {
         be,
         model,
@@ -56,30 +56,21 @@ fn setup() -> Option<Setup> {
     })
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn read_f32(path: &PathBuf) -> Vec<f32> {
-    std::fs::read(path)
-        .expect("logits fixture")
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+/// A fresh session of `n_ctx` tokens with prompt `p`'s ids prefilled, and the logits of
+/// its last position.
+fn prefilled(s: &Setup, p: &Value, n_ctx: usize) -> (Session<CpuBackend>, Vec<f32>) {
+    let mut sess = Session::new(s.model.as_ref(), &s.be, n_ctx, KvType::F16).expect("session");
+    let logits = sess
+        .prefill(
+            s.model.as_ref(),
+            &s.be,
+            &ids(&p["prompt_ids"]),
+            512,
+            |_, _| true,
+        )
+        .expect("prefill")
+        .expect("logits");
+    (sess, logits)
 }
 
 /// A step whose llama.cpp top-1/top-2 margin is below this is a near-tie: the two engines'
@@ -162,16 +153,11 @@ fn greedy_continuations_equal_llama_cpp() {
 
         // Free-running greedy.
         sess.truncate(&s.be, 0).expect("truncate");
-        let mut logits = sess
+        let logits = sess
             .prefill(s.model.as_ref(), &s.be, &want_prompt, 512, |_, _| true)
             .expect("prefill")
             .expect("logits");
-        let mut got = Vec::new();
-        for _ in 0..want.len() {
-            let t = argmax(&logits);
-            got.push(t);
-            logits = sess.decode(s.model.as_ref(), &s.be, t).expect("decode");
-        }
+        let got = common::greedy(&mut sess, s.model.as_ref(), &s.be, logits, want.len());
         let first_diff = got.iter().zip(&want).position(|(a, b)| a != b);
         identical += first_diff.is_none() as usize;
         report.push(format!(
@@ -242,17 +228,7 @@ fn first_step_logits_agree() {
     let mut failures = Vec::new();
     for p in s.refs["prompts"].as_array().expect("prompts") {
         let name = p["name"].as_str().unwrap_or("?");
-        let mut sess = Session::new(s.model.as_ref(), &s.be, 1024, KvType::F16).expect("session");
-        let logits = sess
-            .prefill(
-                s.model.as_ref(),
-                &s.be,
-                &ids(&p["prompt_ids"]),
-                512,
-                |_, _| true,
-            )
-            .expect("prefill")
-            .expect("logits");
+        let (_, logits) = prefilled(&s, p, 1024);
         let top40: Vec<(u32, f32)> = p["first_step_top40"]
             .as_array()
             .expect("top40")
@@ -294,23 +270,9 @@ fn full_logits_close_to_llama_cpp() {
         let name = p["name"].as_str().unwrap_or("?");
         let file = p["first_step_logits_file"].as_str().unwrap();
         let want = read_f32(&fixtures().join(PathBuf::from(file).file_name().expect("file name")));
-        let mut sess = Session::new(s.model.as_ref(), &s.be, 256, KvType::F16).expect("session");
-        let got = sess
-            .prefill(
-                s.model.as_ref(),
-                &s.be,
-                &ids(&p["prompt_ids"]),
-                512,
-                |_, _| true,
-            )
-            .expect("prefill")
-            .expect("logits");
+        let (_, got) = prefilled(&s, p, 256);
         assert_eq!(got.len(), want.len());
-        let max_d = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let max_d = max_abs_diff(&got, &want);
         let rms_d = (got
             .iter()
             .zip(&want)
@@ -394,15 +356,7 @@ fn dump_tensors() {
     };
     let p = &s.refs["prompts"][env("NEAGARI_DUMP_PROMPT", 0)];
     let want = ids(&p["continuation_ids"]);
-    let mut sess = Session::new(s.model.as_ref(), &s.be, 1024, KvType::F16).expect("session");
-    sess.prefill(
-        s.model.as_ref(),
-        &s.be,
-        &ids(&p["prompt_ids"]),
-        512,
-        |_, _| true,
-    )
-    .expect("prefill");
+    let (mut sess, _) = prefilled(&s, p, 1024);
     for &t in &want[..env("NEAGARI_DUMP_STEPS", 2)] {
         sess.decode(s.model.as_ref(), &s.be, t).expect("decode");
     }

@@ -12,88 +12,44 @@
 //!   logits by O(1);
 //! - greedy tokens equal llama.cpp's on the unrotated file (tests/fixtures/tiny/reference.json).
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use neagari_backend::cpu::{CpuBackend, CpuOptions};
+use common::{cpu, greedy_kv, ids, load_gguf, max_abs, max_abs_diff, model_ref, read_json};
 use neagari_backend::KvType;
 use neagari_formats::Gguf;
 use neagari_model::gguf::GgufSource;
-use neagari_model::CausalLm;
-use serde_json::Value;
 
 fn tiny() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny")
-}
-
-fn load(be: &CpuBackend, file: &str) -> Box<dyn CausalLm<CpuBackend>> {
-    let g = Arc::new(Gguf::open(tiny().join(file)).expect("open"));
-    neagari_model::load(be, &GgufSource::new(g)).expect("load")
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
-        }
-    }
-    best as u32
+    common::repo_fixtures("tiny")
 }
 
 #[test]
 fn rotated_gguf_computes_the_unrotated_model() {
-    let refs: Value =
-        serde_json::from_str(&std::fs::read_to_string(tiny().join("reference.json")).unwrap())
-            .unwrap();
-    let m = refs["models"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["name"] == "qwen3")
-        .unwrap();
-    let ids: Vec<u32> = m["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
-    let greedy: Vec<u32> = m["greedy"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let m = model_ref(&read_json(&tiny().join("reference.json")), "qwen3");
+    let greedy = ids(&m["greedy"]);
+    let ids = ids(&m["ids"]);
     for scalar_only in [false, true] {
-        let be = CpuBackend::new(&CpuOptions {
-            threads: 2,
-            scalar_only,
-        });
-        let plain = load(&be, "qwen3.gguf");
-        let rot = load(&be, "qwen3_hadamard.gguf");
+        let be = cpu(2, scalar_only);
+        let plain = load_gguf(&be, &tiny().join("qwen3.gguf"));
+        let rot = load_gguf(&be, &tiny().join("qwen3_hadamard.gguf"));
         let mut kv_a = plain.new_kv(&be, 128, KvType::F16).unwrap();
         let mut kv_b = rot.new_kv(&be, 128, KvType::F16).unwrap();
         let a = plain.forward(&be, &mut kv_a, &ids, true).unwrap();
         let b = rot.forward(&be, &mut kv_b, &ids, true).unwrap();
-        let max = a
-            .iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max);
-        let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let max = max_abs_diff(&a, &b);
+        let scale = max_abs(&a);
         eprintln!(
             "rotated vs plain (scalar_only={scalar_only}): max |Δlogit| {max:.2e}, scale {scale:.2}"
         );
         assert!(max <= 1e-3 * scale, "rotated model differs by {max}");
 
         let mut kv = rot.new_kv(&be, 128, KvType::F16).unwrap();
-        let mut last = rot.forward(&be, &mut kv, &ids, false).unwrap();
-        let mut ours = Vec::new();
-        for _ in 0..greedy.len() {
-            let t = argmax(&last);
-            ours.push(t);
-            last = rot.forward(&be, &mut kv, &[t], false).unwrap();
-        }
+        let last = rot.forward(&be, &mut kv, &ids, false).unwrap();
+        let n_vocab = rot.info().n_vocab;
+        let ours = greedy_kv(rot.as_ref(), &be, &mut kv, last, greedy.len(), n_vocab);
         assert_eq!(ours, greedy, "greedy tokens differ from llama.cpp's");
     }
 }
@@ -111,10 +67,7 @@ fn refuses_unknown_transform_in_gguf() {
     let mut edited = bytes.clone();
     edited[at..at + to.len()].copy_from_slice(to);
     let g = Arc::new(Gguf::from_bytes(edited).expect("parse"));
-    let be = CpuBackend::new(&CpuOptions {
-        threads: 1,
-        scalar_only: false,
-    });
+    let be = cpu(1, false);
     let err = neagari_model::load(&be, &GgufSource::new(g))
         .err()
         .expect("must refuse")

@@ -8,69 +8,26 @@
 //! NeoX RoPE and a tied head; `qwen3` per-head q/k RMSNorm and head_dim 32 ≠ hidden/heads;
 //! `llama_q8` Q8_0 weights.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+mod common;
 
-use neagari_backend::cpu::{CpuBackend, CpuOptions};
+use std::path::PathBuf;
+
+use common::{
+    argmax_agreement, cpu, ids, load_gguf, max_abs, max_abs_diff, model_ref, read_f32, read_json,
+    rms_diff,
+};
+use neagari_backend::cpu::CpuBackend;
 use neagari_backend::KvType;
 use neagari_engine::session::Session;
-use neagari_formats::Gguf;
-use neagari_model::gguf::GgufSource;
 use neagari_model::CausalLm;
 use serde_json::Value;
 
 fn tiny() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny")
+    common::repo_fixtures("tiny")
 }
 
 fn reference() -> Value {
-    serde_json::from_str(
-        &std::fs::read_to_string(tiny().join("reference.json")).expect("reference.json"),
-    )
-    .expect("reference JSON")
-}
-
-fn model_ref(refs: &Value, name: &str) -> Value {
-    refs["models"]
-        .as_array()
-        .expect("models")
-        .iter()
-        .find(|m| m["name"] == name)
-        .unwrap_or_else(|| panic!("{name} missing from reference.json"))
-        .clone()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn read_f32(path: &PathBuf) -> Vec<f32> {
-    std::fs::read(path)
-        .expect("logits fixture")
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
-}
-
-fn backend(scalar_only: bool) -> CpuBackend {
-    CpuBackend::new(&CpuOptions {
-        threads: 2,
-        scalar_only,
-    })
+    read_json(&tiny().join("reference.json"))
 }
 
 /// Runs one tiny model both ways and checks it against llama.cpp.
@@ -85,9 +42,8 @@ fn check(name: &str, rel_cap: f32, scalar_only: bool) {
     let refs = reference();
     let m = model_ref(&refs, name);
     let n_ctx = refs["settings"]["n_ctx"].as_u64().expect("n_ctx") as usize;
-    let file = Arc::new(Gguf::open(tiny().join(m["file"].as_str().unwrap())).expect("open"));
-    let be = backend(scalar_only);
-    let model = neagari_model::load(&be, &GgufSource::new(file)).expect("load");
+    let be = cpu(2, scalar_only);
+    let model = load_gguf(&be, &tiny().join(m["file"].as_str().unwrap()));
     let model: &dyn CausalLm<CpuBackend> = model.as_ref();
     let n_vocab = m["n_vocab"].as_u64().unwrap() as usize;
     assert_eq!(model.info().n_vocab, n_vocab);
@@ -110,14 +66,8 @@ fn check(name: &str, rel_cap: f32, scalar_only: bool) {
             (max_d, at) = (d, i);
         }
     }
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let rms_d = (got
-        .iter()
-        .zip(&want)
-        .map(|(a, b)| ((a - b) * (a - b)) as f64)
-        .sum::<f64>()
-        / want.len() as f64)
-        .sqrt();
+    let scale = max_abs(&want);
+    let rms_d = rms_diff(&got, &want);
     eprintln!(
         "{name}{}: max |Δlogit| {max_d:.2e} (position {}, token {}), rms Δ {rms_d:.2e}, max |logit| {scale:.2}, NumPy f32-softmax {:.2e}",
         if scalar_only { " (scalar)" } else { "" },
@@ -139,25 +89,16 @@ fn check(name: &str, rel_cap: f32, scalar_only: bool) {
     // Greedy continuation: prefill (last logits only), then one token at a time.
     let greedy = ids(&m["greedy"]);
     let mut sess = Session::new(model, &be, n_ctx, KvType::F16).expect("session");
-    let mut logits = sess
+    let logits = sess
         .prefill(model, &be, &prompt, 512, |_, _| true)
         .expect("prefill")
         .expect("logits");
-    let last = &want[(prompt.len() - 1) * n_vocab..];
-    let d_last = logits
-        .iter()
-        .zip(last)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    let d_last = max_abs_diff(&logits, &want[(prompt.len() - 1) * n_vocab..]);
     assert!(
         d_last <= tol,
         "{name}: prefill's last logits differ from llama.cpp's by {d_last}"
     );
-    let mut ours = Vec::new();
-    for _ in 0..greedy.len() {
-        let t = argmax(&logits);
-        ours.push(t);
-        logits = sess.decode(model, &be, t).expect("decode");
-    }
+    let ours = common::greedy(&mut sess, model, &be, logits, greedy.len());
     assert_eq!(ours, greedy, "{name}: greedy continuation");
 }
 
@@ -204,26 +145,17 @@ fn scalar_kernels_agree_too() {
 fn q8_0_kv_cache_stays_close() {
     let refs = reference();
     let m = model_ref(&refs, "qwen3");
-    let file = Arc::new(Gguf::open(tiny().join(m["file"].as_str().unwrap())).expect("open"));
-    let be = backend(false);
-    let model = neagari_model::load(&be, &GgufSource::new(file)).expect("load");
+    let be = cpu(2, false);
+    let model = load_gguf(&be, &tiny().join(m["file"].as_str().unwrap()));
     let model: &dyn CausalLm<CpuBackend> = model.as_ref();
     let n_vocab = m["n_vocab"].as_u64().unwrap() as usize;
     let prompt = ids(&m["ids"]);
     let want = read_f32(&tiny().join(m["logits_file"].as_str().unwrap()));
     let mut sess = Session::new(model, &be, 64, KvType::Q8_0).expect("session");
     let got = sess.forward_all(model, &be, &prompt).expect("forward_all");
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let max_d = got
-        .iter()
-        .zip(&want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    let agree = got
-        .chunks_exact(n_vocab)
-        .zip(want.chunks_exact(n_vocab))
-        .filter(|(a, b)| argmax(a) == argmax(b))
-        .count();
+    let scale = max_abs(&want);
+    let max_d = max_abs_diff(&got, &want);
+    let agree = argmax_agreement(&got, &want, n_vocab);
     eprintln!(
         "q8_0 KV: max |Δ| {max_d:.4} of scale {scale:.2}; argmax agrees at {agree}/{}",
         prompt.len()

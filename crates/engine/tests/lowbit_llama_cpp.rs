@@ -11,52 +11,21 @@
 //! position's logits of a 40-id batch within a bound, and the 16-token greedy continuation
 //! (chosen by the generator with top-2 margins ≥ 0.05) token for token.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+mod common;
 
-use neagari_backend::cpu::{CpuBackend, CpuOptions};
+use std::path::PathBuf;
+
+use common::{
+    argmax_agreement, cpu, ids, load_gguf, max_abs, max_abs_diff, model_ref, read_f32, read_json,
+    rms_diff,
+};
+use neagari_backend::cpu::CpuBackend;
 use neagari_backend::KvType;
 use neagari_engine::session::Session;
-use neagari_formats::Gguf;
-use neagari_model::gguf::GgufSource;
 use neagari_model::CausalLm;
-use serde_json::Value;
 
 fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lowbit")
-}
-
-fn reference() -> Value {
-    serde_json::from_str(
-        &std::fs::read_to_string(dir().join("reference.json")).expect("reference.json"),
-    )
-    .expect("reference JSON")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn read_f32(path: &PathBuf) -> Vec<f32> {
-    std::fs::read(path)
-        .expect("logits fixture")
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+    common::repo_fixtures("lowbit")
 }
 
 /// Bound on the largest |Δlogit| as a share of the logit scale. Where our reference dot
@@ -68,21 +37,11 @@ fn read_f32(path: &PathBuf) -> Vec<f32> {
 const REL_TOL: f32 = 3e-2;
 
 fn check(name: &str, scalar_only: bool) {
-    let refs = reference();
-    let m = refs["models"]
-        .as_array()
-        .expect("models")
-        .iter()
-        .find(|m| m["name"] == name)
-        .unwrap_or_else(|| panic!("{name} missing from reference.json"))
-        .clone();
+    let refs = read_json(&dir().join("reference.json"));
+    let m = model_ref(&refs, name);
     let n_ctx = refs["settings"]["n_ctx"].as_u64().expect("n_ctx") as usize;
-    let file = Arc::new(Gguf::open(dir().join(m["file"].as_str().unwrap())).expect("open"));
-    let be = CpuBackend::new(&CpuOptions {
-        threads: 2,
-        scalar_only,
-    });
-    let model = neagari_model::load(&be, &GgufSource::new(file)).expect("load");
+    let be = cpu(2, scalar_only);
+    let model = load_gguf(&be, &dir().join(m["file"].as_str().unwrap()));
     let model: &dyn CausalLm<CpuBackend> = model.as_ref();
     let n_vocab = m["n_vocab"].as_u64().unwrap() as usize;
     assert_eq!(model.info().n_vocab, n_vocab);
@@ -92,24 +51,10 @@ fn check(name: &str, scalar_only: bool) {
 
     let mut sess = Session::new(model, &be, n_ctx, KvType::F16).expect("session");
     let got = sess.forward_all(model, &be, &prompt).expect("forward_all");
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let max_d = got
-        .iter()
-        .zip(&want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    let rms_d = (got
-        .iter()
-        .zip(&want)
-        .map(|(a, b)| ((a - b) * (a - b)) as f64)
-        .sum::<f64>()
-        / want.len() as f64)
-        .sqrt();
-    let agree = got
-        .chunks_exact(n_vocab)
-        .zip(want.chunks_exact(n_vocab))
-        .filter(|(a, b)| argmax(a) == argmax(b))
-        .count();
+    let scale = max_abs(&want);
+    let max_d = max_abs_diff(&got, &want);
+    let rms_d = rms_diff(&got, &want);
+    let agree = argmax_agreement(&got, &want, n_vocab);
     eprintln!(
         "{name}{}: max |Δlogit| {max_d:.3e}, rms {rms_d:.3e}, scale {scale:.2} (NumPy with unquantized activations: {}), argmax agrees at {agree}/{}",
         if scalar_only { " (scalar)" } else { "" },
@@ -124,16 +69,11 @@ fn check(name: &str, scalar_only: bool) {
 
     let greedy = ids(&m["greedy"]);
     let mut sess = Session::new(model, &be, n_ctx, KvType::F16).expect("session");
-    let mut logits = sess
+    let logits = sess
         .prefill(model, &be, &prompt, 512, |_, _| true)
         .expect("prefill")
         .expect("logits");
-    let mut ours = Vec::new();
-    for _ in 0..greedy.len() {
-        let t = argmax(&logits);
-        ours.push(t);
-        logits = sess.decode(model, &be, t).expect("decode");
-    }
+    let ours = common::greedy(&mut sess, model, &be, logits, greedy.len());
     assert_eq!(ours, greedy, "{name}: greedy continuation");
 }
 

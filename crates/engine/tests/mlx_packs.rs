@@ -22,9 +22,12 @@
 //! `REL_INT8`). Greedy tokens must be equal everywhere else (the generator only keeps
 //! seeds whose top-2 margins are ≥ 0.05).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
-use neagari_backend::cpu::{CpuBackend, CpuOptions};
+use common::{argmax, cpu, greedy_kv, ids, max_abs, max_abs_diff, model_ref, read_f32, read_json};
+use neagari_backend::cpu::CpuBackend;
 use neagari_backend::KvType;
 use neagari_model::hf::HfSource;
 use neagari_model::CausalLm;
@@ -38,53 +41,31 @@ const MAX_ABS_FIRST: f32 = 1e-2;
 const REL_INT8: f32 = 0.1;
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/mlx")
+    common::repo_fixtures("mlx")
 }
 
 fn reference() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(root().join("reference.json")).unwrap()).unwrap()
+    read_json(&root().join("reference.json"))
 }
 
-fn read_f32(path: &Path) -> Vec<f32> {
-    std::fs::read(path)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
-        }
+/// Copies a pack's config and weights from `src` into `tmp`.
+fn copy_pack(src: &Path, tmp: &Path) {
+    std::fs::create_dir_all(tmp).unwrap();
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "model.safetensors.index.json",
+    ] {
+        std::fs::copy(src.join(f), tmp.join(f)).unwrap();
     }
-    best as u32
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 fn check(name: &str, scalar_only: bool) {
     let refs = reference();
-    let m = refs["models"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["name"] == name)
-        .unwrap_or_else(|| panic!("{name} missing from reference.json"));
+    let m = model_ref(&refs, name);
     let prompt = ids(&refs["ids"]);
     let n_vocab = m["n_vocab"].as_u64().unwrap() as usize;
-    let be = CpuBackend::new(&CpuOptions {
-        threads: 2,
-        scalar_only,
-    });
+    let be = cpu(2, scalar_only);
     let src = HfSource::open(&root().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     let model: Box<dyn CausalLm<CpuBackend>> =
         neagari_model::load(&be, &src).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -93,20 +74,11 @@ fn check(name: &str, scalar_only: bool) {
     let mut kv = model.new_kv(&be, 64, KvType::F16).unwrap();
     let got = model.forward(&be, &mut kv, &prompt, true).unwrap();
     assert_eq!(got.len(), want.len(), "{name}: logits size");
-    let max = got
-        .iter()
-        .zip(&want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
+    let max = max_abs_diff(&got, &want);
     eprintln!("{name} (scalar_only={scalar_only}): max |Δlogit| {max:.2e}");
     if std::env::var("MLX_DEBUG").is_ok() {
         for (p, (a, b)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
-            let e = a
-                .iter()
-                .zip(b)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0f32, f32::max);
-            eprintln!("  pos {p}: {e:.2e}");
+            eprintln!("  pos {p}: {:.2e}", max_abs_diff(a, b));
         }
     }
     let int8 = m["bits"] == 1 && !scalar_only && be.features().has_avx2();
@@ -118,7 +90,7 @@ fn check(name: &str, scalar_only: bool) {
         // path (`one_bit_f32_path_matches_mlx`); here only that it stays within 10% of the
         // scale — a wrong code, scale or bias moves logits by the whole scale — and that
         // the first greedy token agrees.
-        let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let scale = max_abs(&want);
         assert!(
             max <= REL_INT8 * scale,
             "{name}: int8 path off by {max} (scale {scale})"
@@ -138,25 +110,16 @@ fn check(name: &str, scalar_only: bool) {
         MAX_ABS
     };
     assert!(max <= bound, "{name}: max |Δlogit| {max} > {bound}");
-    let first = got[..n_vocab]
-        .iter()
-        .zip(&want[..n_vocab])
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
+    let first = max_abs_diff(&got[..n_vocab], &want[..n_vocab]);
     assert!(
         first <= MAX_ABS_FIRST,
         "{name}: position 0 max |Δlogit| {first} > {MAX_ABS_FIRST}"
     );
 
     let mut kv = model.new_kv(&be, 64, KvType::F16).unwrap();
-    let mut last = model.forward(&be, &mut kv, &prompt, false).unwrap();
-    let mut greedy = Vec::new();
-    for _ in 0..ids(&m["greedy"]).len() {
-        assert_eq!(last.len(), n_vocab);
-        let t = argmax(&last);
-        greedy.push(t);
-        last = model.forward(&be, &mut kv, &[t], false).unwrap();
-    }
+    let last = model.forward(&be, &mut kv, &prompt, false).unwrap();
+    let n = ids(&m["greedy"]).len();
+    let greedy = greedy_kv(model.as_ref(), &be, &mut kv, last, n, n_vocab);
     assert_eq!(
         greedy,
         ids(&m["greedy"]),
@@ -226,14 +189,7 @@ fn pack_tokenizer_matches_hf_tokenizers() {
 fn refuses_unknown_rotation_by_name() {
     let src = root().join("qwen3_hadamard");
     let tmp = std::env::temp_dir().join(format!("neagari_badrot_{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
-    for f in [
-        "config.json",
-        "model.safetensors",
-        "model.safetensors.index.json",
-    ] {
-        std::fs::copy(src.join(f), tmp.join(f)).unwrap();
-    }
+    copy_pack(&src, &tmp);
     let hj = std::fs::read_to_string(src.join("hadamard.json"))
         .unwrap()
         .replace(
@@ -253,20 +209,8 @@ fn refuses_unknown_rotation_by_name() {
 fn damaged_packs_are_errors() {
     let src = root().join("llama_q4_g64");
     let tmp = std::env::temp_dir().join(format!("neagari_badpack_{}", std::process::id()));
-    let reset = || {
-        std::fs::create_dir_all(&tmp).unwrap();
-        for f in [
-            "config.json",
-            "model.safetensors",
-            "model.safetensors.index.json",
-        ] {
-            std::fs::copy(src.join(f), tmp.join(f)).unwrap();
-        }
-    };
-    let be = CpuBackend::new(&CpuOptions {
-        threads: 1,
-        scalar_only: false,
-    });
+    let reset = || copy_pack(&src, &tmp);
+    let be = cpu(1, false);
     let load_err = || -> String {
         match HfSource::open(&tmp) {
             Err(e) => e.to_string(),
@@ -277,6 +221,11 @@ fn damaged_packs_are_errors() {
         }
     };
     let cfg = std::fs::read_to_string(src.join("config.json")).unwrap();
+    let with_config = |text: &str| {
+        reset();
+        std::fs::write(tmp.join("config.json"), text).unwrap();
+        load_err()
+    };
 
     reset();
     let st = std::fs::read(src.join("model.safetensors")).unwrap();
@@ -284,31 +233,17 @@ fn damaged_packs_are_errors() {
     let e = load_err();
     assert!(e.contains("data_offsets") || e.contains("outside"), "{e}");
 
-    reset();
-    std::fs::write(
-        tmp.join("config.json"),
-        cfg.replace("\"bits\": 4", "\"bits\": 3"),
-    )
-    .unwrap();
-    let e = load_err();
+    let e = with_config(&cfg.replace("\"bits\": 4", "\"bits\": 3"));
     assert!(e.contains("3-bit"), "{e}");
 
-    reset();
     let v: Value = serde_json::from_str(&cfg).unwrap();
     let mut v2 = v.clone();
     v2.as_object_mut().unwrap().remove("quantization");
     v2.as_object_mut().unwrap().remove("quantization_config");
-    std::fs::write(tmp.join("config.json"), v2.to_string()).unwrap();
-    let e = load_err();
+    let e = with_config(&v2.to_string());
     assert!(e.contains("quantization"), "{e}");
 
-    reset();
-    std::fs::write(
-        tmp.join("config.json"),
-        cfg.replace("\"mode\": \"affine\"", "\"mode\": \"mxfp4\""),
-    )
-    .unwrap();
-    let e = load_err();
+    let e = with_config(&cfg.replace("\"mode\": \"affine\"", "\"mode\": \"mxfp4\""));
     assert!(e.contains("mxfp4"), "{e}");
     std::fs::remove_dir_all(&tmp).ok();
 }
