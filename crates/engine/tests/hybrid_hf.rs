@@ -8,101 +8,57 @@
 //! Bar as in hybrid_transformers.rs: the largest |Δlogit| over every position stays under
 //! 1e-3 of the largest |logit| (f32 KV cache; weights f16 on both sides).
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use neagari_backend::cpu::{CpuBackend, CpuOptions};
-use neagari_backend::KvType;
-use neagari_engine::session::Session;
+use common::{check_decode, check_prefill, cpu, hybrid_case};
+use neagari_backend::HostTensor;
 use neagari_formats::Gguf;
 use neagari_model::gguf::GgufSource;
 use neagari_model::hf::HfSource;
-use neagari_model::{CausalLm, ModelSource};
-use serde_json::Value;
-
-const REL_TOL: f32 = 1e-3;
+use neagari_model::ModelSource;
 
 fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/hybrid")
+    common::hybrid_dir()
 }
 
-struct Case {
-    be: CpuBackend,
-    model: Box<dyn CausalLm<CpuBackend>>,
-    ids: Vec<u32>,
-    /// `[ids.len(), n_vocab]`.
-    want: Vec<f32>,
-}
-
-/// The HF checkpoint `hf/{ckpt}` against the transformers logits stored for `name`.
-fn case(name: &str, ckpt: &str) -> Case {
-    let refs: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir().join("reference.json")).unwrap())
-            .unwrap();
-    let m = &refs["models"][name];
-    let ids: Vec<u32> = m["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
-    let n_vocab = m["logits_shape"][1].as_u64().unwrap() as usize;
-    let want: Vec<f32> = std::fs::read(dir().join(format!("{name}.logits.bin")))
-        .unwrap()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    assert_eq!(want.len(), ids.len() * n_vocab);
-    let be = CpuBackend::new(&CpuOptions {
-        threads: 2,
-        scalar_only: false,
-    });
-    let src = HfSource::open(&dir().join("hf").join(ckpt)).expect("open");
-    let model = neagari_model::load(&be, &src).expect("load");
-    assert_eq!(model.info().n_vocab, n_vocab);
-    Case {
-        be,
-        model,
-        ids,
-        want,
-    }
-}
-
-/// Largest |a − b| over the largest |b|.
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let d = got
-        .iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    d / scale
-}
-
-fn session(c: &Case) -> Session<CpuBackend> {
-    Session::new(c.model.as_ref(), &c.be, 256, KvType::F32).expect("session")
-}
-
+/// The HF checkpoint `hf/{ckpt}` against the transformers logits stored for `name`:
+/// prefilled in batches, then decoded token by token.
 fn check(name: &str, ckpt: &str) {
-    let c = case(name, ckpt);
-    for n_batch in [32, 150] {
-        let mut s = session(&c);
-        let mut got = Vec::new();
-        for chunk in c.ids.chunks(n_batch) {
-            got.extend(s.forward_all(c.model.as_ref(), &c.be, chunk).unwrap());
-        }
-        let e = rel_err(&got, &c.want);
-        println!("{ckpt}: prefill n_batch {n_batch}: rel err {e:.2e}");
-        assert!(e < REL_TOL, "{ckpt} prefill n_batch {n_batch}: {e}");
-    }
-    let mut s = session(&c);
-    let mut got = Vec::new();
-    for &t in &c.ids {
-        got.extend(s.decode(c.model.as_ref(), &c.be, t).unwrap());
-    }
-    let e = rel_err(&got, &c.want);
-    println!("{ckpt}: token-by-token decode: rel err {e:.2e}");
-    assert!(e < REL_TOL, "{ckpt} decode: {e}");
+    let c = hybrid_case(name, |be| {
+        let src = HfSource::open(&dir().join("hf").join(ckpt)).expect("open");
+        neagari_model::load(be, &src).expect("load")
+    });
+    check_prefill(&c, ckpt);
+    check_decode(&c, ckpt);
+}
+
+/// `{name}.gguf` (as a file and as a source) and the HF checkpoint `hf/{name}`.
+fn sources(name: &str) -> (Gguf, GgufSource, HfSource) {
+    let path = dir().join(format!("{name}.gguf"));
+    let gguf = GgufSource::new(Arc::new(Gguf::open(&path).unwrap()));
+    let hf = HfSource::open(&dir().join("hf").join(name)).unwrap();
+    (Gguf::open(&path).unwrap(), gguf, hf)
+}
+
+/// Tensor `name` from the HF source, which must have it in the GGUF's shape, and from the
+/// GGUF.
+fn paired(hf: &HfSource, gguf: &GgufSource, name: &str) -> (HostTensor, HostTensor) {
+    let g = gguf.tensor(name).unwrap();
+    let h = hf
+        .tensor(name)
+        .unwrap_or_else(|| panic!("{name} missing from the HF source"));
+    assert_eq!(h.shape, g.shape, "{name}");
+    (h, g)
+}
+
+/// A tensor's values, dequantized to f32.
+fn values(x: &HostTensor) -> Vec<f32> {
+    let mut v = vec![0f32; x.n_elements()];
+    neagari_quant::dequantize_row(x.ty, x.bytes.as_slice(), &mut v).unwrap();
+    v
 }
 
 #[test]
@@ -129,23 +85,10 @@ fn qwen3next_moe_hf_matches_transformers() {
 /// converter's (whose V heads stay grouped, so every tensor is comparable).
 #[test]
 fn qwen3next_hf_tensors_equal_the_converters() {
-    let gguf = GgufSource::new(Arc::new(
-        Gguf::open(dir().join("qwen3next_moe.gguf")).unwrap(),
-    ));
-    let hf = HfSource::open(&dir().join("hf/qwen3next_moe")).unwrap();
-    let file = Gguf::open(dir().join("qwen3next_moe.gguf")).unwrap();
+    let (file, gguf, hf) = sources("qwen3next_moe");
     for t in file.tensors() {
-        let g = gguf.tensor(&t.name).unwrap();
-        let h = hf
-            .tensor(&t.name)
-            .unwrap_or_else(|| panic!("{} missing from the HF source", t.name));
-        assert_eq!(h.shape, g.shape, "{}", t.name);
-        let vals = |x: &neagari_backend::HostTensor| {
-            let mut v = vec![0f32; x.n_elements()];
-            neagari_quant::dequantize_row(x.ty, x.bytes.as_slice(), &mut v).unwrap();
-            v
-        };
-        let (a, b) = (vals(&h), vals(&g));
+        let (h, g) = paired(&hf, &gguf, &t.name);
+        let (a, b) = (values(&h), values(&g));
         if t.name.ends_with("ssm_a") {
             // −exp computed by two libraries: equal to f32 rounding.
             assert!(a
@@ -163,11 +106,7 @@ fn qwen3next_hf_tensors_equal_the_converters() {
 /// block), and every GGUF tensor has an HF counterpart of the same shape.
 #[test]
 fn qwen35_dense_hf_tensors_equal_the_converters() {
-    let gguf = GgufSource::new(Arc::new(
-        Gguf::open(dir().join("qwen35_dense.gguf")).unwrap(),
-    ));
-    let hf = HfSource::open(&dir().join("hf/qwen35_dense")).unwrap();
-    let file = Gguf::open(dir().join("qwen35_dense.gguf")).unwrap();
+    let (file, gguf, hf) = sources("qwen35_dense");
     let v_reordered = [
         "attn_qkv",
         "attn_gate",
@@ -180,20 +119,11 @@ fn qwen35_dense_hf_tensors_equal_the_converters() {
     ];
     let mut compared = 0;
     for t in file.tensors() {
-        let g = gguf.tensor(&t.name).unwrap();
-        let h = hf
-            .tensor(&t.name)
-            .unwrap_or_else(|| panic!("{} missing from the HF source", t.name));
-        assert_eq!(h.shape, g.shape, "{}", t.name);
+        let (h, g) = paired(&hf, &gguf, &t.name);
         if v_reordered.iter().any(|s| t.name.contains(s)) {
             continue;
         }
-        let vals = |x: &neagari_backend::HostTensor| {
-            let mut v = vec![0f32; x.n_elements()];
-            neagari_quant::dequantize_row(x.ty, x.bytes.as_slice(), &mut v).unwrap();
-            v
-        };
-        assert_eq!(vals(&h), vals(&g), "{}", t.name);
+        assert_eq!(values(&h), values(&g), "{}", t.name);
         compared += 1;
     }
     assert!(compared > 40, "{compared}");
@@ -205,10 +135,7 @@ fn qwen35_dense_hf_tensors_equal_the_converters() {
         let k = format!("qwen35.{k}");
         assert_eq!(hf.u64_opt(&k).unwrap(), gguf.u64_opt(&k).unwrap(), "{k}");
     }
-    let be = CpuBackend::new(&CpuOptions {
-        threads: 1,
-        scalar_only: false,
-    });
+    let be = cpu(1, false);
     let m = neagari_model::qwen35::Qwen35::load(&be, &hf).unwrap();
     assert_eq!(m.mtp().len(), 1);
     assert_eq!(

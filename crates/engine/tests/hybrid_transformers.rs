@@ -9,115 +9,37 @@
 //! (f32 KV cache, so attention does no f16 rounding; the weights are f16 in the file and
 //! were rounded identically before transformers ran).
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use neagari_backend::cpu::{CpuBackend, CpuOptions};
+use common::{
+    cpu, hybrid_case, load_gguf, prefill_all, rel_err, session, HybridCase,
+    HYBRID_REL_TOL as REL_TOL,
+};
 use neagari_backend::KvType;
-use neagari_engine::session::Session;
 use neagari_formats::Gguf;
 use neagari_model::gguf::GgufSource;
-use neagari_model::{CausalLm, ModelSource};
-use serde_json::Value;
-
-const REL_TOL: f32 = 1e-3;
+use neagari_model::ModelSource;
 
 fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/hybrid")
+    common::hybrid_dir()
 }
 
-struct Case {
-    be: CpuBackend,
-    model: Box<dyn CausalLm<CpuBackend>>,
-    ids: Vec<u32>,
-    /// `[ids.len(), n_vocab]`.
-    want: Vec<f32>,
-    n_vocab: usize,
-}
-
-fn case(name: &str) -> Case {
-    let refs: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir().join("reference.json")).unwrap())
-            .unwrap();
-    let m = &refs["models"][name];
-    let ids: Vec<u32> = m["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
-    let shape = m["logits_shape"].as_array().unwrap();
-    let n_vocab = shape[1].as_u64().unwrap() as usize;
-    let want: Vec<f32> = std::fs::read(dir().join(format!("{name}.logits.bin")))
-        .unwrap()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    assert_eq!(want.len(), ids.len() * n_vocab);
-    let be = CpuBackend::new(&CpuOptions {
-        threads: 2,
-        scalar_only: false,
-    });
-    let file = Arc::new(Gguf::open(dir().join(format!("{name}.gguf"))).expect("open"));
-    let model = neagari_model::load(&be, &GgufSource::new(file)).expect("load");
-    assert_eq!(model.info().n_vocab, n_vocab);
-    Case {
-        be,
-        model,
-        ids,
-        want,
-        n_vocab,
-    }
-}
-
-/// Largest |a − b| over the largest |b|.
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let d = got
-        .iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    d / scale
-}
-
-fn session(c: &Case) -> Session<CpuBackend> {
-    Session::new(c.model.as_ref(), &c.be, 256, KvType::F32).expect("session")
-}
-
-/// Every position's logits, prefilled `n_batch` tokens at a time.
-fn prefill_all(c: &Case, n_batch: usize) -> Vec<f32> {
-    let mut s = session(c);
-    let mut out = Vec::new();
-    for chunk in c.ids.chunks(n_batch) {
-        out.extend(s.forward_all(c.model.as_ref(), &c.be, chunk).unwrap());
-    }
-    out
-}
-
-fn decode_all(c: &Case) -> Vec<f32> {
-    let mut s = session(c);
-    let mut out = Vec::new();
-    for &t in &c.ids {
-        out.extend(s.decode(c.model.as_ref(), &c.be, t).unwrap());
-    }
-    out
+/// `{name}.gguf` against the transformers logits stored for `name`.
+fn case(name: &str) -> HybridCase {
+    hybrid_case(name, |be| {
+        load_gguf(be, &dir().join(format!("{name}.gguf")))
+    })
 }
 
 fn check_prefill(name: &str) {
-    let c = case(name);
-    for n_batch in [32, 150] {
-        let e = rel_err(&prefill_all(&c, n_batch), &c.want);
-        println!("{name}: prefill n_batch {n_batch}: rel err {e:.2e}");
-        assert!(e < REL_TOL, "{name} prefill n_batch {n_batch}: {e}");
-    }
+    common::check_prefill(&case(name), name);
 }
 
 fn check_decode(name: &str) {
-    let c = case(name);
-    let e = rel_err(&decode_all(&c), &c.want);
-    println!("{name}: token-by-token decode: rel err {e:.2e}");
-    assert!(e < REL_TOL, "{name} decode: {e}");
+    common::check_decode(&case(name), name);
 }
 
 /// Prefill 100 ids (batches of 32), then decode the rest one at a time: the logits equal
@@ -248,10 +170,7 @@ fn qwen35_state_follows_checkpoint_and_prefix_reuse() {
 /// MTP blocks are loaded when the file has them (the dense fixture carries one).
 #[test]
 fn qwen35_mtp_block_is_loaded() {
-    let be = CpuBackend::new(&CpuOptions {
-        threads: 1,
-        scalar_only: false,
-    });
+    let be = cpu(1, false);
     let file = Arc::new(Gguf::open(dir().join("qwen35_dense.gguf")).unwrap());
     let m = neagari_model::qwen35::Qwen35::load(&be, &GgufSource::new(file)).unwrap();
     assert_eq!(m.config().n_layers, 6);
@@ -263,14 +182,17 @@ fn qwen35_mtp_block_is_loaded() {
     );
 }
 
-/// A source that serves one extra string key (what a safetensors source would set).
-struct WithKey<'a> {
+/// The GGUF source `inner` with a test edit: `extra_key` serves one more string key (what
+/// a safetensors source would set); `fuse_experts` serves llama.cpp's fused
+/// `ffn_gate_up_exps` (per expert: F gate rows, then F up rows) built from the file's
+/// separate gate and up expert tensors, and hides those.
+struct Edited<'a> {
     inner: &'a GgufSource,
-    key: &'a str,
-    value: &'a str,
+    extra_key: Option<(&'a str, &'a str)>,
+    fuse_experts: bool,
 }
 
-impl ModelSource for WithKey<'_> {
+impl ModelSource for Edited<'_> {
     fn architecture(&self) -> neagari_model::Result<String> {
         self.inner.architecture()
     }
@@ -281,10 +203,10 @@ impl ModelSource for WithKey<'_> {
         self.inner.f32_opt(key)
     }
     fn str_opt(&self, key: &str) -> neagari_model::Result<Option<String>> {
-        if key == self.key {
-            return Ok(Some(self.value.to_string()));
+        match self.extra_key {
+            Some((k, v)) if k == key => Ok(Some(v.to_string())),
+            _ => self.inner.str_opt(key),
         }
-        self.inner.str_opt(key)
     }
     fn bool_opt(&self, key: &str) -> neagari_model::Result<Option<bool>> {
         self.inner.bool_opt(key)
@@ -293,56 +215,9 @@ impl ModelSource for WithKey<'_> {
         self.inner.u64_array_opt(key)
     }
     fn tensor(&self, name: &str) -> Option<neagari_backend::HostTensor> {
-        self.inner.tensor(name)
-    }
-}
-
-/// The value-head order matters: reading the tiled qwen35moe file (3 value heads per key
-/// head) as grouped moves the logits far off transformers'.
-#[test]
-fn qwen35_moe_wrong_head_order_is_detected() {
-    let c = case("qwen35_moe");
-    let file = Arc::new(Gguf::open(dir().join("qwen35_moe.gguf")).unwrap());
-    let src = GgufSource::new(file);
-    let wrong = WithKey {
-        inner: &src,
-        key: "qwen35moe.ssm.v_head_order",
-        value: "grouped",
-    };
-    let model = neagari_model::load(&c.be, &wrong).unwrap();
-    let mut kv = model.new_kv(&c.be, 256, KvType::F32).unwrap();
-    let got = model.forward(&c.be, &mut kv, &c.ids[..40], true).unwrap();
-    let e = rel_err(&got, &c.want[..40 * c.n_vocab]);
-    println!("qwen35_moe read as grouped: rel err {e:.2e}");
-    assert!(e > 1e-2, "{e}");
-}
-
-/// Serves llama.cpp's fused `ffn_gate_up_exps` (per expert: F gate rows, then F up rows)
-/// built from a file's separate gate and up expert tensors, and hides those.
-struct FusedExperts<'a> {
-    inner: &'a GgufSource,
-}
-
-impl ModelSource for FusedExperts<'_> {
-    fn architecture(&self) -> neagari_model::Result<String> {
-        self.inner.architecture()
-    }
-    fn u64_opt(&self, key: &str) -> neagari_model::Result<Option<u64>> {
-        self.inner.u64_opt(key)
-    }
-    fn f32_opt(&self, key: &str) -> neagari_model::Result<Option<f32>> {
-        self.inner.f32_opt(key)
-    }
-    fn str_opt(&self, key: &str) -> neagari_model::Result<Option<String>> {
-        self.inner.str_opt(key)
-    }
-    fn bool_opt(&self, key: &str) -> neagari_model::Result<Option<bool>> {
-        self.inner.bool_opt(key)
-    }
-    fn u64_array_opt(&self, key: &str) -> neagari_model::Result<Option<Vec<u64>>> {
-        self.inner.u64_array_opt(key)
-    }
-    fn tensor(&self, name: &str) -> Option<neagari_backend::HostTensor> {
+        if !self.fuse_experts {
+            return self.inner.tensor(name);
+        }
         if name.ends_with("ffn_gate_exps.weight") || name.ends_with("ffn_up_exps.weight") {
             return None;
         }
@@ -367,6 +242,26 @@ impl ModelSource for FusedExperts<'_> {
     }
 }
 
+/// The value-head order matters: reading the tiled qwen35moe file (3 value heads per key
+/// head) as grouped moves the logits far off transformers'.
+#[test]
+fn qwen35_moe_wrong_head_order_is_detected() {
+    let c = case("qwen35_moe");
+    let file = Arc::new(Gguf::open(dir().join("qwen35_moe.gguf")).unwrap());
+    let src = GgufSource::new(file);
+    let wrong = Edited {
+        inner: &src,
+        extra_key: Some(("qwen35moe.ssm.v_head_order", "grouped")),
+        fuse_experts: false,
+    };
+    let model = neagari_model::load(&c.be, &wrong).unwrap();
+    let mut kv = model.new_kv(&c.be, 256, KvType::F32).unwrap();
+    let got = model.forward(&c.be, &mut kv, &c.ids[..40], true).unwrap();
+    let e = rel_err(&got, &c.want[..40 * c.n_vocab]);
+    println!("qwen35_moe read as grouped: rel err {e:.2e}");
+    assert!(e > 1e-2, "{e}");
+}
+
 /// Fused gate+up expert tensors give the same logits as separate ones (both against
 /// transformers).
 #[test]
@@ -374,7 +269,12 @@ fn qwen35_moe_fused_gate_up_experts_match_transformers() {
     let c = case("qwen35_moe");
     let file = Arc::new(Gguf::open(dir().join("qwen35_moe.gguf")).unwrap());
     let src = GgufSource::new(file);
-    let model = neagari_model::load(&c.be, &FusedExperts { inner: &src }).unwrap();
+    let fused = Edited {
+        inner: &src,
+        extra_key: None,
+        fuse_experts: true,
+    };
+    let model = neagari_model::load(&c.be, &fused).unwrap();
     let mut kv = model.new_kv(&c.be, 256, KvType::F32).unwrap();
     let mut got = Vec::new();
     for chunk in c.ids.chunks(32) {
