@@ -12,59 +12,45 @@
 //! llama.cpp moves from itself: per position (mean and max |ΔKLD|), in the number of
 //! positions whose argmaxes agree (near-ties flip), and in log-perplexity.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use neagari_backend::cpu::{CpuBackend, CpuOptions};
+use common::{cpu, ids, quantize_default, read_json, CpuModel};
+use neagari_backend::cpu::CpuBackend;
 use neagari_backend::KvType;
 use neagari_engine::kld::{kl_divergence, summarize, Side};
 use neagari_engine::loader::tokenizer_from_gguf;
 use neagari_engine::perplexity::perplexity;
-use neagari_engine::quantize::{self, FileType, QuantizeInput, QuantizeParams, TypeParams};
+use neagari_engine::quantize::FileType;
 use neagari_engine::session::Session;
 use neagari_formats::Gguf;
 use neagari_model::gguf::GgufSource;
 use serde_json::Value;
 
 fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/quantize")
+    common::repo_fixtures("quantize")
 }
 
-fn q4_0_of(src: &Gguf) -> Gguf {
-    let input = QuantizeInput::from_gguf(src);
-    let p = QuantizeParams {
-        types: TypeParams {
-            ftype: FileType::Q4_0,
-            output_type: None,
-            embd_type: None,
-            pure: false,
-        },
-        allow_requantize: false,
-    };
-    let plan = quantize::plan(&input, &p).unwrap();
-    let mut out = Vec::new();
-    quantize::write(&input, plan, &mut out, 2, |_| {}).unwrap();
-    Gguf::from_bytes(out).unwrap()
+/// The tiny f16 model (file and loaded) and neagari's Q4_0 quantization of it, loaded.
+fn f16_and_q4_0(be: &CpuBackend) -> (Arc<Gguf>, CpuModel, CpuModel) {
+    let base_file = Arc::new(Gguf::open(dir().join("tiny_f16.gguf")).unwrap());
+    let model_file = Arc::new(quantize_default(&base_file, FileType::Q4_0));
+    let base = neagari_model::load(be, &GgufSource::new(base_file.clone())).unwrap();
+    let model = neagari_model::load(be, &GgufSource::new(model_file)).unwrap();
+    (base_file, base, model)
 }
 
 #[test]
 fn kl_divergence_matches_llama_cpp() {
-    let refs: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir().join("reference.json")).expect("reference.json"),
-    )
-    .unwrap();
+    let refs = read_json(&dir().join("reference.json"));
     let k = &refs["kld"];
     let fa = &k["flash_attn_variant"];
     let n_ctx = k["n_ctx"].as_u64().unwrap() as usize;
 
-    let base_file = Arc::new(Gguf::open(dir().join("tiny_f16.gguf")).unwrap());
-    let model_file = Arc::new(q4_0_of(&base_file));
-    let be = CpuBackend::new(&CpuOptions {
-        threads: 2,
-        scalar_only: false,
-    });
-    let base = neagari_model::load(&be, &GgufSource::new(base_file.clone())).unwrap();
-    let model = neagari_model::load(&be, &GgufSource::new(model_file)).unwrap();
+    let be = cpu(2, false);
+    let (base_file, base, model) = f16_and_q4_0(&be);
 
     // Same text, same tokens as llama.cpp's tokenizer made.
     let tok = tokenizer_from_gguf(&base_file).unwrap();
@@ -73,13 +59,7 @@ fn kl_divergence_matches_llama_cpp() {
         text.pop();
     }
     let tokens = tok.encode(&text, true, false);
-    let want_tokens: Vec<u32> = k["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect();
-    assert_eq!(tokens, want_tokens);
+    assert_eq!(tokens, ids(&k["tokens"]));
     let bos = if tok.add_bos() { tok.bos() } else { None };
 
     let mut sb = Session::new(base.as_ref(), &be, n_ctx, KvType::F16).unwrap();
@@ -170,10 +150,7 @@ fn kl_divergence_matches_llama_cpp() {
 #[test]
 fn self_divergence_is_zero_and_perplexity_agrees() {
     let file = Arc::new(Gguf::open(dir().join("tiny_f16.gguf")).unwrap());
-    let be = CpuBackend::new(&CpuOptions {
-        threads: 2,
-        scalar_only: false,
-    });
+    let be = cpu(2, false);
     let m = neagari_model::load(&be, &GgufSource::new(file.clone())).unwrap();
     let tok = tokenizer_from_gguf(&file).unwrap();
     let text = std::fs::read_to_string(dir().join("kld_text.txt")).unwrap();
@@ -222,14 +199,8 @@ fn saved_base_file_gives_the_same_divergence() {
     use neagari_engine::kld::{kl_divergence_saved, save_base};
     use neagari_engine::kld_file::BaseHeader;
 
-    let base_file = Arc::new(Gguf::open(dir().join("tiny_f16.gguf")).unwrap());
-    let model_file = Arc::new(q4_0_of(&base_file));
-    let be = CpuBackend::new(&CpuOptions {
-        threads: 2,
-        scalar_only: false,
-    });
-    let base = neagari_model::load(&be, &GgufSource::new(base_file.clone())).unwrap();
-    let model = neagari_model::load(&be, &GgufSource::new(model_file)).unwrap();
+    let be = cpu(2, false);
+    let (base_file, base, model) = f16_and_q4_0(&be);
     let tok = tokenizer_from_gguf(&base_file).unwrap();
     let text = std::fs::read_to_string(dir().join("kld_text.txt")).unwrap();
     let tokens = tok.encode(text.trim_end_matches('\n'), true, false);

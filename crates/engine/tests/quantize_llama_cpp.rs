@@ -11,10 +11,12 @@
 //!   tensor bytes, so any gap is the engines', bounded as in llama_family_llama_cpp.rs);
 //! - types without a quantizer and mixtures that need an importance matrix are refused.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use neagari_backend::cpu::{CpuBackend, CpuOptions};
+use common::{assert_clear_argmaxes, cpu, ids, max_abs, max_abs_diff, read_f32, read_json};
 use neagari_backend::KvType;
 use neagari_engine::quantize::{self, FileType, QuantizeInput, QuantizeParams, TypeParams};
 use neagari_engine::session::Session;
@@ -25,12 +27,11 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/quantize")
+    common::repo_fixtures("quantize")
 }
 
 fn reference() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(dir().join("reference.json")).expect("ref"))
-        .expect("reference JSON")
+    read_json(&dir().join("reference.json"))
 }
 
 fn ggml(name: &str) -> GgmlType {
@@ -131,17 +132,9 @@ fn tensors_equal_llama_cpp_bytes() {
 #[test]
 fn quantized_files_run_like_llama_cpp() {
     let refs = reference();
-    let ids: Vec<u32> = refs["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
+    let ids = ids(&refs["ids"]);
     let n_ctx = refs["settings"]["n_ctx"].as_u64().unwrap() as usize;
-    let be = CpuBackend::new(&CpuOptions {
-        threads: 2,
-        scalar_only: false,
-    });
+    let be = cpu(2, false);
     for case in refs["cases"].as_array().unwrap() {
         let Some(lf) = case["logits_file"].as_str() else {
             continue;
@@ -151,18 +144,11 @@ fn quantized_files_run_like_llama_cpp() {
         let model = neagari_model::load(&be, &GgufSource::new(g)).expect("neagari loads it");
         let mut sess = Session::new(model.as_ref(), &be, n_ctx, KvType::F16).unwrap();
         let got = sess.forward_all(model.as_ref(), &be, &ids).unwrap();
-        let want: Vec<f32> = std::fs::read(dir().join(lf))
-            .unwrap()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let want = read_f32(&dir().join(lf));
         assert_eq!(got.len(), want.len());
         let n_vocab = refs["n_vocab"].as_u64().unwrap() as usize;
-        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let max_d = got
-            .iter()
-            .zip(&want)
-            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let scale = max_abs(&want);
+        let max_d = max_abs_diff(&got, &want);
         let effect = case["f16_softmax_effect"].as_f64().unwrap() as f32;
         eprintln!(
             "{name}: max |Δlogit| {max_d:.2e} of max |logit| {scale:.2}; f16-softmax effect {effect:.2e}"
@@ -176,22 +162,8 @@ fn quantized_files_run_like_llama_cpp() {
         assert!(max_d <= tol, "{name}: max |Δlogit| {max_d} > {tol}");
         // Wherever llama.cpp's top two are further apart than twice the bound, the argmax
         // cannot differ; check it anyway as the visible symptom.
-        for (p, (g, w)) in got
-            .chunks_exact(n_vocab)
-            .zip(want.chunks_exact(n_vocab))
-            .enumerate()
-        {
-            let mut s: Vec<f32> = w.to_vec();
-            s.sort_by(|a, b| b.total_cmp(a));
-            if s[0] - s[1] > 2.0 * tol {
-                assert_eq!(argmax(g), argmax(w), "{name}: argmax at position {p}");
-            }
-        }
+        assert_clear_argmaxes(&got, &want, n_vocab, 2.0 * tol, &format!("{name}: "));
     }
-}
-
-fn argmax(l: &[f32]) -> usize {
-    (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b })
 }
 
 #[test]

@@ -9,38 +9,26 @@
 //! tensors copied byte for byte), so the only difference between the two runs is the
 //! Q1_0 matmul: q1_0 · q8_0 (activations rounded to int8 blocks) against f32 · f32.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use neagari_backend::cpu::{CpuBackend, CpuOptions};
+use common::{argmax, assert_clear_argmaxes, cpu, ids, max_abs, max_abs_diff, read_json};
 use neagari_backend::KvType;
-use neagari_engine::quantize::{self, FileType, QuantizeInput, QuantizeParams, TypeParams};
+use neagari_engine::quantize::FileType;
 use neagari_engine::session::Session;
 use neagari_formats::{Gguf, GgufWriter};
 use neagari_model::gguf::GgufSource;
 use neagari_quant::{dequantize_row, GgmlType};
-use serde_json::Value;
 
 fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/quantize")
+    common::repo_fixtures("quantize")
 }
 
 fn q1_0_of_tiny_f16() -> Gguf {
     let src = Gguf::open(dir().join("tiny_f16.gguf")).expect("fixture");
-    let input = QuantizeInput::from_gguf(&src);
-    let p = QuantizeParams {
-        types: TypeParams {
-            ftype: FileType::Q1_0,
-            output_type: None,
-            embd_type: None,
-            pure: false,
-        },
-        allow_requantize: false,
-    };
-    let plan = quantize::plan(&input, &p).expect("plan");
-    let mut out = Vec::new();
-    quantize::write(&input, plan, &mut out, 2, |_| {}).expect("write");
-    Gguf::from_bytes(out).expect("parses")
+    common::quantize_default(&src, FileType::Q1_0)
 }
 
 /// The same file with each Q1_0 tensor replaced by its f32 dequantization.
@@ -79,22 +67,11 @@ fn dequantized_twin(g: &Gguf) -> Gguf {
     Gguf::from_bytes(dw.finish().unwrap()).unwrap()
 }
 
-fn argmax(l: &[f32]) -> usize {
-    (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b })
-}
-
 #[test]
 fn q1_0_runs_like_f32_of_its_weights() {
-    let refs: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir().join("reference.json")).unwrap())
-            .unwrap();
+    let refs = read_json(&dir().join("reference.json"));
     assert_eq!(refs["q1_0_ragged_refused"], true);
-    let ids: Vec<u32> = refs["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
+    let ids = ids(&refs["ids"]);
     let n_vocab = refs["n_vocab"].as_u64().unwrap() as usize;
 
     let q = q1_0_of_tiny_f16();
@@ -109,30 +86,24 @@ fn q1_0_runs_like_f32_of_its_weights() {
     assert_eq!(q.get_u32("general.file_type").unwrap(), 40);
     let f = dequantized_twin(&q);
 
-    let be = CpuBackend::new(&CpuOptions {
-        threads: 2,
-        scalar_only: false,
-    });
+    let be = cpu(2, false);
     let run = |g: Gguf| -> (Vec<f32>, Vec<u32>) {
         let model = neagari_model::load(&be, &GgufSource::new(Arc::new(g))).expect("loads");
         let mut s = Session::new(model.as_ref(), &be, 256, KvType::F16).unwrap();
         let all = s.forward_all(model.as_ref(), &be, &ids).unwrap();
         // Greedy continuation of 24 tokens.
-        let mut next = argmax(&all[all.len() - n_vocab..]) as u32;
+        let mut next = argmax(&all[all.len() - n_vocab..]);
         let mut gen = vec![next];
         for _ in 1..24 {
-            next = argmax(&s.decode(model.as_ref(), &be, next).unwrap()) as u32;
+            next = argmax(&s.decode(model.as_ref(), &be, next).unwrap());
             gen.push(next);
         }
         (all, gen)
     };
     let (lq, gq) = run(q);
     let (lf, gf) = run(f);
-    let scale = lf.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let max_d = lq
-        .iter()
-        .zip(&lf)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    let scale = max_abs(&lf);
+    let max_d = max_abs_diff(&lq, &lf);
     let mean_d = lq.iter().zip(&lf).map(|(a, b)| (a - b).abs()).sum::<f32>() / lq.len() as f32;
     eprintln!(
         "Q1_0 vs f32 of its weights: max |Δlogit| {max_d:.3e} (mean {mean_d:.3e}) of max \
@@ -147,10 +118,7 @@ fn q1_0_runs_like_f32_of_its_weights() {
     // must be several times larger, and a wrong bit or scale moves logits by O(scale).
     let tol = 0.05 * scale;
     let (l16, _) = run(Gguf::open(dir().join("tiny_f16.gguf")).unwrap());
-    let quant_d = lq
-        .iter()
-        .zip(&l16)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    let quant_d = max_abs_diff(&lq, &l16);
     eprintln!("Q1_0 vs the f16 source: max |Δlogit| {quant_d:.3e}; bound {tol:.3e}");
     assert!(
         quant_d > 4.0 * tol,
@@ -158,16 +126,6 @@ fn q1_0_runs_like_f32_of_its_weights() {
     );
     assert!(max_d <= tol, "max |Δlogit| {max_d} > {tol}");
     assert!(max_d > 0.0, "the Q1_0 kernel ran in f32?");
-    for (p, (a, b)) in lq
-        .chunks_exact(n_vocab)
-        .zip(lf.chunks_exact(n_vocab))
-        .enumerate()
-    {
-        let mut s = b.to_vec();
-        s.sort_by(|x, y| y.total_cmp(x));
-        if s[0] - s[1] > 2.0 * tol {
-            assert_eq!(argmax(a), argmax(b), "argmax at position {p}");
-        }
-    }
+    assert_clear_argmaxes(&lq, &lf, n_vocab, 2.0 * tol, "");
     assert_eq!(gq, gf, "greedy tokens");
 }
