@@ -133,25 +133,27 @@ pub(crate) fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
     s
 }
 
-/// The first pass of the symmetric searches: `L[i] = clamp(round(−nmax·x/max), −nmax,
-/// nmax−1)`, stored as `L[i] + offset`; returns the x²-weighted sums `(Σ w·x·L, Σ w·L²)`.
-fn first_symmetric_pass(
-    nmax: i32,
-    max: f32,
-    x: &[f32],
-    offset: i32,
-    l_out: &mut [i8],
-) -> (f32, f32) {
+/// The start of the symmetric searches. A group whose largest magnitude is below
+/// `GROUP_MAX_EPS` gets all-zero quants and `None`. Otherwise the first pass
+/// `L[i] = clamp(round(−nmax·x/max), −nmax, nmax−1)` is stored in `l` as `L[i] + offset`,
+/// and the result is `max` (the first value of largest magnitude) with the x²-weighted
+/// sums `(Σ w·x·L, Σ w·L²)`.
+fn symmetric_start(nmax: i32, x: &[f32], offset: i32, l: &mut [i8]) -> Option<(f32, f32, f32)> {
+    let max = first_absmax(x);
+    if max.abs() < GROUP_MAX_EPS {
+        l[..x.len()].fill(0);
+        return None;
+    }
     let iscale = -(nmax as f32) / max;
     let (mut sumlx, mut suml2) = (0f32, 0f32);
-    for (&v, lo) in x.iter().zip(l_out.iter_mut()) {
-        let l = nearest_int(iscale * v).clamp(-nmax, nmax - 1);
-        *lo = (l + offset) as i8;
+    for (&v, lo) in x.iter().zip(l.iter_mut()) {
+        let q = nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+        *lo = (q + offset) as i8;
         let w = v * v;
-        sumlx += w * v * l as f32;
-        suml2 += w * l as f32 * l as f32;
+        sumlx += w * v * q as f32;
+        suml2 += w * q as f32 * q as f32;
     }
-    (sumlx, suml2)
+    Some((max, sumlx, suml2))
 }
 
 /// Symmetric search (ggml `make_qx_quants`, the `rmse_type = 1`, no-importance case that
@@ -160,13 +162,10 @@ fn first_symmetric_pass(
 /// Returns the scale.
 pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     let n = x.len();
-    let max = first_absmax(x);
-    if max.abs() < GROUP_MAX_EPS {
-        l_out[..n].fill(0);
+    let Some((max, mut sumlx, mut suml2)) = symmetric_start(nmax, x, nmax, l_out) else {
         return 0.0;
-    }
+    };
     let clamp = |l: i32| l.clamp(-nmax, nmax - 1);
-    let (mut sumlx, mut suml2) = first_symmetric_pass(nmax, max, x, nmax, l_out);
     let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
     let mut best = scale * sumlx;
     for is in -9i32..=9 {
@@ -198,13 +197,10 @@ pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
 /// quants to improve the x²-weighted fit. `L[i]` in 0..2·nmax. Returns the scale.
 pub(crate) fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     let n = x.len();
-    let max = first_absmax(x);
-    if max.abs() < GROUP_MAX_EPS {
-        l_out[..n].fill(0);
+    let Some((_, mut sumlx, mut suml2)) = symmetric_start(nmax, x, 0, l_out) else {
         return 0.0;
-    }
+    };
     let clamp = |l: i32| l.clamp(-nmax, nmax - 1);
-    let (mut sumlx, mut suml2) = first_symmetric_pass(nmax, max, x, 0, l_out);
     for _ in 0..5 {
         let mut changed = 0;
         for i in 0..n {
