@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{check_blocks, check_dequant, check_dot, f32s, fixture, hex};
+use common::{
+    check_dequant, check_dot, check_fixture_dequant, check_fixture_quantizer, f32s, fixture, hex,
+};
 use neagari_quant::{dequantize_row, quantize_row, GgmlType};
 use neagari_quant::{BlockQ2_K, BlockQ3_K, BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K};
 use std::io::{Read, Seek, SeekFrom};
@@ -35,18 +37,7 @@ fn dot(ty: GgmlType, w: &[u8], a: &[BlockQ8_K]) -> f32 {
 fn dequantize_matches_gguf_bit_for_bit() {
     for ty in WEIGHT_TYPES {
         let f = fixture(&format!("{}.json", ty.name().to_lowercase()));
-        check_dequant(
-            ty,
-            &hex(&f["blocks"]),
-            &f32s(&f["dequant"]),
-            &format!("{ty} ggml-quantized blocks"),
-        );
-        check_dequant(
-            ty,
-            &hex(&f["random_blocks"]),
-            &f32s(&f["random_dequant"]),
-            &format!("{ty} random blocks"),
-        );
+        check_fixture_dequant(ty, &f, "ggml-quantized blocks");
     }
 }
 
@@ -54,11 +45,7 @@ fn dequantize_matches_gguf_bit_for_bit() {
 fn quantizers_match_ggml_ref_byte_for_byte() {
     for ty in WEIGHT_TYPES.into_iter().chain([GgmlType::Q8_K]) {
         let f = fixture(&format!("{}.json", ty.name().to_lowercase()));
-        let x = f32s(&f["input"]);
-        let want = hex(&f["blocks"]);
-        let mut ours = vec![0u8; want.len()];
-        quantize_row(ty, &x, &mut ours).expect("quantize_row");
-        check_blocks(ty, &ours, &want, &format!("quantize_row_{}_ref", ty.name()));
+        check_fixture_quantizer(ty, &f, &format!("quantize_row_{}_ref", ty.name()));
     }
 }
 

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{check_blocks, check_dequant, check_dot, f32s, hex};
+use common::{check_dequant, check_dot, check_fixture_dequant, check_fixture_quantizer, f32s, hex};
 use neagari_quant::{dequantize_row, quantize_row, GgmlType};
 use serde_json::Value;
 
@@ -105,18 +105,7 @@ fn dequantize_matches_references_bit_for_bit() {
     for ty in TYPES {
         let f = fixture(&ty.name().to_lowercase());
         let what = f["comment"].as_str().unwrap_or_default();
-        check_dequant(
-            ty,
-            &hex(&f["blocks"]),
-            &f32s(&f["dequant"]),
-            &format!("{ty} quantized blocks ({what})"),
-        );
-        check_dequant(
-            ty,
-            &hex(&f["random_blocks"]),
-            &f32s(&f["random_dequant"]),
-            &format!("{ty} random blocks"),
-        );
+        check_fixture_dequant(ty, &f, &format!("quantized blocks ({what})"));
     }
 }
 
@@ -127,11 +116,7 @@ fn quantizers_match_ggml_ref_byte_for_byte() {
         if f["quantizer_ref"] != Value::Bool(true) {
             continue;
         }
-        let x = f32s(&f["input"]);
-        let want = hex(&f["blocks"]);
-        let mut ours = vec![0u8; want.len()];
-        quantize_row(ty, &x, &mut ours).expect("quantize_row");
-        check_blocks(ty, &ours, &want, "_ref quantizer");
+        check_fixture_quantizer(ty, &f, "_ref quantizer");
     }
 }
 

@@ -2,7 +2,7 @@
 //! reference_lowbit.rs): bit-for-bit dequantization, byte-for-byte quantizer output, and
 //! dot products within a tolerance relative to Σ|w·a|.
 
-use neagari_quant::{dequantize_row, GgmlType};
+use neagari_quant::{dequantize_row, quantize_row, GgmlType};
 use serde_json::Value;
 
 /// The JSON fixture at `tests/fixtures/{rel}`.
@@ -41,8 +41,31 @@ pub fn check_dequant(ty: GgmlType, bytes: &[u8], want: &[f32], what: &str) {
     }
 }
 
-/// Asserts our quantizer's blocks equal the reference's byte for byte, block by block.
-pub fn check_blocks(ty: GgmlType, ours: &[u8], want: &[u8], reference: &str) {
+/// A fixture's two dequantization checks: its `blocks` (quantized by the reference, named
+/// `quantized` in messages) against `dequant`, and its `random_blocks` against
+/// `random_dequant`.
+pub fn check_fixture_dequant(ty: GgmlType, f: &Value, quantized: &str) {
+    check_dequant(
+        ty,
+        &hex(&f["blocks"]),
+        &f32s(&f["dequant"]),
+        &format!("{ty} {quantized}"),
+    );
+    check_dequant(
+        ty,
+        &hex(&f["random_blocks"]),
+        &f32s(&f["random_dequant"]),
+        &format!("{ty} random blocks"),
+    );
+}
+
+/// Quantizes a fixture's `input` and asserts the blocks equal its `blocks` (made by ggml's
+/// `reference` quantizer) byte for byte, block by block.
+pub fn check_fixture_quantizer(ty: GgmlType, f: &Value, reference: &str) {
+    let x = f32s(&f["input"]);
+    let want = hex(&f["blocks"]);
+    let mut ours = vec![0u8; want.len()];
+    quantize_row(ty, &x, &mut ours).expect("quantize_row");
     let size = ty.info().bytes;
     for (b, (o, w)) in ours.chunks(size).zip(want.chunks(size)).enumerate() {
         assert_eq!(o, w, "{ty}: block {b} differs from ggml's {reference}");
