@@ -208,3 +208,39 @@ mod tests {
         assert!(quantize_row(GgmlType::Q4_0, &[0.0; 32], &mut bytes).is_err());
     }
 }
+
+#[cfg(test)]
+mod robustness {
+    use super::*;
+
+    /// Weights from a damaged checkpoint (inf, NaN, subnormal scales) reach the quantizers
+    /// through `neagari quantize`; they must give some blocks, never a panic.
+    #[test]
+    fn quantizers_survive_non_finite_and_subnormal_rows() {
+        let rows: [(&str, f32); 4] = [
+            ("inf", f32::INFINITY),
+            ("-inf", f32::NEG_INFINITY),
+            ("nan", f32::NAN),
+            ("subnormal", 1e-42),
+        ];
+        for id in 0..200 {
+            let Some(ty) = GgmlType::from_id(id) else {
+                continue;
+            };
+            let info = ty.info();
+            let n = 256usize.div_ceil(info.block) * info.block;
+            for (what, v) in rows {
+                // One odd value among ordinary ones, and a row of nothing else.
+                let mut x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+                x[5] = v;
+                let mut out = vec![0u8; n / info.block * info.bytes];
+                for row in [x, vec![v; n]] {
+                    match quantize_row(ty, &row, &mut out) {
+                        Ok(()) | Err(QuantError::Unsupported(_)) => {}
+                        Err(e) => panic!("{} on a {what} row: {e}", ty.name()),
+                    }
+                }
+            }
+        }
+    }
+}

@@ -52,7 +52,8 @@ pub(crate) fn quantize_codes(xs: &[f32], d_out: &mut [u8; 2], qs: &mut [u8]) {
     *d_out = f32_to_f16(amax);
     qs.fill(0);
     for (j, &v) in xs.iter().enumerate() {
-        let q = ((v * id).round() as i32 + 1).clamp(0, 3);
+        // Clamped before the add: `as i32` saturates and `+ 1` would overflow.
+        let q = ((v * id).round().clamp(-1.0, 2.0) as i32 + 1).clamp(0, 3);
         qs[j / 4] |= (q as u8) << (2 * (j % 4));
     }
 }

@@ -84,7 +84,8 @@ pub(crate) fn quantize_staged(xs: &[f32], qs: &mut [u8], qh: &mut [u8], d_out: &
     let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
     let id = if amax != 0.0 { 1.0 / amax } else { 0.0 };
     *d_out = f32_to_f16(amax);
-    let t = |v: f32| ((v * id).round() as i32 + 1) as u16;
+    // Clamped: a subnormal `amax` makes `id` infinite, and NaN/inf inputs must not overflow.
+    let t = |v: f32| ((v * id).round().clamp(-1.0, 1.0) as i32 + 1) as u16;
     let mut x0 = 0;
     for (at, s) in stages(qs.len()) {
         for m in 0..s {

@@ -65,7 +65,8 @@ pub fn quantize_row(x: &[f32], out: &mut [BlockTQ2_0]) {
             for m in 0..32 {
                 let mut q = 0u8;
                 for l in 0..4 {
-                    let xi = (xs[128 * c + 32 * l + m] * id).round() as i32 + 1;
+                    // Clamped so subnormal scales and non-finite inputs cannot overflow.
+                    let xi = (xs[128 * c + 32 * l + m] * id).round().clamp(-1.0, 1.0) as i32 + 1;
                     q += ((xi & 3) as u8) << (2 * l);
                 }
                 b.qs[32 * c + m] = q;
