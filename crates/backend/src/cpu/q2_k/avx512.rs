@@ -6,18 +6,21 @@
 //! `vpdpbusd` per 32 weights and row sums `Σ sc · q · a` straight into i32 lanes (4 of the
 //! 45 · 127 products per lane, far from overflow). The products come from `pshufb` tables
 //! built once per block and half (128 weights): in lane `L` (groups of parity `L`), byte
-//! `4p + q` of table A is `q · sc` of the half's group `2p + L`; table B is A transposed
-//! (byte `4q + p`). Chunk `k` of a half (weights `32k .. 32k + 32`, codes at bits `2k` of
-//! each byte) indexes A with `q | 4k` for even `k` and B with `(q << 2) | k` for odd `k`,
-//! where the code bits already lie at bits 0–1 or 2–3 of the byte (`qs` or `qs >> 4`): one
-//! shift per half instead of three.
+//! `4p + q` of table A is `q · sc` of the half's group `2p + L` (one `pshufb` spreads the
+//! scales to dwords, a `vpmulld` by `0x03020100` makes `[0, s, 2s, 3s]`); table B is A
+//! transposed (byte `4q + p`). Chunk `k` of a half (weights `32k .. 32k + 32`, codes at
+//! bits `2k` of each byte) indexes A with `q | 4k` for even `k` and B with `(q << 2) | k`
+//! for odd `k`, where the code bits already lie at bits 0–1 or 2–3 of the byte (`qs` or
+//! `qs >> 4`): one shift per half instead of three.
 //!
-//! Decode (one activation row) is bound by vector-port throughput, not by the loads: it
-//! runs two consecutive blocks interleaved (one memory stream; two weight rows at once
-//! were much slower on the mmap'd weights, as the hardware prefetchers lost the streams).
-//! Measured on Zen 4 (k = 2048, one thread, 84 B per 256 weights): 14.5 → 17.3 GB/s of
-//! weights hot, 14.3 → 17.0 streamed from an mmap'd file, over the AVX-512VL build of the
-//! AVX2 kernel (`tests/bench_q8k_decode.rs`).
+//! Decode (one activation row) is bound by vector-port throughput, not by the loads or
+//! the memory stream: it runs two consecutive blocks interleaved (independent work for the
+//! out-of-order core on one memory stream). Two or four weight rows per step (sharing the
+//! activation loads) were 1.1–1.2× faster on L2-resident rows but 0.3–0.5× on rows
+//! streamed from memory, 0.5–0.75× with software prefetch: the hardware prefetchers lose
+//! interleaved row streams. Measured on Zen 4 with `tests/bench_q8k_decode.rs` (one thread,
+//! CPU time, against the AVX-512VL build of the AVX2 kernel): decode ×1.22 L2-resident,
+//! ×1.18 streamed from an mmap'd file (14.2 → 16.8 GB/s of weights); 8-row prefill ×1.45.
 //!
 //! The integer sums equal the reference's exactly (same products, exact i32 sums); only
 //! the f32 accumulation order differs. Tested against the quant crate's `q2_k::dot` in
@@ -49,30 +52,20 @@ struct Prep {
 unsafe fn prep(wb: *const u8) -> Prep {
     // SAFETY: register intrinsics and reads inside the block.
     unsafe {
-        // Lane L, byte 4p + q of half h's table A: scale byte 8h + 2p + L where q is odd
-        // (the `s` pick) or q >= 2 (the `2s` pick), else 0x80 (`pshufb` writes 0). The sum
-        // of the two picks is q · s.
+        // Dword p of lane L of half h's table A: scale byte 8h + 2p + L in byte 0 (0x80
+        // zeroes the rest); times 0x03020100 that is [0, s, 2s, 3s] (3s ≤ 45: no carries).
         let z = -128;
-        let sel_s = [
+        let sel = [
             _mm256_setr_epi8(
-                z, 0, z, 0, z, 2, z, 2, z, 4, z, 4, z, 6, z, 6, z, 1, z, 1, z, 3, z, 3, z, 5, z, 5,
-                z, 7, z, 7,
+                0, z, z, z, 2, z, z, z, 4, z, z, z, 6, z, z, z, 1, z, z, z, 3, z, z, z, 5, z, z, z,
+                7, z, z, z,
             ),
             _mm256_setr_epi8(
-                z, 8, z, 8, z, 10, z, 10, z, 12, z, 12, z, 14, z, 14, z, 9, z, 9, z, 11, z, 11, z,
-                13, z, 13, z, 15, z, 15,
-            ),
-        ];
-        let sel_2s = [
-            _mm256_setr_epi8(
-                z, z, 0, 0, z, z, 2, 2, z, z, 4, 4, z, z, 6, 6, z, z, 1, 1, z, z, 3, 3, z, z, 5, 5,
-                z, z, 7, 7,
-            ),
-            _mm256_setr_epi8(
-                z, z, 8, 8, z, z, 10, 10, z, z, 12, 12, z, z, 14, 14, z, z, 9, 9, z, z, 11, 11, z,
-                z, 13, 13, z, z, 15, 15,
+                8, z, z, z, 10, z, z, z, 12, z, z, z, 14, z, z, z, 9, z, z, z, 11, z, z, z, 13, z,
+                z, z, 15, z, z, z,
             ),
         ];
+        let ramp = _mm256_set1_epi32(0x0302_0100);
         // Byte 4q + p of B = byte 4p + q of A.
         let transpose = _mm256_setr_epi8(
             0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6,
@@ -85,14 +78,10 @@ unsafe fn prep(wb: *const u8) -> Prep {
         );
         let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(wb as *const __m128i));
         let lo = _mm256_and_si256(both, _mm256_set1_epi8(15));
-        let lo2 = _mm256_add_epi8(lo, lo);
         let mut ta = [_mm256_setzero_si256(); 2];
         let mut tb = [_mm256_setzero_si256(); 2];
         for h in 0..2 {
-            ta[h] = _mm256_add_epi8(
-                _mm256_shuffle_epi8(lo, sel_s[h]),
-                _mm256_shuffle_epi8(lo2, sel_2s[h]),
-            );
+            ta[h] = _mm256_mullo_epi32(_mm256_shuffle_epi8(lo, sel[h]), ramp);
             tb[h] = _mm256_shuffle_epi8(ta[h], transpose);
         }
         let mins = _mm256_srli_epi16::<4>(_mm256_shuffle_epi8(both, widen));
