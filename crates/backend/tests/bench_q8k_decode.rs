@@ -1,15 +1,20 @@
-//! Decode-shaped matmul benchmark (ignored in the normal test run): one "token" is the
-//! weight matrices of the 6-layer bench Llama of `bench/make_lowbit_bench_models.py`
+//! Decode-shaped Q2_K matmul benchmark (ignored in the normal test run): one "token" is
+//! the weight matrices of the 6-layer bench Llama of `bench/make_lowbit_bench_models.py`
 //! (hidden 2048, FFN 5632, 16/4 heads of 128, 300-token head), each multiplied with one
 //! activation row through the thread pool in the backend's decode chunking. The weights
 //! are random blocks in a file under /tmp, mmap'd like a GGUF's tensors (page-cache pages,
 //! which the hardware prefetchers see as 4 KiB pages).
 //!
-//!     NEAGARI_BENCH_THREADS=2 cargo test --release -p neagari-backend \
+//!     NEAGARI_BENCH_THREADS=1 cargo test --release -p neagari-backend \
 //!         --test bench_q8k_decode -- --ignored --nocapture
 //!
-//! Prints, per variant, tokens/s (median of rounds; variants alternate within each round,
-//! so a change in machine load hits all of them alike).
+//! Variants: the kernels `kernel_for` picks on this CPU with AVX-512 and with VNNI masked
+//! off, and the one it picks. Prints tokens/s per variant (median of rounds; variants
+//! alternate within each round, so a change in machine load hits all of them alike). One
+//! thread is timed in CPU time (robust on a shared machine), more threads in wall time.
+//! Other knobs: `NEAGARI_BENCH_HOT=1` (300 L2-resident rows, 100 times), `NEAGARI_BENCH_NA`
+//! (activation rows, 1 = decode), `NEAGARI_BENCH_HEAP=1` (weights copied to the heap),
+//! `NEAGARI_BENCH_K` (only the matrices of that width), `NEAGARI_BENCH_ROUNDS`.
 
 use neagari_backend::cpu::kernels::{kernel_for, CpuFeatures, GemmFn};
 use neagari_backend::cpu::pool::ThreadPool;
