@@ -86,6 +86,12 @@ fn random_acts(k: usize, na: usize, rng: &mut StdRng) -> Vec<f32> {
 /// would pick with the wider instruction sets masked off.
 fn simd_kernels(ty: GgmlType) -> Vec<MatKernel> {
     let detected = CpuFeatures::detect();
+    // AVX-512 without VNNI: the VL build of the AVX2 micro-kernel where a format's own
+    // AVX-512 kernel needs VNNI (Q2_K).
+    let no_vnni = CpuFeatures {
+        avx512vnni: false,
+        ..detected
+    };
     let no_avx512 = CpuFeatures {
         avx512f: false,
         avx512bw: false,
@@ -94,7 +100,7 @@ fn simd_kernels(ty: GgmlType) -> Vec<MatKernel> {
         ..detected
     };
     let mut out: Vec<MatKernel> = Vec::new();
-    for feats in [detected, no_avx512] {
+    for feats in [detected, no_vnni, no_avx512] {
         let k = kernel_for(ty, &feats, false).expect("kernel");
         if k.isa != "scalar" && !out.iter().any(|o| o.isa == k.isa) {
             out.push(k);

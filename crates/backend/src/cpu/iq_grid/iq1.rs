@@ -24,6 +24,33 @@ use std::arch::x86_64::*;
 
 pub(crate) struct Iq1S;
 pub(crate) struct Iq1M;
+/// IQ1_S for the AVX-512 VNNI driver (see `Iq1SVnni`'s impl).
+pub(crate) struct Iq1SVnni;
+/// IQ1_M for the AVX-512 VNNI driver (see `Iq1MVnni`'s impl).
+pub(crate) struct Iq1MVnni;
+
+/// `2s + 1` in all 32 bytes, for each 3-bit scale `s`: the unsigned operand of
+/// `vpdpbusd`, loaded rather than broadcast.
+static LS_BYTES: [[u8; 32]; 8] = {
+    let mut t = [[0u8; 32]; 8];
+    let mut s = 0;
+    while s < 8 {
+        t[s] = [2 * s as u8 + 1; 32];
+        s += 1;
+    }
+    t
+};
+
+/// `8 (2s + 1)` in 16 bytes, for each 3-bit scale `s` (at most 120: still unsigned bytes).
+static LS8_BYTES: [[u8; 16]; 8] = {
+    let mut t = [[0u8; 16]; 8];
+    let mut s = 0;
+    while s < 8 {
+        t[s] = [8 * (2 * s as u8 + 1); 16];
+        s += 1;
+    }
+    t
+};
 
 /// One IQ1_S grid row (8 bytes in {−1, 0, 1}) of an 11-bit index.
 #[inline(always)]
@@ -167,6 +194,157 @@ impl Micro for Iq1M {
                     );
                     for i in 0..NA {
                         sumi[i] = dot32(sumi[i], w_abs, wv, ab[i].add(4 + 32 * ib), ls);
+                    }
+                }
+                for i in 0..NA {
+                    let da = (ab[i] as *const f32).read_unaligned();
+                    acc[i] = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(sumi[i]),
+                        _mm256_set1_ps(dw * da),
+                        acc[i],
+                    );
+                }
+            }
+            for (i, v) in acc.iter().enumerate() {
+                *out.add(i * stride) = hsum_ps(*v);
+            }
+        }
+    }
+}
+
+/// IQ1_S with `vpdpbusd`: the grid bytes `g ∈ {−1, 0, 1}` go onto the activation with
+/// `psignb` (giving `g · a`), and one `vpdpbusd` with the scale `2s + 1` in every byte sums
+/// `ls · Σ g a` into i32 lanes, so per 32 weights and row the grid gather is followed by two
+/// operations (AVX2: the `8g + δ'` weights, `abs`, `psignb`, `maddubs`, `madd`, add). The δ
+/// part `Σ ls · δ' · Σ a` comes once per block from the Q8_K `bsums` (one `madd` with the
+/// signed scales, two per 32 weights); `8 · Σ ls g a + Σ ls δ' Σ a` is the AVX2 kernel's
+/// exact integer sum.
+impl Micro for Iq1SVnni {
+    const BYTES: usize = 50;
+
+    #[inline(always)]
+    unsafe fn tile<const NA: usize>(
+        w: *const u8,
+        a: *const u8,
+        arb: usize,
+        nb: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        // SAFETY (whole body): the weight row and activation rows i < NA are nb blocks long
+        // (trait contract), so every offset below is inside block b of its row; grid
+        // indices are 11 bits; the driver enables AVX2/FMA/F16C and AVX-512 F/BW/VL/VNNI.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); NA];
+            for b in 0..nb {
+                let wb = w.add(b * Self::BYTES);
+                let ab: [*const u8; NA] = std::array::from_fn(|i| a.add(i * arb + b * 292));
+                let dw = crate::cpu::q8_k::avx2::load_f16(wb) * 0.125;
+                // Signed scales ±(2s + 1) of the eight 32-weight groups, each twice (one
+                // per 16-weight bsum): [g0 g0 g1 g1 g2 g2 g3 g3 | g4 g4 … g7 g7].
+                let qh = _mm_loadu_si128(wb.add(34) as *const __m128i);
+                let ls = _mm_or_si128(
+                    _mm_and_si128(_mm_srli_epi16::<11>(qh), _mm_set1_epi16(14)),
+                    _mm_set1_epi16(1),
+                );
+                let neg = _mm_srai_epi16::<15>(qh);
+                let coef = _mm_sub_epi16(_mm_xor_si128(ls, neg), neg);
+                let coef2 = _mm256_setr_m128i(
+                    _mm_unpacklo_epi16(coef, coef),
+                    _mm_unpackhi_epi16(coef, coef),
+                );
+                let mut sumi = [_mm256_setzero_si256(); NA];
+                for ib in 0..8 {
+                    let h = (wb.add(34 + 2 * ib) as *const u16).read_unaligned() as usize;
+                    let idx =
+                        |l: usize| *wb.add(2 + 4 * ib + l) as usize | ((h >> (3 * l)) & 7) << 8;
+                    let g = _mm256_setr_epi64x(row(idx(0)), row(idx(1)), row(idx(2)), row(idx(3)));
+                    let lsv = _mm256_loadu_si256(
+                        LS_BYTES.get_unchecked((h >> 12) & 7).as_ptr() as *const __m256i
+                    );
+                    for i in 0..NA {
+                        let ga = _mm256_sign_epi8(load256(ab[i].add(4 + 32 * ib)), g);
+                        sumi[i] = _mm256_dpbusd_epi32(sumi[i], lsv, ga);
+                    }
+                }
+                for i in 0..NA {
+                    let sumd = _mm256_madd_epi16(load256(ab[i].add(260)), coef2);
+                    let t = _mm256_add_epi32(_mm256_slli_epi32::<3>(sumi[i]), sumd);
+                    let da = (ab[i] as *const f32).read_unaligned();
+                    acc[i] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(dw * da), acc[i]);
+                }
+            }
+            for (i, v) in acc.iter().enumerate() {
+                *out.add(i * stride) = hsum_ps(*v);
+            }
+        }
+    }
+}
+
+/// IQ1_M with `vpdpbusd`: per 32 weights and row, `psignb` puts the grid bytes (and, in a
+/// second pass, the ±1 δ bytes) onto the activation and two `vpdpbusd` add
+/// `8 ls · Σ g a` and `ls · Σ δ' a` with the two 16-weight scales as unsigned bytes
+/// (`8 ls ≤ 120`): the AVX2 kernel's exact `Σ ls (8g + δ') a` without forming the weights.
+impl Micro for Iq1MVnni {
+    const BYTES: usize = 56;
+
+    #[inline(always)]
+    unsafe fn tile<const NA: usize>(
+        w: *const u8,
+        a: *const u8,
+        arb: usize,
+        nb: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        // SAFETY (whole body): the weight row and activation rows i < NA are nb blocks long
+        // (trait contract), so every offset below is inside block b of its row; grid
+        // indices are 11 bits, scale indices 3; the driver enables AVX2/FMA/F16C and
+        // AVX-512 F/BW/VL/VNNI.
+        unsafe {
+            let dspread = _mm256_setr_epi8(
+                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                1, 1, 1, 1,
+            );
+            let dbits = _mm256_setr_epi8(
+                8, 8, 8, 8, 8, 8, 8, 8, -128, -128, -128, -128, -128, -128, -128, -128, 8, 8, 8, 8,
+                8, 8, 8, 8, -128, -128, -128, -128, -128, -128, -128, -128,
+            );
+            let mut acc = [_mm256_setzero_ps(); NA];
+            for b in 0..nb {
+                let wb = w.add(b * Self::BYTES);
+                let ab: [*const u8; NA] = std::array::from_fn(|i| a.add(i * arb + b * 292));
+                let sc = |i: usize| (wb.add(48 + 2 * i) as *const u16).read_unaligned();
+                let (s0, s1, s2, s3) = (sc(0), sc(1), sc(2), sc(3));
+                let d16 = (s0 >> 12) | ((s1 >> 8) & 0x00f0) | ((s2 >> 4) & 0x0f00) | (s3 & 0xf000);
+                let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(d16 as i32))) * 0.125;
+                let mut sumi = [_mm256_setzero_si256(); NA];
+                for ib in 0..8 {
+                    let q0 = *wb.add(32 + 2 * ib) as usize;
+                    let q1 = *wb.add(33 + 2 * ib) as usize;
+                    let nib = [q0 & 15, q0 >> 4, q1 & 15, q1 >> 4];
+                    let idx = |l: usize| *wb.add(4 * ib + l) as usize | (nib[l] & 7) << 8;
+                    let g = _mm256_setr_epi64x(row(idx(0)), row(idx(1)), row(idx(2)), row(idx(3)));
+                    // δ' bytes as in `Iq1M`.
+                    let qv =
+                        _mm256_set1_epi16((wb.add(32 + 2 * ib) as *const i16).read_unaligned());
+                    let bit = _mm256_and_si256(_mm256_shuffle_epi8(qv, dspread), dbits);
+                    let dv = _mm256_or_si256(_mm256_cmpeq_epi8(bit, dbits), _mm256_set1_epi8(1));
+                    let s = (sc(ib / 2) >> (6 * (ib % 2))) as usize;
+                    let (sa, sb) = (s & 7, (s >> 3) & 7);
+                    let ls1 = _mm256_setr_m128i(
+                        _mm_loadu_si128(LS_BYTES.get_unchecked(sa).as_ptr() as *const __m128i),
+                        _mm_loadu_si128(LS_BYTES.get_unchecked(sb).as_ptr() as *const __m128i),
+                    );
+                    let ls8 = _mm256_setr_m128i(
+                        _mm_loadu_si128(LS8_BYTES.get_unchecked(sa).as_ptr() as *const __m128i),
+                        _mm_loadu_si128(LS8_BYTES.get_unchecked(sb).as_ptr() as *const __m128i),
+                    );
+                    for i in 0..NA {
+                        let av = load256(ab[i].add(4 + 32 * ib));
+                        sumi[i] = _mm256_dpbusd_epi32(sumi[i], ls8, _mm256_sign_epi8(av, g));
+                        sumi[i] = _mm256_dpbusd_epi32(sumi[i], ls1, _mm256_sign_epi8(av, dv));
                     }
                 }
                 for i in 0..NA {

@@ -51,6 +51,24 @@ macro_rules! grid_format {
             type Micro512 = $micro512;
         }
     };
+    // `$micro512` uses AVX-512 VNNI (`KFormat::MICRO512_VNNI`).
+    ($name:ident, $bytes:expr, $dot:path, $blk:ty, $micro:ty, $micro512:ty, vnni) => {
+        pub(crate) struct $name;
+        impl KFormat for $name {
+            const BYTES: usize = $bytes;
+            fn dot(w: &[u8], a: &[u8]) -> f32 {
+                $dot(
+                    bytemuck::cast_slice::<u8, $blk>(w),
+                    bytemuck::cast_slice::<u8, BlockQ8_K>(a),
+                )
+            }
+            #[cfg(target_arch = "x86_64")]
+            type Micro = $micro;
+            #[cfg(target_arch = "x86_64")]
+            type Micro512 = $micro512;
+            const MICRO512_VNNI: bool = true;
+        }
+    };
 }
 
 grid_format!(
@@ -85,8 +103,24 @@ grid_format!(
     iq3_s::Iq3S<false>,
     iq3_s::Iq3S<true>
 );
-grid_format!(Iq1S, 50, neagari_quant::iq1_s::dot, BlockIQ1_S, iq1::Iq1S);
-grid_format!(Iq1M, 56, neagari_quant::iq1_m::dot, BlockIQ1_M, iq1::Iq1M);
+grid_format!(
+    Iq1S,
+    50,
+    neagari_quant::iq1_s::dot,
+    BlockIQ1_S,
+    iq1::Iq1S,
+    iq1::Iq1SVnni,
+    vnni
+);
+grid_format!(
+    Iq1M,
+    56,
+    neagari_quant::iq1_m::dot,
+    BlockIQ1_M,
+    iq1::Iq1M,
+    iq1::Iq1MVnni,
+    vnni
+);
 
 /// The kernel of grid format `F` on this CPU.
 pub(crate) fn kernel<F: KFormat>(feats: &CpuFeatures, scalar_only: bool) -> MatKernel {

@@ -1,8 +1,11 @@
 //! Q2_K weights × Q8_K activations: the format's hooks for the shared K-quant kernels in
-//! `q8_k` (scalar = the quant crate's reference dot; AVX2 micro-kernel in `avx2.rs`).
+//! `q8_k` (scalar = the quant crate's reference dot; AVX2 micro-kernel in `avx2.rs`, the
+//! AVX-512 VNNI one in `avx512.rs`).
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
 
 use super::kernels::{CpuFeatures, MatKernel};
 use super::q8_k::KFormat;
@@ -23,7 +26,8 @@ impl KFormat for Format {
     #[cfg(target_arch = "x86_64")]
     type Micro = avx2::Q2K;
     #[cfg(target_arch = "x86_64")]
-    type Micro512 = avx2::Q2K;
+    type Micro512 = avx512::Q2KVnni;
+    const MICRO512_VNNI: bool = true;
 }
 
 /// The Q2_K kernel for this CPU.

@@ -1,13 +1,11 @@
 //! AVX2 pieces for the Q8_K side: the activation quantizer (bit-identical to the quant
 //! crate's `quantize_row_q8_K_ref` port), load helpers, and the driver that runs a
-//! format's micro-kernel over the output, compiled twice: for AVX2 and for AVX2 plus
-//! AVX-512F/BW/VL (same source, EVEX encodings).
+//! format's micro-kernel over the output, compiled three times: for AVX2, for AVX2 plus
+//! AVX-512F/BW/VL (same source, EVEX encodings), and with AVX-512 VNNI as well for the
+//! micro-kernels that use `vpdpbusd` (`KFormat::MICRO512_VNNI`: Q2_K).
 //!
 //! Every function here needs at least AVX2, FMA and F16C; they are reached only through
-//! kernels that `kernel_for` picked after detecting those features. AVX512-VNNI / AVX-VNNI
-//! would slot in as a third driver whose micro-kernels fuse each `madd` + `add` into
-//! `vpdpwssd` (one uop fewer per 32 weights); not done yet because the K-quants carry only
-//! ~9 % of the bytes of the test model's decode step.
+//! kernels that `kernel_for` picked after detecting those features.
 
 use super::tiles::{Rows, ACT_PANEL, Q8K_BYTES};
 use neagari_quant::k_common::QK_K;
@@ -293,6 +291,26 @@ pub(crate) unsafe fn gemm_avx2<M: Micro>(
 /// from `tiles::check` on these very buffers.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 pub(crate) unsafe fn gemm_avx512vl<M: Micro>(
+    r: Rows,
+    w: &[u8],
+    nw: usize,
+    a: &[u8],
+    na: usize,
+    out: &mut [f32],
+    stride: usize,
+) {
+    // SAFETY: forwarded contract; this function enables the features the body needs.
+    unsafe { gemm_body::<M>(r, w, nw, a, na, out, stride) }
+}
+
+/// The driver compiled with AVX-512 VNNI on top of `gemm_avx512vl`'s set, for micro-kernels
+/// that use `vpdpbusd` (`KFormat::MICRO512_VNNI`).
+///
+/// # Safety
+/// AVX2, FMA, F16C, AVX-512F/BW/VL and AVX-512 VNNI must be available and `r` must come
+/// from `tiles::check` on these very buffers.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn gemm_avx512vnni<M: Micro>(
     r: Rows,
     w: &[u8],
     nw: usize,

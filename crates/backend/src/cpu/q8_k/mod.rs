@@ -54,6 +54,10 @@ pub(crate) trait KFormat {
     /// with EVEX encodings), or one written for AVX-512 F/BW/VL (mask registers).
     #[cfg(target_arch = "x86_64")]
     type Micro512: avx2::Micro;
+    /// `Micro512` uses AVX-512 VNNI (`vpdpbusd`) as well: it then runs in the VNNI build of
+    /// the driver where the CPU has VNNI, and `Micro` takes its place in the AVX-512VL
+    /// build where it does not.
+    const MICRO512_VNNI: bool = false;
 }
 
 fn gemm_scalar<F: KFormat>(
@@ -101,8 +105,41 @@ fn gemm_avx512vl<F: KFormat>(
     unsafe { avx2::gemm_avx512vl::<F::Micro512>(r, w, nw, a, na, out, out_stride) }
 }
 
-/// The kernel of K-quant `F` for this CPU: the AVX-512VL build of the AVX2 kernel where
-/// available, else AVX2, else scalar.
+#[cfg(target_arch = "x86_64")]
+fn gemm_avx512vnni<F: KFormat>(
+    k: usize,
+    w: &[u8],
+    nw: usize,
+    a: &[u8],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let r = tiles::check(k, F::BYTES, w, nw, a, na, out, out_stride);
+    // SAFETY: handed out by `kernel` only after AVX2/FMA/F16C and AVX-512F/BW/VL/VNNI were
+    // detected; `r` was checked against these buffers.
+    unsafe { avx2::gemm_avx512vnni::<F::Micro512>(r, w, nw, a, na, out, out_stride) }
+}
+
+/// The AVX-512VL driver over the AVX2 micro-kernel, for a format whose `Micro512` needs
+/// VNNI on a CPU without it.
+#[cfg(target_arch = "x86_64")]
+fn gemm_avx512vl_plain<F: KFormat>(
+    k: usize,
+    w: &[u8],
+    nw: usize,
+    a: &[u8],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let r = tiles::check(k, F::BYTES, w, nw, a, na, out, out_stride);
+    // SAFETY: as `gemm_avx512vl`.
+    unsafe { avx2::gemm_avx512vl::<F::Micro>(r, w, nw, a, na, out, out_stride) }
+}
+
+/// The kernel of K-quant `F` for this CPU: the format's AVX-512 micro-kernel (VNNI build
+/// where it needs VNNI, else the AVX-512VL build) where available, else AVX2, else scalar.
 pub(crate) fn kernel<F: KFormat>(feats: &CpuFeatures, scalar_only: bool) -> MatKernel {
     let (quantize_act, isa) = quantize_act(feats, scalar_only);
     let mk = |gemm: GemmFn, isa| MatKernel {
@@ -113,7 +150,11 @@ pub(crate) fn kernel<F: KFormat>(feats: &CpuFeatures, scalar_only: bool) -> MatK
     };
     #[cfg(target_arch = "x86_64")]
     if isa == "avx2" {
-        return if feats.has_avx512vl() {
+        return if F::MICRO512_VNNI && feats.has_avx512vnni() {
+            mk(gemm_avx512vnni::<F>, "avx512vnni")
+        } else if F::MICRO512_VNNI && feats.has_avx512vl() {
+            mk(gemm_avx512vl_plain::<F>, "avx512vl")
+        } else if feats.has_avx512vl() {
             mk(gemm_avx512vl::<F>, "avx512vl")
         } else {
             mk(gemm_avx2::<F>, isa)
