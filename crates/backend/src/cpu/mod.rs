@@ -13,6 +13,8 @@ mod avx2_panels;
 #[cfg(target_arch = "x86_64")]
 mod avx2_tiles;
 #[cfg(target_arch = "x86_64")]
+mod avx512_lanes;
+#[cfg(target_arch = "x86_64")]
 mod avx512_tiles;
 mod tiles;
 
