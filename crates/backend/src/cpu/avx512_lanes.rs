@@ -111,7 +111,7 @@ unsafe fn prep(s: &mut Scratch, a: &[u8], arb: usize, nb: usize, i0: usize, n: u
 /// vector `l`: row `j`, dword `l`). Stage `s` merges the vectors that differ in bit `s` of
 /// their index and trades that bit for one bit of the dword index; `[s][t]` builds the
 /// output whose index bit `s` is `t`.
-fn transpose_idx() -> [[[i32; 16]; 2]; 3] {
+pub(crate) fn transpose_idx() -> [[[i32; 16]; 2]; 3] {
     let mut idx = [[[0i32; 16]; 2]; 3];
     for (ti, t) in [0i32, 1].into_iter().enumerate() {
         for pos in 0..16 {
@@ -125,6 +125,29 @@ fn transpose_idx() -> [[[i32; 16]; 2]; 3] {
         }
     }
     idx
+}
+
+/// Transposes 8 pair vectors (dword `e` of `v[p]`: row `2p + e/8`, dword `e%8`) into 8 lane
+/// vectors (dword `j` of `[l]`: row `j`, dword `l`) with the `transpose_idx` stages.
+///
+/// # Safety
+/// The features of `avx512_tiles::available()` are present.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn transpose8(mut v: [__m512i; 8], idx: &[[__m512i; 2]; 3]) -> [__m512i; 8] {
+    // Stage s: vectors v and v | 1<<s → outputs with bit s = 0 and = 1.
+    for st in 0..3 {
+        let bit = 1 << st;
+        let mut nv = [_mm512_setzero_si512(); 8];
+        for lo in (0..8).filter(|x| x & bit == 0) {
+            let hi = lo | bit;
+            nv[lo] = _mm512_permutex2var_epi32(v[lo], idx[st][0], v[hi]);
+            nv[hi] = _mm512_permutex2var_epi32(v[lo], idx[st][1], v[hi]);
+        }
+        v = nv;
+    }
+    // After the stages, vector index bits (2, 1, 0) hold (l0, l1, l2).
+    std::array::from_fn(|l| v[((l & 1) << 2) | (l & 2) | (l >> 2)])
 }
 
 /// Decodes and transposes the weight rows `min(j, rn − 1)` (`j < 16`) of `wrb` bytes from
@@ -161,20 +184,9 @@ unsafe fn decode<W: VnniBlocks>(
                 )
             };
         }
-        // Stage s: vectors v and v | 1<<s → outputs with bit s = 0 and = 1.
-        for st in 0..3 {
-            let bit = 1 << st;
-            let mut nv = [_mm512_setzero_si512(); 8];
-            for lo in (0..8).filter(|x| x & bit == 0) {
-                let hi = lo | bit;
-                nv[lo] = _mm512_permutex2var_epi32(v[lo], idx[st][0], v[hi]);
-                nv[hi] = _mm512_permutex2var_epi32(v[lo], idx[st][1], v[hi]);
-            }
-            v = nv;
-        }
-        // After the stages, vector index bits (2, 1, 0) hold (l0, l1, l2).
-        for (vi, &x) in v.iter().enumerate() {
-            let l = ((vi & 1) << 2) | (vi & 2) | (vi >> 2);
+        // SAFETY: features per the caller.
+        let v = unsafe { transpose8(v, idx) };
+        for (l, &x) in v.iter().enumerate() {
             // SAFETY: b · 8 + l < nb · 8, the length of s.q; Z is 64-byte aligned.
             unsafe { _mm512_store_si512(s.q.as_mut_ptr().add(b * 8 + l) as _, x) };
         }

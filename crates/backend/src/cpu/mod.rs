@@ -935,6 +935,8 @@ impl Backend for CpuBackend {
 fn chunk_rows(n_out: usize, threads: usize, na: usize) -> usize {
     let target_tasks = threads * if na > 1 { 8 } else { 4 };
     let c = n_out.div_ceil(target_tasks.max(1));
-    // Multiples of 4 suit 4-row micro-kernels.
-    c.div_ceil(4).max(1) * 4
+    // Multiples of 4 suit 4-row micro-kernels; prefill's AVX-512 kernels take 16 weight
+    // rows per tile (a 40-row chunk would run 16 + 16 + 16 rows for 40).
+    let m = if na > 1 { 16 } else { 4 };
+    c.div_ceil(m).max(1) * m
 }
