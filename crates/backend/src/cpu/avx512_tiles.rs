@@ -596,6 +596,38 @@ mod tests {
         if !available() {
             return;
         }
+        // As a prefill matmul calls it: 16 chunks of 64 weight rows, 512 activation rows.
+        for (chunk, na) in [(64, 512), (1024, 512), (64, 128), (1024, 128), (256, 512)] {
+            let mut rng = StdRng::seed_from_u64(10);
+            let (nb, nw) = (20, 1024);
+            type W = super::super::q5_0::avx512::Q5_0;
+            let w = rows(&mut rng, nw, nb, W::BYTES);
+            let a = rows(&mut rng, na, nb, 34);
+            let mut o = vec![0f32; na * nw];
+            let mut best = f64::MAX;
+            for _ in 0..5 {
+                let t = std::time::Instant::now();
+                for c in 0..nw / chunk {
+                    let j0 = c * chunk;
+                    gemm::<W>(
+                        640,
+                        &w[j0 * nb * W::BYTES..(j0 + chunk) * nb * W::BYTES],
+                        chunk,
+                        &a,
+                        na,
+                        &mut o[j0..],
+                        nw,
+                    );
+                }
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            let gmac = (nw * na * 640) as f64 / 1e9;
+            eprintln!(
+                "q5_0 chunks of {chunk} rows x {na}: {:.2} ms, {:.1} G mul-add/s",
+                best * 1e3,
+                gmac / best
+            );
+        }
         one::<super::super::q8_0::avx512::Q8_0>("q8_0");
         one::<super::super::q5_0::avx512::Q5_0>("q5_0");
     }
