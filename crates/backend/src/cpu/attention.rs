@@ -55,6 +55,16 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    static SPAN_SCRATCH: RefCell<SpanScratch> = RefCell::new(SpanScratch::default());
+}
+
+/// Per-thread buffers of `ggml_order`'s tasks.
+#[derive(Default)]
+struct SpanScratch {
+    /// `[n_pos, head_dim]` each: a task's span of keys and values as f32.
+    k: Vec<f32>,
+    v: Vec<f32>,
+    group: attend_ggml::GroupScratch,
 }
 
 /// Stores the step's keys and values (`k`, `v`: `[rows, n_kv_heads · head_dim]`) at
@@ -187,37 +197,76 @@ fn ggml_order(
         let last = pos0 + r1 - 1;
         let first = lo_of(pos0 + r0);
         let n_pos = last + 1 - first;
-        // [n_pos, hd] each: the span's keys and values as f32.
-        let mut kf = vec![0f32; n_pos * hd];
-        let mut vf = vec![0f32; n_pos * hd];
-        let span = kv.offset(h, first)..kv.offset(h, last + 1);
-        ops::kv_load(kv.shape.ty, &kv.k[layer][span.clone()], &mut kf);
-        ops::kv_load(kv.shape.ty, &kv.v[layer][span], &mut vf);
-        let mut scores = vec![0f32; n_pos];
-        let mut qh = vec![0f32; hd];
-        let mut scratch = attend_ggml::Scratch::default();
-        for r in r0..r1 {
-            let p = pos0 + r;
-            for qi in h * group..(h + 1) * group {
-                qh.copy_from_slice(&q.data[r * q.cols + qi * hd..r * q.cols + (qi + 1) * hd]);
-                // SAFETY: (row r, head qi) is written by exactly this task.
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(op.get().add(r * out_cols + qi * hd), hd)
-                };
-                attend_ggml::attend(
-                    &mut qh,
-                    &kf,
-                    &vf,
-                    hd,
-                    (lo_of(p) - first, p - first, first),
-                    attn.scale,
-                    rows == 1,
-                    &mut scores,
-                    &mut scratch,
-                    dst,
-                );
+        SPAN_SCRATCH.with_borrow_mut(|sp| {
+            let SpanScratch {
+                k: kf,
+                v: vf,
+                group: gs,
+            } = sp;
+            // [n_pos, hd] each: the span's keys and values as f32 (kv_load writes them all;
+            // the buffers stay allocated between tasks: a 512 KB span was an mmap each time).
+            kf.resize(n_pos * hd, 0.0);
+            vf.resize(n_pos * hd, 0.0);
+            let span = kv.offset(h, first)..kv.offset(h, last + 1);
+            ops::kv_load(
+                kv.shape.ty,
+                &kv.k[layer][span.clone()],
+                &mut kf[..n_pos * hd],
+            );
+            ops::kv_load(kv.shape.ty, &kv.v[layer][span], &mut vf[..n_pos * hd]);
+            let (kf, vf) = (&kf[..n_pos * hd], &vf[..n_pos * hd]);
+            if rows > 1 && attend_ggml::group_available(hd) {
+                for r in r0..r1 {
+                    let p = pos0 + r;
+                    let at = r * q.cols + h * group * hd;
+                    // SAFETY: heads h·group..(h + 1)·group of row r are written by exactly
+                    // this task.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            op.get().add(r * out_cols + h * group * hd),
+                            group * hd,
+                        )
+                    };
+                    attend_ggml::attend_group(
+                        &q.data[at..at + group * hd],
+                        group,
+                        kf,
+                        vf,
+                        hd,
+                        (lo_of(p) - first, p - first, first),
+                        attn.scale,
+                        gs,
+                        dst,
+                    );
+                }
+                return;
             }
-        }
+            let mut scores = vec![0f32; n_pos];
+            let mut qh = vec![0f32; hd];
+            let mut scratch = attend_ggml::Scratch::default();
+            for r in r0..r1 {
+                let p = pos0 + r;
+                for qi in h * group..(h + 1) * group {
+                    qh.copy_from_slice(&q.data[r * q.cols + qi * hd..r * q.cols + (qi + 1) * hd]);
+                    // SAFETY: (row r, head qi) is written by exactly this task.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(op.get().add(r * out_cols + qi * hd), hd)
+                    };
+                    attend_ggml::attend(
+                        &mut qh,
+                        kf,
+                        vf,
+                        hd,
+                        (lo_of(p) - first, p - first, first),
+                        attn.scale,
+                        rows == 1,
+                        &mut scores,
+                        &mut scratch,
+                        dst,
+                    );
+                }
+            }
+        });
     });
 }
 

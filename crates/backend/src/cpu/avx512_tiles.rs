@@ -412,183 +412,20 @@ pub(crate) fn gemm<W: VnniBlocks>(
         }
         return;
     }
-    let x = acts::<W>(a, na, nb, s.arb);
     if !W::HAS_MIN && na >= PRE_MIN_NA {
         // SAFETY: features checked just above; operands checked by tiles::check.
-        return unsafe { run_pre::<W>(&x, w.as_ptr(), s.wrb, nw, na, out, out_stride) };
+        return unsafe {
+            super::avx512_lanes::gemm::<W>(nb, w, s.wrb, nw, a, s.arb, na, out, out_stride)
+        };
     }
+    let x = acts::<W>(a, na, nb, s.arb);
     // SAFETY: features checked just above; operands checked by tiles::check.
     unsafe { run::<W>(&x, w.as_ptr(), s.wrb, nw, na, out, out_stride) }
 }
 
-/// Activation rows from which `gemm` decodes each weight tile once per activation panel
-/// (`run_pre`) instead of once per register tile.
+/// Activation rows from which `gemm` runs the rows-in-lanes prefill kernel
+/// (`avx512_lanes.rs`) instead of the register tiles.
 const PRE_MIN_NA: usize = 8;
-
-/// Row pairs of a pre-decoded weight tile, and activation rows per register tile.
-const PRE_P: usize = 4;
-const PRE_C: usize = 4;
-
-/// One weight tile decoded once for a whole activation panel: per block `b` and pair `p`
-/// (rows `2p`, `2p + 1` of the tile), the 64 unsigned quants as `W::pair` gives them and
-/// the two rows' f32 `d` spread over lanes 0..8 and 8..16.
-struct Decoded {
-    /// `q[nb × PRE_P]`.
-    q: Vec<Z>,
-    /// `d[nb × PRE_P]`: 16 f32 each.
-    d: Vec<Z>,
-}
-
-/// Decodes weight rows `rows[0..2·PRE_P]` (pointers to each row's first block).
-///
-/// # Safety
-/// The features of `available()` are present; each pointer has `nb` blocks readable.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn decode<W: VnniBlocks>(rows: [*const u8; 2 * PRE_P], nb: usize, dec: &mut Decoded) {
-    use neagari_quant::float::f16_to_f32;
-    for b in 0..nb {
-        for p in 0..PRE_P {
-            let (p0, p1) = (rows[2 * p], rows[2 * p + 1]);
-            // SAFETY: block b < nb of both rows per the caller; d is its first 2 bytes.
-            let (q, d0, d1) = unsafe {
-                let (b0, b1) = (p0.add(b * W::BYTES), p1.add(b * W::BYTES));
-                (
-                    W::pair(b0, b1),
-                    f16_to_f32([*b0, *b0.add(1)]),
-                    f16_to_f32([*b1, *b1.add(1)]),
-                )
-            };
-            let i = b * PRE_P + p;
-            let dv = _mm512_insertf32x8::<1>(
-                _mm512_castps256_ps512(_mm256_set1_ps(d0)),
-                _mm256_set1_ps(d1),
-            );
-            // SAFETY: i < nb × PRE_P, the length of both vectors; Z is 64-byte aligned.
-            unsafe {
-                _mm512_store_si512(dec.q.as_mut_ptr().add(i) as _, q);
-                _mm512_store_ps(dec.d.as_mut_ptr().add(i) as _, dv);
-            }
-        }
-    }
-}
-
-/// `[p][h][c]`-ordered dots of a decoded tile against activation rows `i0..i0+C`, in the
-/// same per-output f32 sequence as `tile` (`d_w·d_a` as one multiply, one FMA per block
-/// into each of 8 lanes, blocks in order, then `hsum`): returns `[r][c]` for the tile's
-/// `2·PRE_P` rows.
-///
-/// # Safety
-/// The features of `available()` are present; `dec` holds `x.nb` blocks; `i0 + C ≤ na`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile_pre<W: VnniBlocks, const C: usize>(
-    x: &Acts,
-    dec: &Decoded,
-    i0: usize,
-) -> [[f32; C]; 2 * PRE_P] {
-    let (nb, ng) = (x.nb, x.ng);
-    // x.d is [na × ng] groups of 16 f32, so row i's block b is f32 i·ng·16 + b.
-    let da_base = x.d.as_ptr() as *const f32;
-    let mut acc = [[_mm512_setzero_ps(); C]; PRE_P];
-    for b in 0..nb {
-        let mut q = [_mm512_setzero_si512(); PRE_P];
-        let mut dw = [_mm512_setzero_ps(); PRE_P];
-        for p in 0..PRE_P {
-            // SAFETY: b · PRE_P + p < nb × PRE_P; Z is 64-byte aligned.
-            unsafe {
-                q[p] = _mm512_load_si512(dec.q.as_ptr().add(b * PRE_P + p) as _);
-                dw[p] = _mm512_load_ps(dec.d.as_ptr().add(b * PRE_P + p) as _);
-            }
-        }
-        for c in 0..C {
-            // SAFETY: block b < nb of activation row i0 + c < na; f32 index inside x.d.
-            let (av, init, da) = unsafe {
-                let at = (i0 + c) * nb + b;
-                (
-                    _mm512_broadcast_i64x4(_mm256_load_si256(x.q.as_ptr().add(at) as _)),
-                    if W::OFFSET != 0 {
-                        _mm512_broadcast_i64x4(_mm256_load_si256(x.init.as_ptr().add(at) as _))
-                    } else {
-                        _mm512_setzero_si512()
-                    },
-                    _mm512_set1_ps(*da_base.add((i0 + c) * ng * GROUP + b)),
-                )
-            };
-            for p in 0..PRE_P {
-                let isum = _mm512_dpbusd_epi32(init, q[p], av);
-                let sc = _mm512_mul_ps(dw[p], da);
-                acc[p][c] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(isum), acc[p][c]);
-            }
-        }
-    }
-    let mut out = [[0f32; C]; 2 * PRE_P];
-    for p in 0..PRE_P {
-        for c in 0..C {
-            let v = acc[p][c];
-            out[2 * p][c] = super::avx2_tiles::hsum(_mm512_castps512_ps256(v));
-            out[2 * p + 1][c] = super::avx2_tiles::hsum(_mm256_castpd_ps(
-                _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)),
-            ));
-        }
-    }
-    out
-}
-
-/// Prefill driver: per activation panel and weight tile of `2·PRE_P` rows, decodes the
-/// tile once (`decode`), then runs `tile_pre` over the panel's activation rows. A short
-/// last weight tile repeats its last row (computed, not stored).
-///
-/// # Safety
-/// As `run`, and `W::HAS_MIN` is false.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn run_pre<W: VnniBlocks>(
-    x: &Acts,
-    w: *const u8,
-    wrb: usize,
-    nw: usize,
-    na: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    const R: usize = 2 * PRE_P;
-    let nb = x.nb;
-    let mut dec = Decoded {
-        q: vec![ZERO; nb * PRE_P],
-        d: vec![ZERO; nb * PRE_P],
-    };
-    for ip in (0..na).step_by(ACT_PANEL) {
-        let pn = ACT_PANEL.min(na - ip);
-        for j0 in (0..nw).step_by(R) {
-            let rn = R.min(nw - j0);
-            // SAFETY: rows j0 + min(r, rn − 1) < nw exist with nb blocks each.
-            let rows: [*const u8; R] =
-                std::array::from_fn(|r| unsafe { w.add((j0 + r.min(rn - 1)) * wrb) });
-            // SAFETY: as above; features per the caller.
-            unsafe { decode::<W>(rows, nb, &mut dec) };
-            let mut i0 = ip;
-            while i0 < ip + pn {
-                let cn = PRE_C.min(ip + pn - i0);
-                macro_rules! go {
-                    ($($c:literal),*) => {
-                        match cn {
-                            $($c => {
-                                // SAFETY: i0 + cn ≤ na; dec holds nb blocks.
-                                let v = unsafe { tile_pre::<W, $c>(x, &dec, i0) };
-                                for r in 0..rn {
-                                    for c in 0..$c {
-                                        out[(i0 + c) * out_stride + j0 + r] = v[r][c];
-                                    }
-                                }
-                            })*
-                            _ => unreachable!("cn ≤ PRE_C"),
-                        }
-                    };
-                }
-                go!(1, 2, 3, 4);
-                i0 += cn;
-            }
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -608,9 +445,51 @@ mod tests {
         v
     }
 
-    /// The panel-decoding prefill path against the register tile it replaces (which
-    /// `gemm` still takes below `PRE_MIN_NA` rows and which the Gemma test pins to
-    /// llama.cpp's bits): every output bit-identical.
+    /// llama.cpp's order written out plainly (the truth both kernels must reproduce): per
+    /// output, 8 f32 partial sums, lane `l` = `fma(f32(d_w)·f32(d_a), Σ_{i<4} w[4l+i]·a[4l+i],
+    /// acc_l)` block after block, with `w` the dequantized integer weights of the
+    /// quant crate's reference, then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+    fn reference<W: VnniBlocks>(w: &[u8], a: &[u8], nb: usize, nw: usize, na: usize) -> Vec<f32> {
+        use neagari_quant::float::f16_to_f32;
+        // Integer weights of each block (x = q·d for Q8_0 / Q5_0), from the reference
+        // dequantizer with d replaced by 1.
+        let ty = if W::BYTES == 34 {
+            neagari_quant::GgmlType::Q8_0
+        } else {
+            neagari_quant::GgmlType::Q5_0
+        };
+        let ints = |blk: &[u8]| -> Vec<i32> {
+            let mut one = blk.to_vec();
+            one[..2].copy_from_slice(&half::f16::from_f32(1.0).to_le_bytes());
+            let mut x = vec![0f32; 32];
+            neagari_quant::dequantize_row(ty, &one, &mut x).expect("one block");
+            x.iter().map(|&v| v as i32).collect()
+        };
+        let mut out = vec![0f32; na * nw];
+        for i in 0..na {
+            for j in 0..nw {
+                let mut acc = [0f32; 8];
+                for b in 0..nb {
+                    let wb = &w[(j * nb + b) * W::BYTES..(j * nb + b + 1) * W::BYTES];
+                    let ab = &a[(i * nb + b) * 34..(i * nb + b + 1) * 34];
+                    let wi = ints(wb);
+                    let s = f16_to_f32([wb[0], wb[1]]) * f16_to_f32([ab[0], ab[1]]);
+                    for (l, al) in acc.iter_mut().enumerate() {
+                        let dot: i32 = (4 * l..4 * l + 4)
+                            .map(|e| wi[e] * ab[2 + e] as i8 as i32)
+                            .sum();
+                        *al = s.mul_add(dot as f32, *al);
+                    }
+                }
+                out[i * nw + j] = ((acc[0] + acc[4]) + (acc[2] + acc[6]))
+                    + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+            }
+        }
+        out
+    }
+
+    /// The register tile (which `gemm` takes below `PRE_MIN_NA` rows) and the
+    /// rows-in-lanes prefill kernel against `reference`: every output bit-identical.
     fn same_bits<W: VnniBlocks>() {
         if !available() {
             eprintln!("skipped: no AVX-512 VNNI");
@@ -623,18 +502,39 @@ mod tests {
             (64, 5, 9),
             (1, 3, 8),
             (33, 12, 131),
+            (20, 37, 300),
         ] {
             let w = rows(&mut rng, nw, nb, W::BYTES);
             let a = rows(&mut rng, na, nb, 34);
             let x = acts::<W>(&a, na, nb, nb * 34);
             let (mut o1, mut o2) = (vec![0f32; na * nw], vec![1f32; na * nw]);
+            let o3 = reference::<W>(&w, &a, nb, nw, na);
             // SAFETY: features checked above; shapes built to match.
             unsafe {
                 run::<W>(&x, w.as_ptr(), nb * W::BYTES, nw, na, &mut o1, nw);
-                run_pre::<W>(&x, w.as_ptr(), nb * W::BYTES, nw, na, &mut o2, nw);
+                super::super::avx512_lanes::gemm::<W>(
+                    nb,
+                    &w,
+                    nb * W::BYTES,
+                    nw,
+                    &a,
+                    nb * 34,
+                    na,
+                    &mut o2,
+                    nw,
+                );
             }
-            for (i, (p, q)) in o1.iter().zip(&o2).enumerate() {
-                assert_eq!(p.to_bits(), q.to_bits(), "nb {nb} nw {nw} na {na} at {i}");
+            for (i, ((p, q), r)) in o1.iter().zip(&o2).zip(&o3).enumerate() {
+                assert_eq!(
+                    p.to_bits(),
+                    r.to_bits(),
+                    "tile: nb {nb} nw {nw} na {na} at {i}"
+                );
+                assert_eq!(
+                    q.to_bits(),
+                    r.to_bits(),
+                    "lanes: nb {nb} nw {nw} na {na} at {i}"
+                );
             }
         }
     }
@@ -671,21 +571,62 @@ mod tests {
                         if m == 0 {
                             run::<W>(&x, w.as_ptr(), nb * W::BYTES, nw, na, &mut o, nw);
                         } else {
-                            run_pre::<W>(&x, w.as_ptr(), nb * W::BYTES, nw, na, &mut o, nw);
+                            super::super::avx512_lanes::gemm::<W>(
+                                nb,
+                                &w,
+                                nb * W::BYTES,
+                                nw,
+                                &a,
+                                nb * 34,
+                                na,
+                                &mut o,
+                                nw,
+                            );
                         }
                     }
                     *b = b.min(t.elapsed().as_secs_f64());
                 }
             }
             eprintln!(
-                "{name}: tile {:.2} ms, panel-decoded {:.2} ms ({:.2}x)",
+                "{name}: tile {:.3} ms, rows in lanes {:.3} ms (prepared activations included)",
                 best[0] * 1e3,
                 best[1] * 1e3,
-                best[0] / best[1]
             );
         }
         if !available() {
             return;
+        }
+        // As a prefill matmul calls it: 16 chunks of 64 weight rows, 512 activation rows.
+        for (chunk, na) in [(64, 512), (1024, 512), (64, 128), (1024, 128), (256, 512)] {
+            let mut rng = StdRng::seed_from_u64(10);
+            let (nb, nw) = (20, 1024);
+            type W = super::super::q5_0::avx512::Q5_0;
+            let w = rows(&mut rng, nw, nb, W::BYTES);
+            let a = rows(&mut rng, na, nb, 34);
+            let mut o = vec![0f32; na * nw];
+            let mut best = f64::MAX;
+            for _ in 0..5 {
+                let t = std::time::Instant::now();
+                for c in 0..nw / chunk {
+                    let j0 = c * chunk;
+                    gemm::<W>(
+                        640,
+                        &w[j0 * nb * W::BYTES..(j0 + chunk) * nb * W::BYTES],
+                        chunk,
+                        &a,
+                        na,
+                        &mut o[j0..],
+                        nw,
+                    );
+                }
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            let gmac = (nw * na * 640) as f64 / 1e9;
+            eprintln!(
+                "q5_0 chunks of {chunk} rows x {na}: {:.2} ms, {:.1} G mul-add/s",
+                best * 1e3,
+                gmac / best
+            );
         }
         one::<super::super::q8_0::avx512::Q8_0>("q8_0");
         one::<super::super::q5_0::avx512::Q5_0>("q5_0");

@@ -13,6 +13,8 @@ mod avx2_panels;
 #[cfg(target_arch = "x86_64")]
 mod avx2_tiles;
 #[cfg(target_arch = "x86_64")]
+mod avx512_lanes;
+#[cfg(target_arch = "x86_64")]
 mod avx512_tiles;
 mod tiles;
 
@@ -467,9 +469,11 @@ impl Backend for CpuBackend {
                 format!("{} cols, weight of {g}", x.cols),
             ));
         }
-        for group in x.data.chunks_exact_mut(g) {
-            ops::rms_norm(group, w, eps);
-        }
+        self.par_chunks(&mut x.data, g, |_, chunk| {
+            for group in chunk.chunks_exact_mut(g) {
+                ops::rms_norm(group, w, eps);
+            }
+        });
         Ok(())
     }
 
@@ -480,9 +484,12 @@ impl Backend for CpuBackend {
                 format!("{}x{} + {}x{}", x.rows, x.cols, y.rows, y.cols),
             ));
         }
-        for (a, b) in x.data.iter_mut().zip(&y.data) {
-            *a += b;
-        }
+        let y = &y.data;
+        self.par_chunks(&mut x.data, 1, |u0, chunk| {
+            for (a, b) in chunk.iter_mut().zip(&y[u0..]) {
+                *a += b;
+            }
+        });
         Ok(())
     }
 
@@ -508,10 +515,14 @@ impl Backend for CpuBackend {
                 format!("{} vs {} values", gate.data.len(), up.data.len()),
             ));
         }
-        match act {
-            GluAct::Silu => ops::swiglu(&mut gate.data, &up.data),
-            GluAct::GeluTanh => ops::geglu(&mut gate.data, &up.data),
-        }
+        let up = &up.data;
+        self.par_chunks(&mut gate.data, 1, |u0, chunk| {
+            let up = &up[u0..u0 + chunk.len()];
+            match act {
+                GluAct::Silu => ops::swiglu(chunk, up),
+                GluAct::GeluTanh => ops::geglu(chunk, up),
+            }
+        });
         Ok(())
     }
 
@@ -549,14 +560,16 @@ impl Backend for CpuBackend {
             }
         }
         let ff = freq_factors.map(|v| v.as_slice());
-        let mut cache = vec![0f32; rope.dims];
         let cols = x.cols;
-        for r in 0..x.rows {
-            ops::rope_cache(rope, (pos0 + r) as f32, ff, &mut cache);
-            for head in x.data[r * cols..(r + 1) * cols].chunks_exact_mut(head_dim) {
-                ops::rope_apply(head, &cache, rope.dims, rope.neox);
+        self.par_chunks(&mut x.data, cols, |r0, chunk| {
+            let mut cache = vec![0f32; rope.dims];
+            for (r, row) in chunk.chunks_exact_mut(cols).enumerate() {
+                ops::rope_cache(rope, (pos0 + r0 + r) as f32, ff, &mut cache);
+                for head in row.chunks_exact_mut(head_dim) {
+                    ops::rope_apply(head, &cache, rope.dims, rope.neox);
+                }
             }
-        }
+        });
         Ok(())
     }
 
@@ -928,11 +941,43 @@ impl Backend for CpuBackend {
     }
 }
 
+/// Values from which the row-wise float ops (norms, RoPE, GLU, residual adds) split their
+/// rows across the pool: a prefill's (hundreds of rows) would otherwise run on one thread
+/// while the other waits; a decode step's (one row) stays inline.
+const PAR_MIN_VALUES: usize = 16 * 1024;
+
+impl CpuBackend {
+    /// Runs `f(u0, chunk)` over disjoint chunks of `data` of whole units of `unit` values
+    /// (`u0`: the index of the chunk's first unit, i.e. its first value is
+    /// `data[u0 · unit]`), across the pool when `data` has `PAR_MIN_VALUES` values, else
+    /// once over all of it. Each unit is computed the same way either way.
+    fn par_chunks(&self, data: &mut [f32], unit: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+        let threads = self.pool.n_threads();
+        let units = data.len() / unit.max(1);
+        if threads == 1 || data.len() < PAR_MIN_VALUES || units < 2 || units * unit != data.len() {
+            return f(0, data);
+        }
+        let per = units.div_ceil(2 * threads);
+        let n_tasks = units.div_ceil(per);
+        let ptr = SyncPtr(data.as_mut_ptr());
+        self.pool.run(n_tasks, |t| {
+            let (u0, u1) = (t * per, ((t + 1) * per).min(units));
+            // SAFETY: task t alone touches units u0..u1 ≤ units of data.
+            let chunk = unsafe {
+                std::slice::from_raw_parts_mut(ptr.get().add(u0 * unit), (u1 - u0) * unit)
+            };
+            f(u0, chunk);
+        });
+    }
+}
+
 /// Weight rows per task: enough work per task to amortise the dispatch, enough tasks to
 /// balance the threads (more for prefill, where a task is more expensive).
 fn chunk_rows(n_out: usize, threads: usize, na: usize) -> usize {
     let target_tasks = threads * if na > 1 { 8 } else { 4 };
     let c = n_out.div_ceil(target_tasks.max(1));
-    // Multiples of 4 suit 4-row micro-kernels.
-    c.div_ceil(4).max(1) * 4
+    // Multiples of 4 suit 4-row micro-kernels; prefill's AVX-512 kernels take 16 weight
+    // rows per tile (a 40-row chunk would run 16 + 16 + 16 rows for 40).
+    let m = if na > 1 { 16 } else { 4 };
+    c.div_ceil(m).max(1) * m
 }

@@ -3,6 +3,8 @@
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod lanes;
 
 use super::kernels::{CpuFeatures, MatKernel};
 use super::q8_k::KFormat;
@@ -26,7 +28,150 @@ impl KFormat for Format {
     type Micro512 = avx2::Q4K;
 }
 
-/// The Q4_K kernel for this CPU.
+/// The Q4_K kernel for this CPU: on AVX-512 VNNI, prefill's GEMM-order rows go through the
+/// rows-in-lanes kernel (`lanes.rs`).
 pub(crate) fn kernel(feats: &CpuFeatures, scalar_only: bool) -> MatKernel {
-    super::q8_k::kernel::<Format>(feats, scalar_only)
+    let mut k = super::q8_k::kernel::<Format>(feats, scalar_only);
+    #[cfg(target_arch = "x86_64")]
+    if k.isa == "avx512vl" && feats.has_avx512vnni() {
+        k.gemm = gemm_vnni;
+        k.isa = "avx512vnni";
+    }
+    k
+}
+
+/// Activation rows from which `gemm_vnni` takes the lanes kernel.
+#[cfg(target_arch = "x86_64")]
+const LANES_MIN_NA: usize = 8;
+
+/// The AVX-512VL driver, with the rows llama.cpp sums in its GEMM order (all but the last
+/// `na % 4`) through `lanes::gemm` once there are `LANES_MIN_NA` of them.
+#[cfg(target_arch = "x86_64")]
+fn gemm_vnni(
+    k: usize,
+    w: &[u8],
+    nw: usize,
+    a: &[u8],
+    na: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let split = na - na % 4;
+    if split < LANES_MIN_NA {
+        return super::q8_k::gemm_avx512vl::<Format>(k, w, nw, a, na, out, out_stride);
+    }
+    let r = super::q8_k::tiles::check(k, Format::BYTES, w, nw, a, na, out, out_stride);
+    assert!(
+        super::avx512_tiles::available(),
+        "AVX-512 VNNI kernel called on a CPU without AVX-512 F/BW/VL/VNNI"
+    );
+    // SAFETY: features checked just above; `r` was checked against these buffers.
+    unsafe { lanes::gemm(r, w, nw, a, split, out, out_stride) };
+    if split < na {
+        // The last na % 4 rows in the GEMV order, as the AVX-512VL driver runs them.
+        super::q8_k::gemm_avx512vl::<Format>(
+            k,
+            w,
+            nw,
+            &a[split * r.arb..],
+            na - split,
+            &mut out[split * out_stride..],
+            out_stride,
+        );
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use crate::cpu::q8_k::avx2::testdata;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    /// The VNNI driver (rows in lanes for the GEMM-order rows) against the AVX-512VL driver
+    /// whose order the Gemma test pins to llama.cpp's: every output bit-identical, on fresh
+    /// random blocks, for tile, panel and remainder edges.
+    #[test]
+    fn lanes_driver_is_bit_identical_to_the_avx512vl_one() {
+        if !crate::cpu::avx512_tiles::available() {
+            eprintln!("skipped: no AVX-512 VNNI");
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(0x4c4e);
+        for (nb, nw, na) in [
+            (1, 16, 8),
+            (4, 40, 13),
+            (8, 7, 9),
+            (2, 33, 300),
+            (3, 16, 515),
+        ] {
+            let w = testdata::weights(144, &[0, 2], nb, nw, &mut rng);
+            let a = testdata::acts(nb, na, &mut rng);
+            let stride = nw + 3;
+            let (mut want, mut got) = (vec![0f32; na * stride], vec![0f32; na * stride]);
+            let k = 256 * nb;
+            crate::cpu::q8_k::gemm_avx512vl::<Format>(k, &w, nw, &a, na, &mut want, stride);
+            gemm_vnni(k, &w, nw, &a, na, &mut got, stride);
+            for (i, (x, y)) in want.iter().zip(&got).enumerate() {
+                assert_eq!(x.to_bits(), y.to_bits(), "nb {nb} nw {nw} na {na} at {i}");
+            }
+            assert!(want.iter().filter(|x| **x != 0.0).count() >= na * nw / 2);
+        }
+    }
+
+    /// Tuning only: `cargo test --release -p neagari-backend --lib q4_k_prefill_speed --
+    /// --ignored --nocapture` (Gemma 3 270M's ffn_down and attn_output shapes, one thread).
+    #[test]
+    #[ignore]
+    fn q4_k_prefill_speed() {
+        if !crate::cpu::avx512_tiles::available() {
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(5);
+        for (nb, na, chunk) in [(4, 128, 640), (8, 128, 640), (4, 512, 48), (8, 512, 48)] {
+            let nw = 640;
+            let w = testdata::weights(144, &[0, 2], nb, nw, &mut rng);
+            let a = testdata::acts(nb, na, &mut rng);
+            let mut o = vec![0f32; na * nw];
+            let mut best = [f64::MAX; 2];
+            for _ in 0..10 {
+                for (m, b) in best.iter_mut().enumerate() {
+                    let t = std::time::Instant::now();
+                    if m == 0 {
+                        crate::cpu::q8_k::gemm_avx512vl::<Format>(
+                            256 * nb,
+                            &w,
+                            nw,
+                            &a,
+                            na,
+                            &mut o,
+                            nw,
+                        );
+                    } else {
+                        for j0 in (0..nw).step_by(chunk) {
+                            let c = chunk.min(nw - j0);
+                            let wr = 256 * nb / 256 * Format::BYTES;
+                            gemm_vnni(
+                                256 * nb,
+                                &w[j0 * wr..(j0 + c) * wr],
+                                c,
+                                &a,
+                                na,
+                                &mut o[j0..],
+                                nw,
+                            );
+                        }
+                    }
+                    *b = b.min(t.elapsed().as_secs_f64());
+                }
+            }
+            let gmac = (nw * na * 256 * nb) as f64 / 1e9;
+            eprintln!(
+                "k {} na {na} chunks of {chunk}: avx512vl {:.1} G mul-add/s, lanes {:.1}",
+                256 * nb,
+                gmac / best[0],
+                gmac / best[1]
+            );
+        }
+    }
 }

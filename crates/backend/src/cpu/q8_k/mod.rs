@@ -90,7 +90,7 @@ fn gemm_avx2<F: KFormat>(
 }
 
 #[cfg(target_arch = "x86_64")]
-fn gemm_avx512vl<F: KFormat>(
+pub(crate) fn gemm_avx512vl<F: KFormat>(
     k: usize,
     w: &[u8],
     nw: usize,
