@@ -23,6 +23,18 @@
 //! sizes, GQA, windows, soft-cap, every cache type and `pos0 > 0`). The cost: the scores of
 //! a block are held whole (`SCORES_MAX`) instead of an online softmax, which would change the
 //! rounding.
+//!
+//! Split (decode and short batches, `Job::split`): with fewer (kv head, block) tasks than
+//! twice the threads — one kv head, as in Gemma 3, leaves one thread with all of a global
+//! layer's decode — the positions are split instead, in three passes across the pool: (kv
+//! head, chunk of positions) tasks write raw scores and each chunk's largest visible score;
+//! (kv head, query vector) tasks run the softmax over the chunks, the sum still in key
+//! order; (kv head, slice of output columns) tasks add weight × value over all positions
+//! (`axpy` is element-wise, so a column slice sums exactly as the whole row). Unlike
+//! flash-decoding's per-chunk partial outputs merged with rescaling, nothing is re-associated:
+//! the result is the one-row reference's, bit for bit, whatever the thread count and
+//! chunking (tested). The price is two more pool barriers per call and the scores of all
+//! positions held at once (`SPLIT_SCORES_MAX`).
 
 use std::cell::RefCell;
 
@@ -55,6 +67,32 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    /// The calling thread's buffers of a split call, shared by its tasks (which use
+    /// `SCRATCH` for their own tiles, so the two are never borrowed twice).
+    static SPLIT: RefCell<SplitScratch> = RefCell::new(SplitScratch::default());
+}
+
+/// Fewest positions worth splitting a block's span across threads.
+const SPLIT_MIN_POS: usize = 256;
+/// Positions of one pass-1 chunk at most (a multiple of `KT`).
+const SPLIT_CHUNK_MAX: usize = 8 * KT;
+/// Scores (f32) a split call may hold for all its kv heads: 32 MiB, e.g. 64K positions ×
+/// 32 query vectors (decode with a GQA group of 32, or 8 rows of a group of 4).
+const SPLIT_SCORES_MAX: usize = 8 << 20;
+/// Output columns of one pass-2 task at least: a multiple of q8_0's 32-value block, so a
+/// column slice of a cached vector is whole blocks.
+const SPLIT_COLS_MIN: usize = 32;
+
+/// Buffers of one split call (`Job::split`), written by its tasks in disjoint pieces.
+#[derive(Default)]
+struct SplitScratch {
+    /// `[n_kv, nq, head_dim]`: every kv head's query vectors (rounded like `Scratch::q`).
+    q: Vec<f32>,
+    /// `[n_kv, n_chunks, nq, chunk]`: scores, then softmax weights; chunk-major so that a
+    /// pass-1 task owns one contiguous piece.
+    s: Vec<f32>,
+    /// `[n_kv, n_chunks, nq]`: each chunk's largest visible score per query vector.
+    max: Vec<f32>,
 }
 
 /// Stores the step's keys and values (`k`, `v`: `[rows, n_kv_heads · head_dim]`) at
@@ -132,7 +170,6 @@ fn tiled(
         qb /= 2;
     }
     let n_blocks = rows.div_ceil(qb);
-    let op = SyncPtr(out.data.as_mut_ptr());
     let job = Job {
         kv,
         layer,
@@ -143,6 +180,17 @@ fn tiled(
         attn,
         out_cols: out.cols,
     };
+    // Decode and short batches: too few (kv head, block) tasks for the threads. Split the
+    // positions instead (same arithmetic, module doc).
+    if rows <= QB
+        && nkv * n_blocks < 2 * pool.n_threads()
+        && n_pos_max >= SPLIT_MIN_POS
+        && nkv * rows * group * (n_pos_max + SPLIT_CHUNK_MAX) <= SPLIT_SCORES_MAX
+    {
+        SPLIT.with(|s| job.split(pool, &mut s.borrow_mut(), out));
+        return;
+    }
+    let op = SyncPtr(out.data.as_mut_ptr());
     pool.run(nkv * n_blocks, |t| {
         let (h, b) = (t / n_blocks, t % n_blocks);
         let r0 = b * qb;
@@ -159,7 +207,8 @@ fn tiled(
 const GGML_ORDER_MAX_POS: usize = 2048;
 
 /// ggml's order: tasks of (kv head, block of query rows); each loads its head's span
-/// `first..=last` once as f32 and serves every query head of the group.
+/// `first..=last` once as f32 and serves every query head of the group (or one of them,
+/// where there would be fewer tasks than threads).
 fn ggml_order(
     pool: &ThreadPool,
     kv: &CpuKv,
@@ -174,14 +223,25 @@ fn ggml_order(
     let group = nh / nkv;
     let row_block = if rows >= 64 { 16 } else { rows.max(1) };
     let n_blocks = rows.div_ceil(row_block);
+    // Fewer (kv head, block) tasks than threads (decode with one kv head): one task per
+    // query head instead, each loading the span itself. Every (row, head) is computed
+    // alone either way, so the results do not change.
+    let per = if nkv * n_blocks < pool.n_threads() {
+        1
+    } else {
+        group
+    };
+    let n_sub = group / per;
     let op = SyncPtr(out.data.as_mut_ptr());
     let out_cols = out.cols;
     let lo_of = |p: usize| match attn.window {
         Some(w) => (p + 1).saturating_sub(w),
         None => 0,
     };
-    pool.run(nkv * n_blocks, |t| {
+    pool.run(nkv * n_blocks * n_sub, |t| {
+        let (t, sub) = (t / n_sub, t % n_sub);
         let (h, b) = (t / n_blocks, t % n_blocks);
+        let heads = h * group + sub * per..h * group + (sub + 1) * per;
         let r0 = b * row_block;
         let r1 = (r0 + row_block).min(rows);
         let last = pos0 + r1 - 1;
@@ -198,7 +258,7 @@ fn ggml_order(
         let mut scratch = attend_ggml::Scratch::default();
         for r in r0..r1 {
             let p = pos0 + r;
-            for qi in h * group..(h + 1) * group {
+            for qi in heads.clone() {
                 qh.copy_from_slice(&q.data[r * q.cols + qi * hd..r * q.cols + (qi + 1) * hd]);
                 // SAFETY: (row r, head qi) is written by exactly this task.
                 let dst = unsafe {
@@ -350,13 +410,242 @@ impl Job<'_> {
     }
 }
 
-/// Scores → softmax weights, in place: scale, soft-cap, max, `exp` and a sum in key order,
-/// weights rounded to f16 unless `exact`.
-fn softmax(s: &mut [f32], attn: &Attn, exact: bool) {
+impl Job<'_> {
+    /// The split form: every query row (at most `QB`) of every kv head in three passes, each
+    /// spread across the pool (module doc, "Split"):
+    /// 1. (kv head, chunk of positions): raw scores q·k, then scale and soft-cap, and the
+    ///    chunk's largest visible score per query vector;
+    /// 2. (kv head, query vector): the softmax of its visible scores across the chunks;
+    /// 3. (kv head, slice of output columns): weights × values over all positions.
+    ///
+    /// Each output element sums the same terms in the same order as `block` does.
+    fn split(&self, pool: &ThreadPool, sp: &mut SplitScratch, out: &mut CpuBuf) {
+        let attn = self.attn;
+        let (nkv, hd, ty) = (attn.n_kv_heads, attn.head_dim, self.kv.shape.ty);
+        let exact = ty == KvType::F32;
+        let group = attn.n_heads / nkv;
+        let (rows, pos0) = (self.rows, self.pos0);
+        let nq = rows * group;
+        let first = self.lo(pos0);
+        let last = pos0 + rows - 1;
+        let n_pos = last + 1 - first;
+        let threads = pool.n_threads();
+        // About four chunks per thread (a thread the OS delays leaves its share to the
+        // others), whole tiles, so that tiles never straddle two chunks.
+        let cl = n_pos
+            .div_ceil(4 * threads)
+            .div_ceil(KT)
+            .clamp(1, SPLIT_CHUNK_MAX / KT)
+            * KT;
+        let n_chunks = n_pos.div_ceil(cl);
+        let piece = nq * cl;
+        // Up to two column slices per thread, each whole q8_0 blocks.
+        let (n_slices, width) = if hd.is_multiple_of(SPLIT_COLS_MIN) {
+            let blocks = hd / SPLIT_COLS_MIN;
+            let w = blocks.div_ceil((2 * threads).min(blocks)) * SPLIT_COLS_MIN;
+            (hd.div_ceil(w), w)
+        } else {
+            (1, hd)
+        };
+        grow(&mut sp.q, nkv * nq * hd);
+        grow(&mut sp.s, nkv * n_chunks * piece);
+        grow(&mut sp.max, nkv * n_chunks * nq);
+        // Query vector i = r · group + g of kv head h is query head h · group + g of row r.
+        for h in 0..nkv {
+            for i in 0..nq {
+                let (r, qi) = (i / group, h * group + i % group);
+                let dst = &mut sp.q[(h * nq + i) * hd..(h * nq + i + 1) * hd];
+                dst.copy_from_slice(
+                    &self.q[r * self.q_cols + qi * hd..r * self.q_cols + (qi + 1) * hd],
+                );
+                if !exact {
+                    round_f16(dst);
+                }
+            }
+        }
+        let span = |i: usize| {
+            let p = pos0 + i / group;
+            (self.lo(p), p)
+        };
+        let chunk = |c: usize| (first + c * cl, (first + (c + 1) * cl).min(last + 1));
+        let (kc, vc) = (&self.kv.k[self.layer], &self.kv.v[self.layer]);
+        let qs = &sp.q[..nkv * nq * hd];
+        let (sp_s, sp_max) = (SyncPtr(sp.s.as_mut_ptr()), SyncPtr(sp.max.as_mut_ptr()));
+
+        // Pass 1: task t = h · n_chunks + c owns piece t of the scores, `[nq, cl]`.
+        pool.run(nkv * n_chunks, |t| {
+            let (h, c) = (t / n_chunks, t % n_chunks);
+            let (c0, c1) = chunk(c);
+            // SAFETY: piece t of the scores and row t of the maxima are this task's alone;
+            // `grow` above sized both for every task.
+            let (sc, mx) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(sp_s.get().add(t * piece), piece),
+                    std::slice::from_raw_parts_mut(sp_max.get().add(t * nq), nq),
+                )
+            };
+            let q = &qs[h * nq * hd..(h + 1) * nq * hd];
+            SCRATCH.with(|s| {
+                let tile_buf = &mut s.borrow_mut().tile;
+                grow(tile_buf, KT * hd);
+                for t0 in (c0..c1).step_by(KT) {
+                    let t1 = (t0 + KT).min(c1);
+                    let tile = &mut tile_buf[..(t1 - t0) * hd];
+                    ops::kv_load(ty, &kc[self.kv.offset(h, t0)..self.kv.offset(h, t1)], tile);
+                    // Rows whose window meets the tile (as in `block`).
+                    let ra = t0.saturating_sub(pos0);
+                    let rb = (ra..rows)
+                        .find(|&j| self.lo(pos0 + j) >= t1)
+                        .unwrap_or(rows);
+                    if ra >= rb {
+                        continue;
+                    }
+                    simd::dots(
+                        &q[ra * group * hd..rb * group * hd],
+                        tile,
+                        hd,
+                        (rb - ra) * group,
+                        t1 - t0,
+                        &mut sc[ra * group * cl + t0 - c0..],
+                        cl,
+                    );
+                }
+            });
+            for (i, m) in mx.iter_mut().enumerate() {
+                let (lo, hi) = span(i);
+                let (a, b) = (lo.max(c0), (hi + 1).min(c1));
+                *m = f32::NEG_INFINITY;
+                if a < b {
+                    let x = &mut sc[i * cl + a - c0..i * cl + b - c0];
+                    scale_and_cap(x, attn);
+                    *m = max_of(x);
+                }
+            }
+        });
+
+        // Pass 2: task t = h · nq + i owns row i of every piece of kv head h.
+        let maxes = SyncPtr(sp_max.get());
+        pool.run(nkv * nq, |t| {
+            let (h, i) = (t / nq, t % nq);
+            let (lo, hi) = span(i);
+            let (ca, cb) = ((lo - first) / cl, (hi - first) / cl);
+            // The largest visible score: a max, so the order of the chunks does not matter.
+            let max = (ca..=cb).fold(f32::NEG_INFINITY, |m, c| {
+                // SAFETY: pass 1 has finished; the maxima are only read now.
+                m.max(unsafe { *maxes.get().add((h * n_chunks + c) * nq + i) })
+            });
+            let seg = |c: usize| {
+                let (c0, c1) = chunk(c);
+                let (a, b) = (lo.max(c0), (hi + 1).min(c1));
+                // SAFETY: row i of piece (h, c) is this task's alone (pass 1 has finished).
+                unsafe {
+                    std::slice::from_raw_parts_mut(
+                        sp_s.get().add((h * n_chunks + c) * piece + i * cl + a - c0),
+                        b - a,
+                    )
+                }
+            };
+            // `softmax`'s steps after the max, the sum in key order across the chunks.
+            let mut sum = 0f32;
+            for c in ca..=cb {
+                for x in seg(c) {
+                    *x = (*x - max).exp();
+                    sum += *x;
+                }
+            }
+            let inv = 1.0 / sum;
+            for c in ca..=cb {
+                let x = seg(c);
+                x.iter_mut().for_each(|x| *x *= inv);
+                if !exact {
+                    round_f16(x);
+                }
+            }
+        });
+
+        // Pass 3: task t = h · n_slices + z owns columns z · width.. of kv head h's query
+        // heads; `axpy` is element-wise, so a slice sums exactly as the whole row does.
+        let weights = &sp.s[..nkv * n_chunks * piece];
+        let op = SyncPtr(out.data.as_mut_ptr());
+        let out_cols = self.out_cols;
+        pool.run(nkv * n_slices, |t| {
+            let (h, z) = (t / n_slices, t % n_slices);
+            let (d0, d1) = (z * width, ((z + 1) * width).min(hd));
+            let wd = d1 - d0;
+            let (b0, nb) = (kv_bytes(ty, d0), kv_bytes(ty, wd));
+            SCRATCH.with(|s| {
+                let s = &mut *s.borrow_mut();
+                grow(&mut s.tile, KT * wd);
+                // [nq, wd]: the slice of every query vector's output.
+                grow(&mut s.q, nq * wd);
+                let acc = &mut s.q[..nq * wd];
+                acc.fill(0.0);
+                for t0 in (first..=last).step_by(KT) {
+                    let t1 = (t0 + KT).min(last + 1);
+                    let c = (t0 - first) / cl;
+                    let c0 = first + c * cl;
+                    // [t1 - t0, wd]: the slice of each value vector.
+                    let tile = &mut s.tile[..(t1 - t0) * wd];
+                    for (t, dst) in (t0..t1).zip(tile.chunks_exact_mut(wd)) {
+                        let o = self.kv.offset(h, t) + b0;
+                        ops::kv_load(ty, &vc[o..o + nb], dst);
+                    }
+                    let w = &weights[(h * n_chunks + c) * piece..(h * n_chunks + c + 1) * piece];
+                    for j in 0..rows {
+                        let (lo, hi) = span(j * group);
+                        let (a, b) = (lo.max(t0), (hi + 1).min(t1));
+                        if a >= b {
+                            continue;
+                        }
+                        simd::axpys(
+                            &mut acc[j * group * wd..(j + 1) * group * wd],
+                            &w[j * group * cl + a - c0..],
+                            cl,
+                            &tile[(a - t0) * wd..(b - t0) * wd],
+                            wd,
+                            group,
+                            b - a,
+                        );
+                    }
+                }
+                for (i, src) in acc.chunks_exact(wd).enumerate() {
+                    let (r, qi) = (i / group, h * group + i % group);
+                    // SAFETY: columns d0..d1 of query head qi in row r are written by this
+                    // task only (tasks split kv heads and column slices).
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            op.get().add(r * out_cols + qi * hd + d0),
+                            wd,
+                        )
+                    };
+                    dst.copy_from_slice(src);
+                }
+            });
+        });
+    }
+}
+
+/// Bytes of the first `n` values of a cached vector (`n` a multiple of 32 for q8_0).
+fn kv_bytes(ty: KvType, n: usize) -> usize {
+    match ty {
+        KvType::F16 => 2 * n,
+        KvType::F32 => 4 * n,
+        KvType::Q8_0 => n / 32 * 34,
+    }
+}
+
+/// Scale and soft-cap, in place (`softmax`'s first steps).
+fn scale_and_cap(s: &mut [f32], attn: &Attn) {
     s.iter_mut().for_each(|x| *x *= attn.scale);
     if let Some(cap) = attn.softcap {
         s.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
     }
+}
+
+/// Scores → softmax weights, in place: scale, soft-cap, max, `exp` and a sum in key order,
+/// weights rounded to f16 unless `exact`.
+fn softmax(s: &mut [f32], attn: &Attn, exact: bool) {
+    scale_and_cap(s, attn);
     let max = max_of(s);
     let mut sum = 0f32;
     for x in s.iter_mut() {
@@ -652,6 +941,217 @@ mod tests {
                     be.kv_commit(&mut kv, pos0 + rows).unwrap();
                     pos0 += rows;
                 }
+            }
+        }
+    }
+
+    /// Fills positions `..n` of every kv head of `layer` with random keys and values (as
+    /// a prefill would leave them, without paying for its attention).
+    fn fill(kv: &mut CpuKv, layer: usize, n: usize, rng: &mut impl Rng) {
+        let (nkv, hd, ty) = (kv.shape.n_kv_heads, kv.shape.head_dim, kv.shape.ty);
+        let vb = kv.vec_bytes;
+        for h in 0..nkv {
+            for t in 0..n {
+                let off = kv.offset(h, t);
+                let x: Vec<f32> = (0..hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                ops::kv_store(ty, &x, &mut kv.k[layer][off..off + vb]);
+                let x: Vec<f32> = (0..hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                ops::kv_store(ty, &x, &mut kv.v[layer][off..off + vb]);
+            }
+        }
+    }
+
+    /// The split form (decode and short batches over long spans) against the one-row path
+    /// on fresh random caches: bit for bit, for any thread count, so its result does not
+    /// depend on how the positions are chunked; and within float error of f64 attention.
+    #[test]
+    fn split_attention_is_bit_identical_to_the_one_row_path() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(29);
+        // (n_heads, n_kv_heads, head_dim, window, soft-cap, cache type, cached positions,
+        // query rows of the calls that follow)
+        type SplitCase = (
+            usize,
+            usize,
+            usize,
+            Option<usize>,
+            Option<f32>,
+            KvType,
+            usize,
+            &'static [usize],
+        );
+        let cases: &[SplitCase] = &[
+            // Gemma 3 270M's shape: one kv head, a group of four, head_dim 256.
+            (4, 1, 256, None, None, KvType::F16, 2500, &[1, 1, 3]),
+            (4, 1, 256, Some(512), None, KvType::F16, 2600, &[1, 2]),
+            (4, 1, 256, None, None, KvType::Q8_0, 1000, &[1, 5]),
+            (4, 1, 256, Some(512), None, KvType::Q8_0, 700, &[1, 32]),
+            // Ragged spans (not whole tiles or chunks), GQA groups, several kv heads.
+            (8, 2, 128, None, Some(50.0), KvType::F16, 1283, &[1, 7]),
+            (8, 1, 64, Some(333), None, KvType::Q8_0, 517, &[1, 2, 1]),
+            (6, 3, 96, None, Some(30.0), KvType::F32, 301, &[1, 4]),
+            (2, 2, 80, None, None, KvType::F16, 2049, &[1, 1]),
+            (1, 1, 32, Some(257), None, KvType::F32, 263, &[1, 9]),
+            (16, 2, 64, None, None, KvType::Q8_0, 3001, &[1]),
+        ];
+        for &(nh, nkv, hd, window, softcap, ty, cached, calls) in cases {
+            let attn = Attn {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                window,
+                softcap,
+            };
+            let n_ctx = cached + calls.iter().sum::<usize>();
+            let shape = KvShape {
+                n_layers: 1,
+                n_ctx,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                ty,
+            };
+            let mut kv = CpuBackend::new(&CpuOptions {
+                threads: 1,
+                scalar_only: false,
+            })
+            .kv_alloc(&shape)
+            .unwrap();
+            fill(&mut kv, 0, cached, &mut rng);
+            let mut pos0 = cached;
+            for &rows in calls {
+                let q = buf(&mut rng, rows, nh * hd, 2.0);
+                let k = buf(&mut rng, rows, nkv * hd, 1.0);
+                let v = buf(&mut rng, rows, nkv * hd, 1.0);
+                let want = {
+                    // Store this call's keys and values once, then compute the reference.
+                    let be = CpuBackend::new(&CpuOptions {
+                        threads: 1,
+                        scalar_only: false,
+                    });
+                    let mut o = CpuBuf {
+                        data: Vec::new(),
+                        rows: 0,
+                        cols: 0,
+                    };
+                    be.attention(&mut kv, 0, pos0, &q, &k, &v, &attn, &mut o)
+                        .unwrap();
+                    one_row_path(&kv, 0, pos0, &q, &attn)
+                };
+                let exact = naive(&kv, 0, pos0, &q, &attn);
+                for threads in [1, 2, 3, 4] {
+                    let be = CpuBackend::new(&CpuOptions {
+                        threads,
+                        scalar_only: false,
+                    });
+                    let what = format!(
+                        "{nh}/{nkv}x{hd} window {window:?} softcap {softcap:?} {ty:?} \
+                         pos0 {pos0} rows {rows} threads {threads}"
+                    );
+                    let job = Job {
+                        kv: &kv,
+                        layer: 0,
+                        pos0,
+                        rows,
+                        q: &q.data,
+                        q_cols: q.cols,
+                        attn: &attn,
+                        out_cols: nh * hd,
+                    };
+                    let mut split_out = CpuBuf {
+                        data: vec![f32::NAN; rows * nh * hd],
+                        rows,
+                        cols: nh * hd,
+                    };
+                    SPLIT.with(|s| job.split(&be.pool, &mut s.borrow_mut(), &mut split_out));
+                    // And through `attention` (which picks the split form for these shapes
+                    // where threads outnumber kv heads; past 2,048 positions for f16).
+                    let mut routed = CpuBuf {
+                        data: Vec::new(),
+                        rows: 0,
+                        cols: 0,
+                    };
+                    be.attention(&mut kv, 0, pos0, &q, &k, &v, &attn, &mut routed)
+                        .unwrap();
+                    let via_tiled = ty != KvType::F16 || softcap.is_some() || pos0 + rows > 2048;
+                    for (j, (a, b)) in split_out.data.iter().zip(&want).enumerate() {
+                        assert_eq!(a.to_bits(), b.to_bits(), "{what}: element {j}: {a} vs {b}");
+                        if via_tiled {
+                            let c = routed.data[j];
+                            assert_eq!(c.to_bits(), b.to_bits(), "{what}: routed {j}: {c} vs {b}");
+                        }
+                    }
+                    let tol = if ty == KvType::F32 { 1e-5 } else { 1e-2 };
+                    for (j, (a, b)) in split_out.data.iter().zip(&exact).enumerate() {
+                        assert!(
+                            (*a as f64 - b).abs() < tol,
+                            "{what}: element {j}: {a} vs {b}"
+                        );
+                    }
+                }
+                pos0 += rows;
+            }
+        }
+    }
+
+    /// ggml's order split by query head (decode with fewer kv heads than threads) gives the
+    /// bits of the one-task-per-kv-head form (one thread).
+    #[test]
+    fn ggml_order_by_query_head_changes_no_bits() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+        for (nh, nkv, window, cached, rows) in [
+            (4, 1, None, 1500, 1),
+            (4, 1, Some(512), 2000, 1),
+            (8, 2, None, 700, 1),
+            (4, 1, None, 300, 3),
+        ] {
+            let hd = 256;
+            let attn = Attn {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                scale: 1.0 / 16.0,
+                window,
+                softcap: None,
+            };
+            let shape = KvShape {
+                n_layers: 1,
+                n_ctx: cached + rows,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                ty: KvType::F16,
+            };
+            let one = CpuBackend::new(&CpuOptions {
+                threads: 1,
+                scalar_only: false,
+            });
+            let mut kv = one.kv_alloc(&shape).unwrap();
+            fill(&mut kv, 0, cached, &mut rng);
+            let q = buf(&mut rng, rows, nh * hd, 2.0);
+            let k = buf(&mut rng, rows, nkv * hd, 1.0);
+            let v = buf(&mut rng, rows, nkv * hd, 1.0);
+            let mut outs = Vec::new();
+            for threads in [1, 2, 4, 8] {
+                let be = CpuBackend::new(&CpuOptions {
+                    threads,
+                    scalar_only: false,
+                });
+                let mut o = CpuBuf {
+                    data: Vec::new(),
+                    rows: 0,
+                    cols: 0,
+                };
+                be.attention(&mut kv, 0, cached, &q, &k, &v, &attn, &mut o)
+                    .unwrap();
+                outs.push(o.data.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            }
+            for o in &outs[1..] {
+                assert_eq!(o, &outs[0], "{nh}/{nkv} window {window:?} at {cached}");
+            }
+            // And it is attention (the exact-order path is tested against llama.cpp in the
+            // engine's tests).
+            let exact = naive(&kv, 0, cached, &q, &attn);
+            for (a, b) in outs[0].iter().zip(&exact) {
+                assert!((f32::from_bits(*a) as f64 - b).abs() < 1e-2);
             }
         }
     }
