@@ -72,8 +72,10 @@ thread_local! {
     static SPLIT: RefCell<SplitScratch> = RefCell::new(SplitScratch::default());
 }
 
-/// Fewest positions worth splitting a block's span across threads.
-const SPLIT_MIN_POS: usize = 256;
+/// Fewest positions worth splitting a block's span across threads: a 512-token sliding
+/// window's decode is ~50 µs of work on one thread, too little to pay for two more pool
+/// barriers (measured slower split).
+const SPLIT_MIN_POS: usize = 1024;
 /// Positions of one pass-1 chunk at most (a multiple of `KT`).
 const SPLIT_CHUNK_MAX: usize = 8 * KT;
 /// Scores (f32) a split call may hold for all its kv heads: 32 MiB, e.g. 64K positions ×
@@ -182,7 +184,8 @@ fn tiled(
     };
     // Decode and short batches: too few (kv head, block) tasks for the threads. Split the
     // positions instead (same arithmetic, module doc).
-    if rows <= QB
+    if pool.n_threads() > 1
+        && rows <= QB
         && nkv * n_blocks < 2 * pool.n_threads()
         && n_pos_max >= SPLIT_MIN_POS
         && nkv * rows * group * (n_pos_max + SPLIT_CHUNK_MAX) <= SPLIT_SCORES_MAX
@@ -223,10 +226,14 @@ fn ggml_order(
     let group = nh / nkv;
     let row_block = if rows >= 64 { 16 } else { rows.max(1) };
     let n_blocks = rows.div_ceil(row_block);
-    // Fewer (kv head, block) tasks than threads (decode with one kv head): one task per
-    // query head instead, each loading the span itself. Every (row, head) is computed
-    // alone either way, so the results do not change.
-    let per = if nkv * n_blocks < pool.n_threads() {
+    // Fewer (kv head, block) tasks than threads (decode with one kv head) over a long span:
+    // one task per query head instead, each loading the span itself. Every (row, head) is
+    // computed alone either way, so the results do not change.
+    let lo_of = |p: usize| match attn.window {
+        Some(w) => (p + 1).saturating_sub(w),
+        None => 0,
+    };
+    let per = if nkv * n_blocks < pool.n_threads() && pos0 + 1 - lo_of(pos0) >= SPLIT_MIN_POS {
         1
     } else {
         group
@@ -234,10 +241,6 @@ fn ggml_order(
     let n_sub = group / per;
     let op = SyncPtr(out.data.as_mut_ptr());
     let out_cols = out.cols;
-    let lo_of = |p: usize| match attn.window {
-        Some(w) => (p + 1).saturating_sub(w),
-        None => 0,
-    };
     pool.run(nkv * n_blocks * n_sub, |t| {
         let (t, sub) = (t / n_sub, t % n_sub);
         let (h, b) = (t / n_blocks, t % n_blocks);
@@ -1101,8 +1104,9 @@ mod tests {
         for (nh, nkv, window, cached, rows) in [
             (4, 1, None, 1500, 1),
             (4, 1, Some(512), 2000, 1),
-            (8, 2, None, 700, 1),
-            (4, 1, None, 300, 3),
+            (8, 2, None, 1100, 1),
+            (4, 1, None, 1030, 3),
+            (4, 1, None, 300, 1),
         ] {
             let hd = 256;
             let attn = Attn {
