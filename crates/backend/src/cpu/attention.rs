@@ -1096,6 +1096,89 @@ mod tests {
         }
     }
 
+    /// A sliding-window layer uses nothing before its window: positions before it hold NaN
+    /// (any use would spread to the output), on every path (ggml's order, tiled, split).
+    #[test]
+    fn sliding_window_uses_nothing_before_the_window() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(37);
+        let (nh, nkv, hd) = (4, 1, 256);
+        // Gemma 3's 512-token window (never split), and a window long enough to be split.
+        let cases = [
+            (512, 1500, 1),
+            (512, 3000, 1),
+            (512, 3000, 5),
+            (512, 3000, 40),
+            (512, 700, 64),
+            (1500, 1800, 1),
+            (1500, 3000, 1),
+            (1500, 3000, 7),
+        ];
+        for ty in [KvType::F16, KvType::Q8_0, KvType::F32] {
+            for (w, cached, rows) in cases {
+                let attn = Attn {
+                    n_heads: nh,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    scale: 1.0 / 16.0,
+                    window: Some(w),
+                    softcap: None,
+                };
+                let shape = KvShape {
+                    n_layers: 1,
+                    n_ctx: cached + rows,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    ty,
+                };
+                let mut kv = CpuBackend::new(&CpuOptions {
+                    threads: 1,
+                    scalar_only: false,
+                })
+                .kv_alloc(&shape)
+                .unwrap();
+                fill(&mut kv, 0, cached, &mut rng);
+                // NaN in every value of positions before the first row's window.
+                let nan: Vec<u8> = match ty {
+                    KvType::F16 => f16::NAN.to_bits().to_le_bytes().repeat(hd),
+                    KvType::F32 => f32::NAN.to_bits().to_le_bytes().repeat(hd),
+                    KvType::Q8_0 => [f16::NAN.to_bits().to_le_bytes().to_vec(), vec![1u8; 32]]
+                        .concat()
+                        .repeat(hd / 32),
+                };
+                let lo = (cached + 1).saturating_sub(w);
+                for t in 0..lo {
+                    let off = kv.offset(0, t);
+                    kv.k[0][off..off + kv.vec_bytes].copy_from_slice(&nan);
+                    kv.v[0][off..off + kv.vec_bytes].copy_from_slice(&nan);
+                }
+                let q = buf(&mut rng, rows, nh * hd, 2.0);
+                let k = buf(&mut rng, rows, nkv * hd, 1.0);
+                let v = buf(&mut rng, rows, nkv * hd, 1.0);
+                for threads in [1, 2, 3] {
+                    let be = CpuBackend::new(&CpuOptions {
+                        threads,
+                        scalar_only: false,
+                    });
+                    let mut o = CpuBuf {
+                        data: Vec::new(),
+                        rows: 0,
+                        cols: 0,
+                    };
+                    be.attention(&mut kv, 0, cached, &q, &k, &v, &attn, &mut o)
+                        .unwrap();
+                    let want = one_row_path(&kv, 0, cached, &q, &attn);
+                    assert!(
+                        o.data.iter().all(|x| x.is_finite()),
+                        "{ty:?} window {w} at {cached} rows {rows} threads {threads}"
+                    );
+                    if ty != KvType::F16 || cached + rows > 2048 {
+                        assert_eq!(o.data, want, "{ty:?} window {w} at {cached} rows {rows}");
+                    }
+                }
+            }
+        }
+    }
+
     /// ggml's order split by query head (decode with fewer kv heads than threads) gives the
     /// bits of the one-task-per-kv-head form (one thread).
     #[test]
