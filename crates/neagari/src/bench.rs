@@ -19,8 +19,9 @@ pub struct BenchArgs {
     /// Generated tokens for the decode test (0 skips it).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     pub n_gen: usize,
-    /// Decode test at depth: prefill this many random tokens first (untimed, once per
-    /// repetition), then time the generated tokens on top of them (llama-bench's `-d`).
+    /// Decode test at depth: prefill this many random tokens first (untimed, once), then
+    /// time the generated tokens on top of them, each repetition from the same depth
+    /// (llama-bench's `-d`).
     #[arg(short = 'd', long = "depth", default_value_t = 0)]
     pub depth: usize,
     /// Repetitions of each test.
@@ -101,11 +102,15 @@ fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
         let toks = random_tokens(args.n_prompt.min(32), vocab, 1);
         sess.prefill(l.model.as_ref(), &l.be, &toks, l.n_batch, |_, _| true)?;
     }
+    // Decode at depth: one untimed prefill (again after a prefill test replaced it); each
+    // repetition then returns to it.
+    let mut at_depth = false;
     for r in 0..reps {
         if args.n_prompt > 0 {
             let mut toks = random_tokens(args.n_prompt, vocab, 100 + r as u64);
             toks[0] = bos;
             sess.truncate(&l.be, 0)?;
+            at_depth = false;
             let t = Instant::now();
             sess.prefill(l.model.as_ref(), &l.be, &toks, l.n_batch, |_, _| true)?;
             l.be.sync()?;
@@ -113,12 +118,14 @@ fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
         }
         if args.n_gen > 0 {
             let toks = random_tokens(args.n_gen, vocab, 200 + r as u64);
-            sess.truncate(&l.be, 0)?;
-            if args.depth > 0 {
-                let mut ctx = random_tokens(args.depth, vocab, 300 + r as u64);
+            if args.depth > 0 && !at_depth {
+                let mut ctx = random_tokens(args.depth, vocab, 300);
                 ctx[0] = bos;
+                sess.truncate(&l.be, 0)?;
                 sess.prefill(l.model.as_ref(), &l.be, &ctx, l.n_batch, |_, _| true)?;
+                at_depth = true;
             }
+            sess.truncate(&l.be, args.depth)?;
             let t = Instant::now();
             // Teacher-forced random tokens; `--argmax` brings back the greedy pick instead
             // of the logits.

@@ -186,6 +186,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     /// f16 (little-endian bytes) → f32 for the first `min(src.len() / 2, dst.len())` values.
+    #[inline]
     #[target_feature(enable = "avx2,f16c")]
     pub(super) unsafe fn f16_to_f32(src: &[u8], dst: &mut [f32]) {
         let n = dst.len().min(src.len() / 2);
@@ -204,6 +205,7 @@ mod x86 {
     }
 
     /// q8_0 blocks (34 bytes: f16 scale, 32 × i8) → f32, `q · scale` per value.
+    #[inline]
     #[target_feature(enable = "avx2,f16c")]
     pub(super) unsafe fn q8_0_to_f32(src: &[u8], dst: &mut [f32]) {
         for (blk, d) in src.chunks_exact(34).zip(dst.chunks_exact_mut(32)) {
