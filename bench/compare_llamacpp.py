@@ -5,8 +5,9 @@ Each round runs both sides once, alternating which goes first, each in a fresh p
   llama.cpp: pp<P> = one timed llama_decode of P tokens from an empty KV cache
              (BOS + random ids, logits for the last token only, as llama-bench's pp test),
              tg<N> = N timed single-token decodes from an empty cache (as llama-bench's tg
-             test), after one untimed warm-up of each;
-  neagari:   `<bin> bench -m FILE -p P -n N -r 1 -t T --json`, whose JSON (the last
+             test), after one untimed warm-up of each; with --depth D the decodes follow an
+             untimed prefill of D random tokens (llama-bench's -d);
+  neagari:   `<bin> bench -m FILE -p P -n N [-d D] -r 1 -t T --json`, whose JSON (the last
              {...} line of stdout) has pp_tok_s, tg_tok_s, peak_rss_bytes.
 Peak RSS of each side is also taken from the child's rusage (ru_maxrss) so the two figures
 are measured the same way. Prints mean ± sd per side and the ratio neagari / llama.cpp;
@@ -50,9 +51,9 @@ def llama_worker(args) -> None:
 
     llama_ref.quiet_logs()
     s = Settings(
-        n_ctx=args.n_prompt + args.n_gen,
-        n_batch=max(args.n_prompt, 1),
-        n_ubatch=min(512, max(args.n_prompt, 1)),
+        n_ctx=max(args.n_prompt, args.depth) + args.n_gen + 1,
+        n_batch=max(args.n_prompt, 1) if not args.depth else 512,
+        n_ubatch=min(512, max(args.n_prompt, 1)) if not args.depth else 512,
         n_threads=args.threads,
         flash_attn=args.flash_attn,
     )
@@ -71,11 +72,15 @@ def llama_worker(args) -> None:
         ref.synchronize()
         return time.perf_counter() - t0
 
-    def run_tg(n: int) -> float:
+    def run_tg(n: int, depth: int = 0) -> float:
         ref.clear()
         tok = bos
+        if depth:
+            ctx = [bos] + [rng.randrange(ref.n_vocab) for _ in range(depth - 1)]
+            ref.decode(ctx, 0, lambda i: i == depth - 1)
+            tok = rng.randrange(ref.n_vocab)
         t0 = time.perf_counter()
-        for pos in range(n):
+        for pos in range(depth, depth + n):
             ref.decode([tok], pos, lambda i: True)
             tok = rng.randrange(ref.n_vocab)
         ref.synchronize()
@@ -90,7 +95,7 @@ def llama_worker(args) -> None:
     if args.n_prompt:
         out["pp_tok_s"] = args.n_prompt / run_pp()
     if args.n_gen:
-        out["tg_tok_s"] = args.n_gen / run_tg(args.n_gen)
+        out["tg_tok_s"] = args.n_gen / run_tg(args.n_gen, args.depth)
     ref.close()
     out["peak_rss_bytes"] = vm_hwm_bytes()
     print(json.dumps(out), flush=True)
@@ -194,6 +199,8 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("-d", "--depth", type=int, default=0,
+                    help="decode after an untimed prefill of this many tokens")
     ap.add_argument("--flash-attn", default="auto", choices=["auto", "disabled", "enabled"],
                     help="llama.cpp side only (llama-bench's default is auto)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per child run")
@@ -211,7 +218,7 @@ def main() -> None:
     llama_cmd = [
         sys.executable, str(Path(__file__).resolve()), "--llama-worker",
         "-m", args.model, "-t", str(args.threads), "-p", str(args.n_prompt),
-        "-n", str(args.n_gen), "--flash-attn", args.flash_attn,
+        "-n", str(args.n_gen), "-d", str(args.depth), "--flash-attn", args.flash_attn,
     ]
     sides = {"llama.cpp": llama_cmd}
     if not args.llama_only:
@@ -220,7 +227,8 @@ def main() -> None:
         elif os.access(args.neagari, os.X_OK):
             sides["neagari"] = [
                 args.neagari, "bench", "-m", args.model, "-p", str(args.n_prompt),
-                "-n", str(args.n_gen), "-r", "1", "-t", str(args.threads), "--json", "--no-bandwidth",
+                "-n", str(args.n_gen), "-d", str(args.depth), "-r", "1", "-t", str(args.threads),
+                "--json", "--no-bandwidth",
             ]
         else:
             print(f"note: neagari binary {args.neagari!r} not found/executable; llama.cpp side only",

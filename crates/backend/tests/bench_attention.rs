@@ -109,3 +109,79 @@ fn bench_prefill_attention() {
         cpu * 1e3 / n as f64
     );
 }
+
+/// Decode (one query row) through the backend at several depths, Gemma 3 270M's shape,
+/// a global and a 512-token sliding-window layer; f16 cache, or q8_0 with
+/// `NEAGARI_BENCH_KV=q8_0`. Positions up to 2,048 of an f16 cache take ggml's order.
+///
+///     NEAGARI_BENCH_THREADS=2 cargo test --release -p neagari-backend --test bench_attention \
+///         bench_decode_attention -- --ignored --nocapture
+#[test]
+#[ignore]
+fn bench_decode_attention() {
+    let threads: usize = std::env::var("NEAGARI_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let ty = match std::env::var("NEAGARI_BENCH_KV").as_deref() {
+        Ok("q8_0") => KvType::Q8_0,
+        _ => KvType::F16,
+    };
+    let be = CpuBackend::new(&CpuOptions {
+        threads,
+        scalar_only: false,
+    });
+    let (nh, nkv, hd) = (4usize, 1usize, 256usize);
+    let n_ctx = 28 * 1024;
+    let mut kv = be
+        .kv_alloc(&KvShape {
+            n_layers: 1,
+            n_ctx,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            ty,
+        })
+        .unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let mut mk = |r: usize, c: usize| {
+        let d: Vec<f32> = (0..r * c).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let mut b = be.buf(r, c).unwrap();
+        be.write(&mut b, &d, r, c).unwrap();
+        b
+    };
+    let attn = |window| Attn {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        scale: 1.0 / 16.0,
+        window,
+        softcap: None,
+    };
+    // Fill the cache cheaply (a one-position window).
+    let rows = 512;
+    let (q, k, v) = (mk(rows, nh * hd), mk(rows, nkv * hd), mk(rows, nkv * hd));
+    let mut out = be.buf(rows, nh * hd).unwrap();
+    for pos0 in (0..n_ctx).step_by(rows) {
+        be.attention(&mut kv, 0, pos0, &q, &k, &v, &attn(Some(1)), &mut out)
+            .unwrap();
+    }
+    let (q1, k1, v1) = (mk(1, nh * hd), mk(1, nkv * hd), mk(1, nkv * hd));
+    let mut out1 = be.buf(1, nh * hd).unwrap();
+    for pos in [511usize, 2047, 4095, 16383, n_ctx - 1] {
+        for window in [None, Some(512)] {
+            let a = attn(window);
+            let n = (200_000 / (pos + 1)).clamp(20, 400);
+            let (t, c) = (Instant::now(), cpu_seconds());
+            for _ in 0..n {
+                be.attention(&mut kv, 0, pos, &q1, &k1, &v1, &a, &mut out1)
+                    .unwrap();
+            }
+            let (wall, cpu) = (t.elapsed().as_secs_f64(), cpu_seconds() - c);
+            println!(
+                "decode {ty:?} at {pos:>5} window {window:>9?}: {:7.3} ms wall, {:7.3} ms cpu per call ({threads} threads)",
+                wall * 1e3 / n as f64,
+                cpu * 1e3 / n as f64
+            );
+        }
+    }
+}

@@ -19,6 +19,11 @@ pub struct BenchArgs {
     /// Generated tokens for the decode test (0 skips it).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     pub n_gen: usize,
+    /// Decode test at depth: prefill this many random tokens first (untimed, once), then
+    /// time the generated tokens on top of them, each repetition from the same depth
+    /// (llama-bench's `-d`).
+    #[arg(short = 'd', long = "depth", default_value_t = 0)]
+    pub depth: usize,
     /// Repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub reps: usize,
@@ -42,6 +47,7 @@ struct Report {
     threads: usize,
     n_prompt: usize,
     n_gen: usize,
+    depth: usize,
     reps: usize,
     pp_tok_s: Option<f64>,
     pp_tok_s_sd: Option<f64>,
@@ -83,7 +89,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
 fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
     let info = l.model.info().clone();
-    let n_ctx = (args.n_prompt + args.n_gen + 1).max(16);
+    let n_ctx = (args.n_prompt.max(args.depth) + args.n_gen + 1).max(16);
     let vocab = info.n_vocab;
     let reps = args.reps.max(1);
     let bos = l.tokenizer.bos().unwrap_or(0);
@@ -96,11 +102,15 @@ fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
         let toks = random_tokens(args.n_prompt.min(32), vocab, 1);
         sess.prefill(l.model.as_ref(), &l.be, &toks, l.n_batch, |_, _| true)?;
     }
+    // Decode at depth: one untimed prefill (again after a prefill test replaced it); each
+    // repetition then returns to it.
+    let mut at_depth = false;
     for r in 0..reps {
         if args.n_prompt > 0 {
             let mut toks = random_tokens(args.n_prompt, vocab, 100 + r as u64);
             toks[0] = bos;
             sess.truncate(&l.be, 0)?;
+            at_depth = false;
             let t = Instant::now();
             sess.prefill(l.model.as_ref(), &l.be, &toks, l.n_batch, |_, _| true)?;
             l.be.sync()?;
@@ -108,11 +118,19 @@ fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
         }
         if args.n_gen > 0 {
             let toks = random_tokens(args.n_gen, vocab, 200 + r as u64);
-            sess.truncate(&l.be, 0)?;
+            if args.depth > 0 && !at_depth {
+                let mut ctx = random_tokens(args.depth, vocab, 300);
+                ctx[0] = bos;
+                sess.truncate(&l.be, 0)?;
+                sess.prefill(l.model.as_ref(), &l.be, &ctx, l.n_batch, |_, _| true)?;
+                at_depth = true;
+            }
+            sess.truncate(&l.be, args.depth)?;
             let t = Instant::now();
             // Teacher-forced random tokens; `--argmax` brings back the greedy pick instead
             // of the logits.
-            for &tok in std::iter::once(&bos).chain(&toks[1..]) {
+            let first = if args.depth > 0 { toks[0] } else { bos };
+            for &tok in std::iter::once(&first).chain(&toks[1..]) {
                 if args.argmax {
                     sess.decode_greedy(l.model.as_ref(), &l.be, tok)?;
                 } else {
@@ -142,6 +160,7 @@ fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
         threads: l.be.threads(),
         n_prompt: args.n_prompt,
         n_gen: args.n_gen,
+        depth: args.depth,
         reps,
         pp_tok_s: pp_s.map(|x| x.0),
         pp_tok_s_sd: pp_s.map(|x| x.1),
@@ -167,8 +186,15 @@ fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
     }
     if let Some((m, sd)) = tg_s {
         println!(
-            "| {} | {size} | {} | tg{} | {m:.2} ± {sd:.2} |",
-            info.name, rep.backend, args.n_gen
+            "| {} | {size} | {} | tg{}{} | {m:.2} ± {sd:.2} |",
+            info.name,
+            rep.backend,
+            args.n_gen,
+            if args.depth > 0 {
+                format!(" @ d{}", args.depth)
+            } else {
+                String::new()
+            }
         );
     }
     println!();

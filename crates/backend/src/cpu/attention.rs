@@ -23,6 +23,21 @@
 //! sizes, GQA, windows, soft-cap, every cache type and `pos0 > 0`). The cost: the scores of
 //! a block are held whole (`SCORES_MAX`) instead of an online softmax, which would change the
 //! rounding.
+//!
+//! Split (decode and short batches, `Job::split`): with fewer (kv head, block) tasks than
+//! twice the threads — one kv head, as in Gemma 3, leaves one thread with all of a global
+//! layer's decode — the positions are split into fixed 512-position chunks instead, in
+//! three passes across the pool: (kv head, chunk) tasks write raw scores and each chunk's
+//! largest visible score; (kv head, query vector) tasks run the softmax over all chunks (the
+//! same weights as the one-row form, bit for bit: the sum is still in key order); (kv head,
+//! chunk) tasks add weight × value over their chunk into partial outputs, which are then
+//! added in chunk order. Only that last step re-associates (per chunk, then across chunks:
+//! ~1e-7 from the one-row form, tested); no flash-decoding rescale is needed since the
+//! weights are already normalised. The chunks do not depend on the thread count, so
+//! neither does the result. Cost: two more pool barriers per call, and the scores of all
+//! positions held at once (`SPLIT_SCORES_MAX`). `NEAGARI_CPU_ATTN_SPLIT=0` turns it off.
+//! An earlier variant split pass 3 by output columns (exactly the one-row sums) but its
+//! strided value reads were 2–4x slower than one thread.
 
 use std::cell::RefCell;
 
@@ -56,6 +71,9 @@ struct Scratch {
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
     static SPAN_SCRATCH: RefCell<SpanScratch> = RefCell::new(SpanScratch::default());
+    /// The calling thread's buffers of a split call, shared by its tasks (which use
+    /// `SCRATCH` for their own tiles, so the two are never borrowed twice).
+    static SPLIT: RefCell<SplitScratch> = RefCell::new(SplitScratch::default());
 }
 
 /// Per-thread buffers of `ggml_order`'s tasks.
@@ -65,6 +83,37 @@ struct SpanScratch {
     k: Vec<f32>,
     v: Vec<f32>,
     group: attend_ggml::GroupScratch,
+}
+
+/// Fewest positions worth splitting a block's span across threads: a 512-token sliding
+/// window's decode is ~50 µs of work on one thread, too little to pay for two more pool
+/// barriers (measured slower split).
+const SPLIT_MIN_POS: usize = 1024;
+/// Positions of one chunk (a multiple of `KT`): fixed, so that the chunks, and with them
+/// the result, do not depend on the thread count.
+const SPLIT_CHUNK: usize = 8 * KT;
+/// Scores (f32) a split call may hold for all its kv heads: 32 MiB, e.g. 64K positions ×
+/// 32 query vectors (decode with a GQA group of 32, or 8 rows of a group of 4).
+const SPLIT_SCORES_MAX: usize = 8 << 20;
+/// The split form is on unless `NEAGARI_CPU_ATTN_SPLIT=0` (read once; for A/B timing, as
+/// `NEAGARI_CUDA_GRAPH`).
+fn split_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("NEAGARI_CPU_ATTN_SPLIT").as_deref() != Ok("0"))
+}
+
+/// Buffers of one split call (`Job::split`), written by its tasks in disjoint pieces.
+#[derive(Default)]
+struct SplitScratch {
+    /// `[n_kv, nq, head_dim]`: every kv head's query vectors (rounded like `Scratch::q`).
+    q: Vec<f32>,
+    /// `[n_kv, n_chunks, nq, chunk]`: scores, then softmax weights; chunk-major so that a
+    /// pass-1 task owns one contiguous piece.
+    s: Vec<f32>,
+    /// `[n_kv, n_chunks, nq]`: each chunk's largest visible score per query vector.
+    max: Vec<f32>,
+    /// `[n_kv, n_chunks, nq, head_dim]`: each chunk's partial weight × value sums.
+    part: Vec<f32>,
 }
 
 /// Stores the step's keys and values (`k`, `v`: `[rows, n_kv_heads · head_dim]`) at
@@ -113,13 +162,15 @@ pub(super) fn attention(
     if kv.shape.ty == KvType::F16 && attn.softcap.is_none() && pos0 + rows <= GGML_ORDER_MAX_POS {
         ggml_order(pool, kv, layer, pos0, q, attn, out);
     } else {
-        tiled(pool, kv, layer, pos0, q, attn, out);
+        tiled(pool, kv, layer, pos0, q, attn, out, true);
     }
     Ok(())
 }
 
 /// The tiled two-pass form (module doc) of positions `..=pos0 + r`, the step's keys and
 /// values already stored.
+/// `may_split: false` keeps the (kv head, block) tasks (for the tests' comparison).
+#[allow(clippy::too_many_arguments)]
 fn tiled(
     pool: &ThreadPool,
     kv: &CpuKv,
@@ -128,6 +179,7 @@ fn tiled(
     q: &CpuBuf,
     attn: &Attn,
     out: &mut CpuBuf,
+    may_split: bool,
 ) {
     let (nh, nkv) = (attn.n_heads, attn.n_kv_heads);
     let rows = q.rows;
@@ -142,7 +194,6 @@ fn tiled(
         qb /= 2;
     }
     let n_blocks = rows.div_ceil(qb);
-    let op = SyncPtr(out.data.as_mut_ptr());
     let job = Job {
         kv,
         layer,
@@ -153,6 +204,21 @@ fn tiled(
         attn,
         out_cols: out.cols,
     };
+    // Decode and short batches: too few (kv head, block) tasks for the threads. Split the
+    // positions instead (same arithmetic, module doc).
+    if may_split
+        && split_enabled()
+        && pool.n_threads() > 1
+        && rows <= QB
+        && nkv * n_blocks < 2 * pool.n_threads()
+        && n_pos_max >= SPLIT_MIN_POS
+        && nkv * rows * group * (n_pos_max + SPLIT_CHUNK) <= SPLIT_SCORES_MAX
+        && nkv * rows * group * attn.head_dim * (n_pos_max / SPLIT_CHUNK + 1) <= SPLIT_SCORES_MAX
+    {
+        SPLIT.with(|s| job.split(pool, &mut s.borrow_mut(), out));
+        return;
+    }
+    let op = SyncPtr(out.data.as_mut_ptr());
     pool.run(nkv * n_blocks, |t| {
         let (h, b) = (t / n_blocks, t % n_blocks);
         let r0 = b * qb;
@@ -169,7 +235,8 @@ fn tiled(
 const GGML_ORDER_MAX_POS: usize = 2048;
 
 /// ggml's order: tasks of (kv head, block of query rows); each loads its head's span
-/// `first..=last` once as f32 and serves every query head of the group.
+/// `first..=last` once as f32 and serves every query head of the group (or one of them,
+/// where there would be fewer tasks than threads).
 fn ggml_order(
     pool: &ThreadPool,
     kv: &CpuKv,
@@ -184,14 +251,25 @@ fn ggml_order(
     let group = nh / nkv;
     let row_block = if rows >= 64 { 16 } else { rows.max(1) };
     let n_blocks = rows.div_ceil(row_block);
-    let op = SyncPtr(out.data.as_mut_ptr());
-    let out_cols = out.cols;
+    // Fewer (kv head, block) tasks than threads (decode with one kv head) over a long span:
+    // one task per query head instead, each loading the span itself. Every (row, head) is
+    // computed alone either way, so the results do not change.
     let lo_of = |p: usize| match attn.window {
         Some(w) => (p + 1).saturating_sub(w),
         None => 0,
     };
-    pool.run(nkv * n_blocks, |t| {
+    let per = if nkv * n_blocks < pool.n_threads() && pos0 + 1 - lo_of(pos0) >= SPLIT_MIN_POS {
+        1
+    } else {
+        group
+    };
+    let n_sub = group / per;
+    let op = SyncPtr(out.data.as_mut_ptr());
+    let out_cols = out.cols;
+    pool.run(nkv * n_blocks * n_sub, |t| {
+        let (t, sub) = (t / n_sub, t % n_sub);
         let (h, b) = (t / n_blocks, t % n_blocks);
+        let heads = h * group + sub * per..h * group + (sub + 1) * per;
         let r0 = b * row_block;
         let r1 = (r0 + row_block).min(rows);
         let last = pos0 + r1 - 1;
@@ -218,18 +296,17 @@ fn ggml_order(
             if rows > 1 && attend_ggml::group_available(hd) {
                 for r in r0..r1 {
                     let p = pos0 + r;
-                    let at = r * q.cols + h * group * hd;
-                    // SAFETY: heads h·group..(h + 1)·group of row r are written by exactly
-                    // this task.
+                    let at = r * q.cols + heads.start * hd;
+                    // SAFETY: the task's heads of row r are written by exactly this task.
                     let dst = unsafe {
                         std::slice::from_raw_parts_mut(
-                            op.get().add(r * out_cols + h * group * hd),
-                            group * hd,
+                            op.get().add(r * out_cols + heads.start * hd),
+                            per * hd,
                         )
                     };
                     attend_ggml::attend_group(
-                        &q.data[at..at + group * hd],
-                        group,
+                        &q.data[at..at + per * hd],
+                        per,
                         kf,
                         vf,
                         hd,
@@ -246,7 +323,7 @@ fn ggml_order(
             let mut scratch = attend_ggml::Scratch::default();
             for r in r0..r1 {
                 let p = pos0 + r;
-                for qi in h * group..(h + 1) * group {
+                for qi in heads.clone() {
                     qh.copy_from_slice(&q.data[r * q.cols + qi * hd..r * q.cols + (qi + 1) * hd]);
                     // SAFETY: (row r, head qi) is written by exactly this task.
                     let dst = unsafe {
@@ -399,13 +476,217 @@ impl Job<'_> {
     }
 }
 
-/// Scores → softmax weights, in place: scale, soft-cap, max, `exp` and a sum in key order,
-/// weights rounded to f16 unless `exact`.
-fn softmax(s: &mut [f32], attn: &Attn, exact: bool) {
+impl Job<'_> {
+    /// The split form: every query row (at most `QB`) of every kv head in three passes, each
+    /// spread across the pool (module doc, "Split"):
+    /// 1. (kv head, chunk of positions): raw scores q·k, then scale and soft-cap, and the
+    ///    chunk's largest visible score per query vector;
+    /// 2. (kv head, query vector): the softmax of its visible scores across the chunks;
+    /// 3. (kv head, chunk): weights × values of the chunk into partial outputs;
+    ///
+    /// then the partials of each query vector added in chunk order.
+    fn split(&self, pool: &ThreadPool, sp: &mut SplitScratch, out: &mut CpuBuf) {
+        let attn = self.attn;
+        let (nkv, hd, ty) = (attn.n_kv_heads, attn.head_dim, self.kv.shape.ty);
+        let exact = ty == KvType::F32;
+        let group = attn.n_heads / nkv;
+        let (rows, pos0) = (self.rows, self.pos0);
+        let nq = rows * group;
+        let first = self.lo(pos0);
+        let last = pos0 + rows - 1;
+        let n_pos = last + 1 - first;
+        // About four chunks per thread (a thread the OS delays leaves its share to the
+        // others), whole tiles, so that tiles never straddle two chunks.
+        // Chunks of a fixed size (not a function of the thread count, so the result is not
+        // either), whole tiles so that tiles never straddle two chunks.
+        let cl = SPLIT_CHUNK;
+        let n_chunks = n_pos.div_ceil(cl);
+        let piece = nq * cl;
+        grow(&mut sp.q, nkv * nq * hd);
+        grow(&mut sp.s, nkv * n_chunks * piece);
+        grow(&mut sp.max, nkv * n_chunks * nq);
+        grow(&mut sp.part, nkv * n_chunks * nq * hd);
+        // Query vector i = r · group + g of kv head h is query head h · group + g of row r.
+        for h in 0..nkv {
+            for i in 0..nq {
+                let (r, qi) = (i / group, h * group + i % group);
+                let dst = &mut sp.q[(h * nq + i) * hd..(h * nq + i + 1) * hd];
+                dst.copy_from_slice(
+                    &self.q[r * self.q_cols + qi * hd..r * self.q_cols + (qi + 1) * hd],
+                );
+                if !exact {
+                    round_f16(dst);
+                }
+            }
+        }
+        let span = |i: usize| {
+            let p = pos0 + i / group;
+            (self.lo(p), p)
+        };
+        let chunk = |c: usize| (first + c * cl, (first + (c + 1) * cl).min(last + 1));
+        let (kc, vc) = (&self.kv.k[self.layer], &self.kv.v[self.layer]);
+        let qs = &sp.q[..nkv * nq * hd];
+        let (sp_s, sp_max) = (SyncPtr(sp.s.as_mut_ptr()), SyncPtr(sp.max.as_mut_ptr()));
+
+        // Pass 1: task t = h · n_chunks + c owns piece t of the scores, `[nq, cl]`.
+        pool.run(nkv * n_chunks, |t| {
+            let (h, c) = (t / n_chunks, t % n_chunks);
+            let (c0, c1) = chunk(c);
+            // SAFETY: piece t of the scores and row t of the maxima are this task's alone;
+            // `grow` above sized both for every task.
+            let (sc, mx) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(sp_s.get().add(t * piece), piece),
+                    std::slice::from_raw_parts_mut(sp_max.get().add(t * nq), nq),
+                )
+            };
+            let q = &qs[h * nq * hd..(h + 1) * nq * hd];
+            SCRATCH.with(|s| {
+                let tile_buf = &mut s.borrow_mut().tile;
+                grow(tile_buf, KT * hd);
+                for t0 in (c0..c1).step_by(KT) {
+                    let t1 = (t0 + KT).min(c1);
+                    let tile = &mut tile_buf[..(t1 - t0) * hd];
+                    ops::kv_load(ty, &kc[self.kv.offset(h, t0)..self.kv.offset(h, t1)], tile);
+                    // Rows whose window meets the tile (as in `block`).
+                    let ra = t0.saturating_sub(pos0);
+                    let rb = (ra..rows)
+                        .find(|&j| self.lo(pos0 + j) >= t1)
+                        .unwrap_or(rows);
+                    if ra >= rb {
+                        continue;
+                    }
+                    simd::dots(
+                        &q[ra * group * hd..rb * group * hd],
+                        tile,
+                        hd,
+                        (rb - ra) * group,
+                        t1 - t0,
+                        &mut sc[ra * group * cl + t0 - c0..],
+                        cl,
+                    );
+                }
+            });
+            for (i, m) in mx.iter_mut().enumerate() {
+                let (lo, hi) = span(i);
+                let (a, b) = (lo.max(c0), (hi + 1).min(c1));
+                *m = f32::NEG_INFINITY;
+                if a < b {
+                    let x = &mut sc[i * cl + a - c0..i * cl + b - c0];
+                    scale_and_cap(x, attn);
+                    *m = max_of(x);
+                }
+            }
+        });
+
+        // Pass 2: task t = h · nq + i owns row i of every piece of kv head h.
+        let maxes = SyncPtr(sp_max.get());
+        pool.run(nkv * nq, |t| {
+            let (h, i) = (t / nq, t % nq);
+            let (lo, hi) = span(i);
+            let (ca, cb) = ((lo - first) / cl, (hi - first) / cl);
+            // The largest visible score: a max, so the order of the chunks does not matter.
+            let max = (ca..=cb).fold(f32::NEG_INFINITY, |m, c| {
+                // SAFETY: pass 1 has finished; the maxima are only read now.
+                m.max(unsafe { *maxes.get().add((h * n_chunks + c) * nq + i) })
+            });
+            let seg = |c: usize| {
+                let (c0, c1) = chunk(c);
+                let (a, b) = (lo.max(c0), (hi + 1).min(c1));
+                // SAFETY: row i of piece (h, c) is this task's alone (pass 1 has finished).
+                unsafe {
+                    std::slice::from_raw_parts_mut(
+                        sp_s.get().add((h * n_chunks + c) * piece + i * cl + a - c0),
+                        b - a,
+                    )
+                }
+            };
+            // `softmax`'s steps after the max, the sum in key order across the chunks.
+            let mut sum = 0f32;
+            for c in ca..=cb {
+                for x in seg(c) {
+                    *x = (*x - max).exp();
+                    sum += *x;
+                }
+            }
+            let inv = 1.0 / sum;
+            for c in ca..=cb {
+                let x = seg(c);
+                x.iter_mut().for_each(|x| *x *= inv);
+                if !exact {
+                    round_f16(x);
+                }
+            }
+        });
+
+        // Pass 3: task t = h · n_chunks + c adds weight × value over chunk c into its own
+        // partial outputs `[nq, hd]` (an `axpy` chain from zero, keys in order).
+        let weights = &sp.s[..nkv * n_chunks * piece];
+        let sp_part = SyncPtr(sp.part.as_mut_ptr());
+        pool.run(nkv * n_chunks, |t| {
+            let (h, c) = (t / n_chunks, t % n_chunks);
+            let (c0, c1) = chunk(c);
+            // SAFETY: partial t is this task's alone; `grow` above sized it.
+            let part =
+                unsafe { std::slice::from_raw_parts_mut(sp_part.get().add(t * nq * hd), nq * hd) };
+            part.fill(0.0);
+            let w = &weights[t * piece..(t + 1) * piece];
+            SCRATCH.with(|s| {
+                let tile_buf = &mut s.borrow_mut().tile;
+                grow(tile_buf, KT * hd);
+                for t0 in (c0..c1).step_by(KT) {
+                    let t1 = (t0 + KT).min(c1);
+                    let tile = &mut tile_buf[..(t1 - t0) * hd];
+                    ops::kv_load(ty, &vc[self.kv.offset(h, t0)..self.kv.offset(h, t1)], tile);
+                    for j in 0..rows {
+                        let (lo, hi) = span(j * group);
+                        let (a, b) = (lo.max(t0), (hi + 1).min(t1));
+                        if a >= b {
+                            continue;
+                        }
+                        simd::axpys(
+                            &mut part[j * group * hd..(j + 1) * group * hd],
+                            &w[j * group * cl + a - c0..],
+                            cl,
+                            &tile[(a - t0) * hd..(b - t0) * hd],
+                            hd,
+                            group,
+                            b - a,
+                        );
+                    }
+                }
+            });
+        });
+        // Merge: each query vector's partials of the chunks it sees, added in chunk order.
+        let out_cols = self.out_cols;
+        for h in 0..nkv {
+            for i in 0..nq {
+                let (lo, hi) = span(i);
+                let (ca, cb) = ((lo - first) / cl, (hi - first) / cl);
+                let (r, qi) = (i / group, h * group + i % group);
+                let dst = &mut out.data[r * out_cols + qi * hd..r * out_cols + (qi + 1) * hd];
+                let part = |c: usize| &sp.part[((h * n_chunks + c) * nq + i) * hd..][..hd];
+                dst.copy_from_slice(part(ca));
+                for c in ca + 1..=cb {
+                    dst.iter_mut().zip(part(c)).for_each(|(d, p)| *d += p);
+                }
+            }
+        }
+    }
+}
+
+/// Scale and soft-cap, in place (`softmax`'s first steps).
+fn scale_and_cap(s: &mut [f32], attn: &Attn) {
     s.iter_mut().for_each(|x| *x *= attn.scale);
     if let Some(cap) = attn.softcap {
         s.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
     }
+}
+
+/// Scores → softmax weights, in place: scale, soft-cap, max, `exp` and a sum in key order,
+/// weights rounded to f16 unless `exact`.
+fn softmax(s: &mut [f32], attn: &Attn, exact: bool) {
+    scale_and_cap(s, attn);
     let max = max_of(s);
     let mut sum = 0f32;
     for x in s.iter_mut() {
@@ -682,7 +963,7 @@ mod tests {
                         rows,
                         cols: nh * hd,
                     };
-                    tiled(&be.pool, &kv, 1, pos0, &q, &attn, &mut tiled_out);
+                    tiled(&be.pool, &kv, 1, pos0, &q, &attn, &mut tiled_out, false);
                     let want = one_row_path(&kv, 1, pos0, &q, &attn);
                     for (j, (a, b)) in tiled_out.data.iter().zip(&want).enumerate() {
                         assert_eq!(a.to_bits(), b.to_bits(), "{what}: element {j}: {a} vs {b}");
@@ -701,6 +982,393 @@ mod tests {
                     be.kv_commit(&mut kv, pos0 + rows).unwrap();
                     pos0 += rows;
                 }
+            }
+        }
+    }
+
+    /// Fills positions `..n` of every kv head of `layer` with random keys and values (as
+    /// a prefill would leave them, without paying for its attention).
+    fn fill(kv: &mut CpuKv, layer: usize, n: usize, rng: &mut impl Rng) {
+        let (nkv, hd, ty) = (kv.shape.n_kv_heads, kv.shape.head_dim, kv.shape.ty);
+        let vb = kv.vec_bytes;
+        for h in 0..nkv {
+            for t in 0..n {
+                let off = kv.offset(h, t);
+                let x: Vec<f32> = (0..hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                ops::kv_store(ty, &x, &mut kv.k[layer][off..off + vb]);
+                let x: Vec<f32> = (0..hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                ops::kv_store(ty, &x, &mut kv.v[layer][off..off + vb]);
+            }
+        }
+    }
+
+    /// The split form (decode and short batches over long spans) against the one-row path
+    /// on fresh random caches: within a few ulps (same weights, the output's terms added
+    /// per chunk), bit-identical for every thread count, and within float error of f64
+    /// attention.
+    #[test]
+    fn split_attention_matches_the_one_row_path() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(29);
+        // (n_heads, n_kv_heads, head_dim, window, soft-cap, cache type, cached positions,
+        // query rows of the calls that follow)
+        type SplitCase = (
+            usize,
+            usize,
+            usize,
+            Option<usize>,
+            Option<f32>,
+            KvType,
+            usize,
+            &'static [usize],
+        );
+        let cases: &[SplitCase] = &[
+            // Gemma 3 270M's shape: one kv head, a group of four, head_dim 256.
+            (4, 1, 256, None, None, KvType::F16, 2500, &[1, 1, 3]),
+            (4, 1, 256, Some(512), None, KvType::F16, 2600, &[1, 2]),
+            (4, 1, 256, None, None, KvType::Q8_0, 1000, &[1, 5]),
+            (4, 1, 256, Some(512), None, KvType::Q8_0, 700, &[1, 32]),
+            // Ragged spans (not whole tiles or chunks), GQA groups, several kv heads.
+            (8, 2, 128, None, Some(50.0), KvType::F16, 1283, &[1, 7]),
+            (8, 1, 64, Some(333), None, KvType::Q8_0, 517, &[1, 2, 1]),
+            (6, 3, 96, None, Some(30.0), KvType::F32, 301, &[1, 4]),
+            (2, 2, 80, None, None, KvType::F16, 2049, &[1, 1]),
+            (1, 1, 32, Some(257), None, KvType::F32, 263, &[1, 9]),
+            (16, 2, 64, None, None, KvType::Q8_0, 3001, &[1]),
+        ];
+        let mut worst = 0f32;
+        for &(nh, nkv, hd, window, softcap, ty, cached, calls) in cases {
+            let attn = Attn {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                window,
+                softcap,
+            };
+            let n_ctx = cached + calls.iter().sum::<usize>();
+            let shape = KvShape {
+                n_layers: 1,
+                n_ctx,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                ty,
+            };
+            let mut kv = CpuBackend::new(&CpuOptions {
+                threads: 1,
+                scalar_only: false,
+            })
+            .kv_alloc(&shape)
+            .unwrap();
+            fill(&mut kv, 0, cached, &mut rng);
+            let mut pos0 = cached;
+            for &rows in calls {
+                let q = buf(&mut rng, rows, nh * hd, 2.0);
+                let k = buf(&mut rng, rows, nkv * hd, 1.0);
+                let v = buf(&mut rng, rows, nkv * hd, 1.0);
+                let want = {
+                    // Store this call's keys and values once, then compute the reference.
+                    let be = CpuBackend::new(&CpuOptions {
+                        threads: 1,
+                        scalar_only: false,
+                    });
+                    let mut o = CpuBuf {
+                        data: Vec::new(),
+                        rows: 0,
+                        cols: 0,
+                    };
+                    be.attention(&mut kv, 0, pos0, &q, &k, &v, &attn, &mut o)
+                        .unwrap();
+                    one_row_path(&kv, 0, pos0, &q, &attn)
+                };
+                let exact = naive(&kv, 0, pos0, &q, &attn);
+                let mut first_bits = None;
+                for threads in [1, 2, 3, 4] {
+                    let be = CpuBackend::new(&CpuOptions {
+                        threads,
+                        scalar_only: false,
+                    });
+                    let what = format!(
+                        "{nh}/{nkv}x{hd} window {window:?} softcap {softcap:?} {ty:?} \
+                         pos0 {pos0} rows {rows} threads {threads}"
+                    );
+                    let job = Job {
+                        kv: &kv,
+                        layer: 0,
+                        pos0,
+                        rows,
+                        q: &q.data,
+                        q_cols: q.cols,
+                        attn: &attn,
+                        out_cols: nh * hd,
+                    };
+                    let mut split_out = CpuBuf {
+                        data: vec![f32::NAN; rows * nh * hd],
+                        rows,
+                        cols: nh * hd,
+                    };
+                    SPLIT.with(|s| job.split(&be.pool, &mut s.borrow_mut(), &mut split_out));
+                    // And through `attention` (which picks the split form for these shapes
+                    // where threads outnumber kv heads; past 2,048 positions for f16).
+                    let mut routed = CpuBuf {
+                        data: Vec::new(),
+                        rows: 0,
+                        cols: 0,
+                    };
+                    be.attention(&mut kv, 0, pos0, &q, &k, &v, &attn, &mut routed)
+                        .unwrap();
+                    // The same bits for every thread count (the chunks are fixed).
+                    let bits: Vec<u32> = split_out.data.iter().map(|x| x.to_bits()).collect();
+                    match &first_bits {
+                        None => first_bits = Some(bits),
+                        Some(b) => assert_eq!(&bits, b, "{what}: differs from 1 thread"),
+                    }
+                    // Against the one-row path: the same weights; only the order in which
+                    // each output element adds its chunks' terms differs (a few ulps).
+                    let via_tiled = ty != KvType::F16 || softcap.is_some() || pos0 + rows > 2048;
+                    for (j, (a, b)) in split_out.data.iter().zip(&want).enumerate() {
+                        assert!((a - b).abs() <= 1e-6, "{what}: element {j}: {a} vs {b}");
+                        worst = worst.max((a - b).abs());
+                        if via_tiled {
+                            let c = routed.data[j];
+                            assert!((c - b).abs() <= 1e-6, "{what}: routed {j}: {c} vs {b}");
+                        }
+                    }
+                    let tol = if ty == KvType::F32 { 1e-5 } else { 1e-2 };
+                    for (j, (a, b)) in split_out.data.iter().zip(&exact).enumerate() {
+                        assert!(
+                            (*a as f64 - b).abs() < tol,
+                            "{what}: element {j}: {a} vs {b}"
+                        );
+                    }
+                }
+                pos0 += rows;
+            }
+        }
+        // A test that the comparison can see a difference at all: the chunk order does
+        // change some bits.
+        assert!(
+            worst > 0.0,
+            "split form identical to the one-row path everywhere"
+        );
+        println!("split form vs one-row path: largest difference {worst:e}");
+    }
+
+    /// A sliding-window layer uses nothing before its window: positions before it hold NaN
+    /// (any use would spread to the output), on every path (ggml's order, tiled, split).
+    #[test]
+    fn sliding_window_uses_nothing_before_the_window() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(37);
+        let (nh, nkv, hd) = (4, 1, 256);
+        // Gemma 3's 512-token window (never split), and a window long enough to be split.
+        let cases = [
+            (512, 1500, 1),
+            (512, 3000, 1),
+            (512, 3000, 5),
+            (512, 3000, 40),
+            (512, 700, 64),
+            (1500, 1800, 1),
+            (1500, 3000, 1),
+            (1500, 3000, 7),
+        ];
+        for ty in [KvType::F16, KvType::Q8_0, KvType::F32] {
+            for (w, cached, rows) in cases {
+                let attn = Attn {
+                    n_heads: nh,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    scale: 1.0 / 16.0,
+                    window: Some(w),
+                    softcap: None,
+                };
+                let shape = KvShape {
+                    n_layers: 1,
+                    n_ctx: cached + rows,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    ty,
+                };
+                let mut kv = CpuBackend::new(&CpuOptions {
+                    threads: 1,
+                    scalar_only: false,
+                })
+                .kv_alloc(&shape)
+                .unwrap();
+                fill(&mut kv, 0, cached, &mut rng);
+                // NaN in every value of positions before the first row's window.
+                let nan: Vec<u8> = match ty {
+                    KvType::F16 => f16::NAN.to_bits().to_le_bytes().repeat(hd),
+                    KvType::F32 => f32::NAN.to_bits().to_le_bytes().repeat(hd),
+                    KvType::Q8_0 => [f16::NAN.to_bits().to_le_bytes().to_vec(), vec![1u8; 32]]
+                        .concat()
+                        .repeat(hd / 32),
+                };
+                let lo = (cached + 1).saturating_sub(w);
+                for t in 0..lo {
+                    let off = kv.offset(0, t);
+                    kv.k[0][off..off + kv.vec_bytes].copy_from_slice(&nan);
+                    kv.v[0][off..off + kv.vec_bytes].copy_from_slice(&nan);
+                }
+                let q = buf(&mut rng, rows, nh * hd, 2.0);
+                let k = buf(&mut rng, rows, nkv * hd, 1.0);
+                let v = buf(&mut rng, rows, nkv * hd, 1.0);
+                for threads in [1, 2, 3] {
+                    let be = CpuBackend::new(&CpuOptions {
+                        threads,
+                        scalar_only: false,
+                    });
+                    let mut o = CpuBuf {
+                        data: Vec::new(),
+                        rows: 0,
+                        cols: 0,
+                    };
+                    be.attention(&mut kv, 0, cached, &q, &k, &v, &attn, &mut o)
+                        .unwrap();
+                    let want = one_row_path(&kv, 0, cached, &q, &attn);
+                    assert!(
+                        o.data.iter().all(|x| x.is_finite()),
+                        "{ty:?} window {w} at {cached} rows {rows} threads {threads}"
+                    );
+                    if ty != KvType::F16 || cached + rows > 2048 {
+                        for (a, b) in o.data.iter().zip(&want) {
+                            assert!(
+                                (a - b).abs() <= 1e-6,
+                                "{ty:?} window {w} at {cached} rows {rows}: {a} vs {b}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decode attention of one kv head (Gemma 3 270M's shape), the split form against the
+    /// (kv head, block) tasks on the same cache, calls interleaved so that both see the same
+    /// load; prints the median and fastest call of each (tuning only):
+    ///
+    ///     NEAGARI_BENCH_THREADS=2 cargo test --release -p neagari-backend --lib \
+    ///         bench_split_decode -- --ignored --nocapture
+    #[test]
+    #[ignore]
+    fn bench_split_decode() {
+        let threads: usize = std::env::var("NEAGARI_BENCH_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2);
+        let be = CpuBackend::new(&CpuOptions {
+            threads,
+            scalar_only: false,
+        });
+        let mut rng = rand::rngs::StdRng::seed_from_u64(41);
+        let (nh, nkv, hd) = (4, 1, 256);
+        for ty in [KvType::F16, KvType::Q8_0] {
+            let n_ctx = 28 * 1024;
+            let mut kv = be
+                .kv_alloc(&KvShape {
+                    n_layers: 1,
+                    n_ctx,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    ty,
+                })
+                .unwrap();
+            fill(&mut kv, 0, n_ctx, &mut rng);
+            let attn = Attn {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                scale: 1.0 / 16.0,
+                window: None,
+                softcap: None,
+            };
+            for pos in [4095, 16383, n_ctx - 1] {
+                let q = buf(&mut rng, 1, nh * hd, 2.0);
+                let mut out = CpuBuf {
+                    data: vec![0.0; nh * hd],
+                    rows: 1,
+                    cols: nh * hd,
+                };
+                let n = 60;
+                let mut times = [Vec::new(), Vec::new()];
+                for i in 0..2 * n {
+                    let t = std::time::Instant::now();
+                    tiled(&be.pool, &kv, 0, pos, &q, &attn, &mut out, i % 2 == 1);
+                    times[i % 2].push(t.elapsed().as_secs_f64() * 1e3);
+                }
+                for t in &mut times {
+                    t.sort_by(f64::total_cmp);
+                }
+                println!(
+                    "{ty:?} decode at {pos:>5}, {threads} threads: one task per kv head {:.3} ms \
+                     (fastest {:.3}), split {:.3} ms (fastest {:.3})",
+                    times[0][n / 2],
+                    times[0][0],
+                    times[1][n / 2],
+                    times[1][0]
+                );
+            }
+        }
+    }
+
+    /// ggml's order split by query head (decode with fewer kv heads than threads) gives the
+    /// bits of the one-task-per-kv-head form (one thread).
+    #[test]
+    fn ggml_order_by_query_head_changes_no_bits() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+        for (nh, nkv, window, cached, rows) in [
+            (4, 1, None, 1500, 1),
+            (4, 1, Some(512), 2000, 1),
+            (8, 2, None, 1100, 1),
+            (4, 1, None, 1030, 3),
+            (4, 1, None, 300, 1),
+        ] {
+            let hd = 256;
+            let attn = Attn {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                scale: 1.0 / 16.0,
+                window,
+                softcap: None,
+            };
+            let shape = KvShape {
+                n_layers: 1,
+                n_ctx: cached + rows,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                ty: KvType::F16,
+            };
+            let one = CpuBackend::new(&CpuOptions {
+                threads: 1,
+                scalar_only: false,
+            });
+            let mut kv = one.kv_alloc(&shape).unwrap();
+            fill(&mut kv, 0, cached, &mut rng);
+            let q = buf(&mut rng, rows, nh * hd, 2.0);
+            let k = buf(&mut rng, rows, nkv * hd, 1.0);
+            let v = buf(&mut rng, rows, nkv * hd, 1.0);
+            let mut outs = Vec::new();
+            for threads in [1, 2, 4, 8] {
+                let be = CpuBackend::new(&CpuOptions {
+                    threads,
+                    scalar_only: false,
+                });
+                let mut o = CpuBuf {
+                    data: Vec::new(),
+                    rows: 0,
+                    cols: 0,
+                };
+                be.attention(&mut kv, 0, cached, &q, &k, &v, &attn, &mut o)
+                    .unwrap();
+                outs.push(o.data.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            }
+            for o in &outs[1..] {
+                assert_eq!(o, &outs[0], "{nh}/{nkv} window {window:?} at {cached}");
+            }
+            // And it is attention (the exact-order path is tested against llama.cpp in the
+            // engine's tests).
+            let exact = naive(&kv, 0, cached, &q, &attn);
+            for (a, b) in outs[0].iter().zip(&exact) {
+                assert!((f32::from_bits(*a) as f64 - b).abs() < 1e-2);
             }
         }
     }

@@ -147,6 +147,85 @@ pub fn kv_store(ty: KvType, src: &[f32], dst: &mut [u8]) {
 
 /// Load consecutive head vectors as f32.
 pub fn kv_load(ty: KvType, src: &[u8], dst: &mut [f32]) {
+    // Both conversions are exact (f16 → f32) or one rounding of the same product (q8_0), so
+    // the AVX2 path gives the same bits as the portable one (tested below); it is most of
+    // the time of a long decode's attention otherwise.
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_f16c() && ty != KvType::F32 {
+        // SAFETY: AVX2 and F16C were detected at run time; the functions bound every access
+        // by the slices' lengths.
+        unsafe {
+            match ty {
+                KvType::F16 => x86::f16_to_f32(src, dst),
+                _ => x86::q8_0_to_f32(src, dst),
+            }
+        }
+        return;
+    }
+    kv_load_portable(ty, src, dst);
+}
+
+fn has_avx2_f16c() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("f16c")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// f16 (little-endian bytes) → f32 for the first `min(src.len() / 2, dst.len())` values.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn f16_to_f32(src: &[u8], dst: &mut [f32]) {
+        let n = dst.len().min(src.len() / 2);
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: bytes 2i..2i + 16 of src and floats i..i + 8 of dst are in bounds.
+            unsafe {
+                let h = _mm_loadu_si128(src.as_ptr().add(2 * i) as *const __m128i);
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            }
+            i += 8;
+        }
+        for (j, d) in dst.iter_mut().enumerate().take(n).skip(i) {
+            *d = f16::from_bits(u16::from_le_bytes([src[2 * j], src[2 * j + 1]])).to_f32();
+        }
+    }
+
+    /// q8_0 blocks (34 bytes: f16 scale, 32 × i8) → f32, `q · scale` per value.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn q8_0_to_f32(src: &[u8], dst: &mut [f32]) {
+        for (blk, d) in src.chunks_exact(34).zip(dst.chunks_exact_mut(32)) {
+            let scale = f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
+            let s = _mm256_set1_ps(scale);
+            for k in 0..4 {
+                // SAFETY: bytes 2 + 8k..10 + 8k of the 34-byte block and floats
+                // 8k..8k + 8 of the 32-float chunk are in bounds.
+                unsafe {
+                    let q = _mm_loadl_epi64(blk.as_ptr().add(2 + 8 * k) as *const __m128i);
+                    let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+                    _mm256_storeu_ps(d.as_mut_ptr().add(8 * k), _mm256_mul_ps(f, s));
+                }
+            }
+        }
+    }
+}
+
+/// `kv_load` without SIMD: the reference of the AVX2 path.
+fn kv_load_portable(ty: KvType, src: &[u8], dst: &mut [f32]) {
     match ty {
         KvType::F16 => {
             // Bulk conversion (F16C eight at a time where the CPU has it); the cache's byte
@@ -197,6 +276,46 @@ mod tests {
         let mut y: Vec<f32> = (0..8).map(|i| i as f32).collect();
         rope_apply(&mut y, &cache, 8, false);
         assert_eq!(y, (0..8).map(|i| i as f32).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn kv_load_simd_matches_the_portable_path() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for ty in [KvType::F16, KvType::Q8_0, KvType::F32] {
+            // Ragged lengths (f16 tails past the last 8) and odd values: subnormal, zero,
+            // negative zero and large f16; several q8_0 blocks with their own scales.
+            for n in [32usize, 64, 96, 256, 320] {
+                let mut src: Vec<f32> = (0..n).map(|_| rng.gen_range(-3.0..3.0)).collect();
+                src[0] = 1e-6;
+                src[1] = -0.0;
+                src[2] = 60000.0;
+                src[n - 1] = 0.0;
+                let bytes = match ty {
+                    KvType::F16 => 2 * n,
+                    KvType::F32 => 4 * n,
+                    KvType::Q8_0 => n / 32 * 34,
+                };
+                let mut b = vec![0u8; bytes];
+                kv_store(ty, &src, &mut b);
+                let (mut a, mut c) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+                kv_load(ty, &b, &mut a);
+                kv_load_portable(ty, &b, &mut c);
+                let (a, c): (Vec<u32>, Vec<u32>) = (
+                    a.iter().map(|x| x.to_bits()).collect(),
+                    c.iter().map(|x| x.to_bits()).collect(),
+                );
+                assert_eq!(a, c, "{ty:?} n {n}");
+            }
+        }
+        // A length that is not a multiple of 8 (the f16 tail).
+        let src: Vec<f32> = (0..13).map(|i| i as f32 * 0.3 - 2.0).collect();
+        let mut b = vec![0u8; 26];
+        kv_store(KvType::F16, &src, &mut b);
+        let (mut a, mut c) = (vec![0f32; 13], vec![0f32; 13]);
+        kv_load(KvType::F16, &b, &mut a);
+        kv_load_portable(KvType::F16, &b, &mut c);
+        assert_eq!(a, c);
     }
 
     #[test]
