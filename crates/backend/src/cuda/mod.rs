@@ -195,6 +195,9 @@ struct OpsKernels {
     rms_norm: CudaFunction,
     /// RMSNorm / GLU that also write their output as q8_1 for the next matmul.
     rms_norm_q: CudaFunction,
+    /// `x += y` and RMSNorm of the sum in one launch (`Backend::add_rms_norm`).
+    add_rms_norm: CudaFunction,
+    add_rms_norm_q: CudaFunction,
     glu_silu_q: CudaFunction,
     glu_gelu_q: CudaFunction,
     add: CudaFunction,
@@ -227,6 +230,9 @@ struct IntKernels {
     mv1x4: CudaFunction,
     mv1x8: CudaFunction,
     mv1x1: CudaFunction,
+    /// `mvqm*`: up to four matrices in one launch (`Backend::matmul_multi`): one activation
+    /// row with 1, 2 or 4 weight rows per block, then 2, 4 and 8 activation rows.
+    multi: [CudaFunction; 6],
 }
 
 /// Device scratch reused across calls (grown, never shrunk).
@@ -382,6 +388,8 @@ impl CudaBackend {
         let ops = OpsKernels {
             rms_norm: f("rms_norm")?,
             rms_norm_q: f("rms_norm_q")?,
+            add_rms_norm: f("add_rms_norm")?,
+            add_rms_norm_q: f("add_rms_norm_q")?,
             glu_silu_q: f("glu_silu_q")?,
             glu_gelu_q: f("glu_gelu_q")?,
             add: f("add")?,
@@ -534,6 +542,14 @@ impl CudaBackend {
                     mv1x4: f("mvq1x4")?,
                     mv1x8: f("mvq1x8")?,
                     mv1x1: f("mvq1x1")?,
+                    multi: [
+                        f("mvqm1x1")?,
+                        f("mvqm1x2")?,
+                        f("mvqm1x4")?,
+                        f("mvqm2")?,
+                        f("mvqm4")?,
+                        f("mvqm8")?,
+                    ],
                 }),
                 None => None,
             },
@@ -598,6 +614,115 @@ impl CudaBackend {
         rows <= MV_MAX_ROWS && cols.is_multiple_of(32) && cols > 0
     }
 
+    /// The q8_1 copy of `x` (`cols` wide) in the scratch: reused when it is still what the
+    /// scratch holds (see [`Scratch::xq_key`]), else one `quant_q8_1` launch.
+    fn xq_input(
+        &self,
+        sc: &mut Scratch,
+        k: &IntKernels,
+        x: &CudaBuf,
+        cols: usize,
+    ) -> Result<(u64, u64)> {
+        let (n, units) = (x.rows, cols.div_ceil(32));
+        let xp = self.dptr(&x.data);
+        let key = (xp, n, cols, self.gen.load(Ordering::Relaxed));
+        let fresh = sc.xq_key == Some(key);
+        let (qp, dsp) = self.xq_reserve(sc, n, units)?;
+        if !fresh {
+            let (cols_i, units_i) = (cols as i32, units as i32);
+            let cfg = LaunchConfig {
+                grid_dim: (units.div_ceil(4) as u32, n as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(@keep self, &k.quant, cfg, &xp, &qp, &dsp, &cols_i, &units_i)?;
+            sc.xq_key = Some(key);
+        }
+        Ok((qp, dsp))
+    }
+
+    /// Weight rows per block of the one-row integer GEMV. Four from 4096-wide rows (fewer x
+    /// loads per weight row), two below, but fewer while that leaves under four blocks per
+    /// SM: Llama 3 8B's k/v (1024 × 4096) in 256 blocks ran at 10% of the DRAM peak (ncu,
+    /// H200).
+    fn mv_per_block(&self, rows: usize, cols: usize) -> usize {
+        self.mv_rows.unwrap_or_else(|| {
+            let mut r = if cols >= 4096 { 4 } else { 2 };
+            while r > 1 && rows / r < 4 * self.n_sm {
+                r /= 2;
+            }
+            r
+        })
+    }
+
+    /// `matmul_multi` on the integer GEMV: every matrix of one format and width, up to 8
+    /// activation rows; four matrices a launch.
+    fn matmul_multi_int(
+        &self,
+        k: &IntKernels,
+        ws: &[&CudaMat],
+        x: &CudaBuf,
+        outs: &mut [&mut CudaBuf],
+    ) -> Result<()> {
+        let (n, cols) = (x.rows, x.cols);
+        for (w, o) in ws.iter().zip(outs.iter_mut()) {
+            self.reshape(o, n, w.rows)?;
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let units = cols.div_ceil(32);
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let (qp, dsp) = self.xq_input(&mut sc, k, x, cols)?;
+        // The activation rows' share of the launch picks the kernel; one weight row per
+        // block from 4 activation rows, as `mvq4` / `mvq8`.
+        let total: usize = ws.iter().map(|w| w.rows).sum();
+        let (func, r) = match n {
+            1 => match self.mv_per_block(total, cols) {
+                1 => (&k.multi[0], 1),
+                2 => (&k.multi[1], 2),
+                _ => (&k.multi[2], 4),
+            },
+            2 => (&k.multi[3], 2),
+            3 | 4 => (&k.multi[4], 1),
+            _ => (&k.multi[5], 1),
+        };
+        let warps = units.div_ceil(32).clamp(1, MV_WARPS);
+        let (units_i, rb, nr_i) = (units as i32, ws[0].row_bytes as i64, n as i32);
+        let ops: Vec<u64> = outs.iter().map(|o| self.dptr(&o.data)).collect();
+        for c in 0..ws.len().div_ceil(4) {
+            let idx: Vec<usize> = (4 * c..(4 * c + 4).min(ws.len())).collect();
+            let mut wp = [0u64; 4];
+            let mut yp = [0u64; 4];
+            let mut rows = [0i32; 4];
+            // Block starts of matrices 1..3; an unused one starts past the grid.
+            let mut starts = [i32::MAX; 4];
+            let mut blocks = 0usize;
+            for (j, &i) in idx.iter().enumerate() {
+                starts[j] = blocks as i32;
+                wp[j] = self.dptr(&ws[i].data);
+                yp[j] = ops[i];
+                rows[j] = ws[i].rows as i32;
+                blocks += ws[i].rows.div_ceil(r);
+            }
+            let cfg = LaunchConfig {
+                grid_dim: (blocks as u32, 1, 1),
+                block_dim: ((warps * 32) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(
+                @keep self, func, cfg, &wp[0], &wp[1], &wp[2], &wp[3], &yp[0], &yp[1], &yp[2],
+                &yp[3], &rows[0], &rows[1], &rows[2], &rows[3], &starts[1], &starts[2],
+                &starts[3], &qp, &dsp, &units_i, &rb, &nr_i
+            )?;
+        }
+        // The outputs are new data at their addresses: a cached quantization is stale.
+        if sc.xq_key.is_some_and(|(p, ..)| ops.contains(&p)) {
+            sc.xq_key = None;
+        }
+        Ok(())
+    }
+
     /// Integer GEMV: x quantized to q8_1 (once per input, see [`Scratch::xq_key`]), then
     /// `mvqN` 8 rows per launch.
     fn matmul_gemv_int(
@@ -609,23 +734,11 @@ impl CudaBackend {
     ) -> Result<()> {
         let n = x.rows;
         let units = w.cols.div_ceil(32);
-        let xp = self.dptr(&x.data);
         let op = self.dptr(&out.data);
         let wp = self.dptr(&w.data);
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (xp, n, w.cols, self.gen.load(Ordering::Relaxed));
-        let fresh = sc.xq_key == Some(key);
-        let (qp, dsp) = self.xq_reserve(&mut sc, n, units)?;
-        let (cols_i, units_i) = (w.cols as i32, units as i32);
-        if !fresh {
-            let cfg = LaunchConfig {
-                grid_dim: (units.div_ceil(4) as u32, n as u32, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            launch!(@keep self, &k.quant, cfg, &xp, &qp, &dsp, &cols_i, &units_i)?;
-            sc.xq_key = Some(key);
-        }
+        let (qp, dsp) = self.xq_input(&mut sc, k, x, w.cols)?;
+        let units_i = units as i32;
         let (rows_i, rb) = (w.rows as i32, w.row_bytes as i64);
         let mut r0 = 0;
         while r0 < n {
@@ -639,13 +752,7 @@ impl CudaBackend {
             // Four weight rows per block from 4096-wide rows (fewer x loads per weight row),
             // two below, but fewer while that leaves under four blocks per SM: Llama 3 8B's
             // k/v (1024 × 4096) in 256 blocks ran at 10% of the DRAM peak (ncu, H200).
-            let per_block = self.mv_rows.unwrap_or_else(|| {
-                let mut r = if w.cols >= 4096 { 4 } else { 2 };
-                while r > 1 && w.rows / r < 4 * self.n_sm {
-                    r /= 2;
-                }
-                r
-            });
+            let per_block = self.mv_per_block(w.rows, w.cols);
             let (func, rows_per_block) = if which == 0 && per_block == 8 {
                 (&k.mv1x8, 8)
             } else if which == 0 && per_block == 4 {
@@ -1050,7 +1157,6 @@ impl Backend for CudaBackend {
         if ids.is_empty() {
             return Ok(());
         }
-        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let in_step = self.step_mode() != graph::OFF;
         if in_step && ids.len() != 1 {
             return Err(shape_err(
@@ -1058,24 +1164,27 @@ impl Backend for CudaBackend {
                 format!("{} ids in a one-token decode step", ids.len()),
             ));
         }
-        if sc.ids.as_ref().is_none_or(|s| s.len() < ids.len()) {
-            self.check_alloc("the token id scratch")?;
-            self.scratch_moved();
-            sc.ids = Some(
-                self.stream
-                    .alloc_zeros::<u32>(ids.len().max(512))
-                    .map_err(drv)?,
-            );
-        }
-        let Some(idb) = sc.ids.as_mut() else {
-            return Err(BackendError::Other("cuda: id scratch missing".into()));
-        };
-        // In a decode step `step_begin` uploaded the token.
-        if !in_step {
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let idp = if in_step {
+            // `step_begin` uploaded the token after the position.
+            self.step_posp() + 4
+        } else {
+            if sc.ids.as_ref().is_none_or(|s| s.len() < ids.len()) {
+                self.check_alloc("the token id scratch")?;
+                self.scratch_moved();
+                sc.ids = Some(
+                    self.stream
+                        .alloc_zeros::<u32>(ids.len().max(512))
+                        .map_err(drv)?,
+                );
+            }
+            let Some(idb) = sc.ids.as_mut() else {
+                return Err(BackendError::Other("cuda: id scratch missing".into()));
+            };
             let mut view = idb.slice_mut(0..ids.len());
             self.stream.memcpy_htod(ids, &mut view).map_err(drv)?;
-        }
-        let idp = self.dptr(idb);
+            self.dptr(idb)
+        };
         let units = table.cols.div_ceil(32);
         let cfg = LaunchConfig {
             grid_dim: (ids.len() as u32, units.div_ceil(128) as u32, 1),
@@ -1115,6 +1224,103 @@ impl Backend for CudaBackend {
             Some(b) if x.rows > MV_MAX_ROWS => self.matmul_blas(b, w, x, out),
             _ => self.matmul_gemv(w, x, out),
         }
+    }
+
+    fn matmul_multi(
+        &self,
+        ws: &[&CudaMat],
+        x: &CudaBuf,
+        outs: &mut [&mut CudaBuf],
+    ) -> Result<()> {
+        if ws.len() != outs.len() {
+            return Err(shape_err(
+                "matmul_multi",
+                format!("{} matrices, {} outputs", ws.len(), outs.len()),
+            ));
+        }
+        let Some(w0) = ws.first() else {
+            return Ok(());
+        };
+        // One launch where every matrix takes the integer GEMV with one kernel set.
+        let one = x.rows <= MV_MAX_ROWS
+            && self.mv_int
+            && ws.iter().all(|w| {
+                w.ty == w0.ty && w.cols == x.cols && w.row_bytes == w0.row_bytes && w.k.int.is_some()
+            });
+        match (&w0.k.int, one) {
+            (Some(k), true) => self.matmul_multi_int(k, ws, x, outs),
+            _ => {
+                for (w, o) in ws.iter().zip(outs.iter_mut()) {
+                    self.matmul(w, x, o)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn add_rms_norm(
+        &self,
+        x: &mut CudaBuf,
+        y: &CudaBuf,
+        w: &CudaVector,
+        eps: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        if x.rows * x.cols != y.rows * y.cols {
+            return Err(shape_err(
+                "add_rms_norm",
+                format!("{}x{} + {}x{}", x.rows, x.cols, y.rows, y.cols),
+            ));
+        }
+        if w.len != x.cols || x.rows == 0 {
+            // Per-group norms: the two ops.
+            self.add(x, y)?;
+            return self.rms_norm(x, w, eps, out);
+        }
+        self.reshape(out, x.rows, x.cols)?;
+        let g = x.cols;
+        let (xp, yp, wp, op) = (
+            self.dptr(&x.data),
+            self.dptr(&y.data),
+            self.dptr(&w.data),
+            self.dptr(&out.data),
+        );
+        let g_i = g as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (x.rows as u32, 1, 1),
+            block_dim: (1024.min(g.div_ceil(32) * 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        if Self::fuse_q8_1(x.rows, x.cols) {
+            let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            let (qp, dsp) = self.xq_reserve(&mut sc, x.rows, x.cols / 32)?;
+            launch!(
+                self,
+                &self.ops.add_rms_norm_q,
+                cfg,
+                &xp,
+                &yp,
+                &wp,
+                &op,
+                &g_i,
+                &eps,
+                &qp,
+                &dsp
+            )?;
+            sc.xq_key = Some((op, x.rows, x.cols, self.gen.load(Ordering::Relaxed)));
+            return Ok(());
+        }
+        launch!(
+            self,
+            &self.ops.add_rms_norm,
+            cfg,
+            &xp,
+            &yp,
+            &wp,
+            &op,
+            &g_i,
+            &eps
+        )
     }
 
     fn rms_norm(&self, x: &CudaBuf, w: &CudaVector, eps: f32, out: &mut CudaBuf) -> Result<()> {

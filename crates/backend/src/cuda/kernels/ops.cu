@@ -5,9 +5,12 @@
 // RMSNorm over groups of g values; one block per group. In place when x == out. With Q
 // (g a multiple of 32, blockDim too) the output is also written as q8_1 (xq, xds: the
 // integer GEMV's activation, for the matmul that reads it next).
-template <bool Q>
+// With ADD (whole rows only: g = cols), x += y first (rounded to f32 and stored, as the
+// separate `add` would) and the norm reads the sum.
+template <bool Q, bool ADD = false>
 __device__ __forceinline__ void rms_norm_impl(const float* x, const float* w, float* out, int g,
-                                              float eps, i8* xq, float2* xds) {
+                                              float eps, i8* xq, float2* xds,
+                                              const float* y = nullptr, float* xs = nullptr) {
     const i64 base = (i64)blockIdx.x * g;
     // The first V values of each thread stay in registers, their loads issued together: a
     // loop of dependent load-use rounds made a 4096-wide row take 18.7 µs (ncu, H200).
@@ -18,11 +21,20 @@ __device__ __forceinline__ void rms_norm_impl(const float* x, const float* w, fl
     for (int k = 0; k < V; k++) {
         const int i = threadIdx.x + k * blockDim.x;
         xv[k] = i < g ? x[base + i] : 0.f;
+        if (ADD && i < g) {
+            xv[k] += y[base + i];
+            xs[base + i] = xv[k];
+        }
     }
 #pragma unroll
     for (int k = 0; k < V; k++) s += (double)xv[k] * (double)xv[k];
     for (int i = threadIdx.x + V * blockDim.x; i < g; i += blockDim.x) {
-        double v = x[base + i];
+        float f = x[base + i];
+        if (ADD) {
+            f += y[base + i];
+            xs[base + i] = f;
+        }
+        const double v = f;
         s += v * v;
     }
     __shared__ double part[32];
@@ -49,7 +61,8 @@ __device__ __forceinline__ void rms_norm_impl(const float* x, const float* w, fl
             if (Q) q8_1_warp(v, xq, xds, (base + i) >> 5, threadIdx.x & 31);
         }
     }
-    // In place, these reads follow only writes to the cached part: no overlap.
+    // In place, these reads follow only writes to the cached part: no overlap. With ADD,
+    // x holds the sum by now (this thread wrote it).
     for (int i = threadIdx.x + V * blockDim.x; i < g; i += blockDim.x) {
         const float v = x[base + i] * scale * w[i];
         out[base + i] = v;
@@ -65,6 +78,17 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 extern "C" __global__ void rms_norm_q(const float* x, const float* w, float* out, int g,
                                       float eps, i8* xq, float2* xds) {
     rms_norm_impl<true>(x, w, out, g, eps, xq, xds);
+}
+
+// x += y, then out = rms_norm(x) (and its q8_1 with Q): one block per row of g values.
+extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float* out,
+                                        int g, float eps) {
+    rms_norm_impl<false, true>(x, w, out, g, eps, nullptr, nullptr, y, x);
+}
+
+extern "C" __global__ void add_rms_norm_q(float* x, const float* y, const float* w, float* out,
+                                          int g, float eps, i8* xq, float2* xds) {
+    rms_norm_impl<true, true>(x, w, out, g, eps, xq, xds, y, x);
 }
 
 extern "C" __global__ void add(float* x, const float* y, i64 n) {
