@@ -435,6 +435,20 @@ pub trait Backend: Send + Sync + 'static {
         self.add(x, y)?;
         self.rms_norm(x, w, eps, out)
     }
+    /// `y = rms_norm(y, w_y)` in place, then `add_rms_norm(x, y, w, out)`: Gemma's post-norm
+    /// of a block's output, the residual add and the next norm (whole rows).
+    fn norm_add_rms_norm(
+        &self,
+        x: &mut Self::Buf,
+        y: &mut Self::Buf,
+        w_y: &Self::Vector,
+        w: &Self::Vector,
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        self.rms_norm_inplace(y, w_y, eps)?;
+        self.add_rms_norm(x, y, w, eps, out)
+    }
     /// RMSNorm over groups of `w.len()` values: each row of `x` is split into groups of the
     /// weight's length (1 group = whole row; `n_heads` groups = per-head q/k norm).
     fn rms_norm(

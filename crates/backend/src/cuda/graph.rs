@@ -7,7 +7,8 @@
 //!   step), the token id and the position are uploaded at `step_begin` into device memory
 //!   that `embed`, `rope`, `kv_store` and `attention` read, and scratch that must grow grows.
 //! - `Capture`: the next step with the same key is recorded by stream capture; the graph is
-//!   instantiated and launched when the model reads its result (`read` or `argmax`).
+//!   instantiated and launched when the model reads its result (`read`, or `argmax`, which
+//!   then runs after the graph).
 //! - `Replay`: later steps with that key launch the graph at `step_begin` and skip every
 //!   launch and copy (only the host-side shape bookkeeping runs, which checks that the step
 //!   makes as many launches as the recording).
@@ -304,42 +305,45 @@ impl CudaBackend {
     }
 
     /// Greedy pick of each row on the device (`argmax_rows`); only the ids come back.
+    /// It runs after the step's graph, not in it: a step recorded with a logits read and
+    /// one with an argmax then share one graph (a session may alternate them).
     pub(super) fn argmax_impl(&self, x: &CudaBuf) -> Result<Vec<u32>> {
         if x.rows == 0 {
             return Ok(Vec::new());
         }
+        self.step_finish()?;
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if sc.amax.as_ref().is_none_or(|s| s.len() < x.rows) {
-            self.check_alloc("argmax")?;
             sc.amax = Some(
                 self.stream
-                    .alloc_zeros::<u32>(x.rows.max(64))
+                    .alloc_zeros::<u64>(x.rows.max(64))
                     .map_err(drv)?,
             );
-            self.scratch_moved();
         }
-        let Some(out) = sc.amax.as_ref() else {
+        let Some(keys) = sc.amax.as_mut() else {
             return Err(BackendError::Other("cuda: argmax scratch missing".into()));
         };
-        let (xp, op) = (self.dptr(&x.data), self.dptr(out));
-        let cols_i = x.cols as i32;
+        let mut kv = keys.slice_mut(0..x.rows);
+        self.stream.memset_zeros(&mut kv).map_err(drv)?;
+        let kp = self.dptr(keys);
+        // Blocks of 256 threads over 4,096-value chunks (61 for a 248,320-token vocabulary).
+        let chunk = 4096usize;
         let cfg = LaunchConfig {
-            grid_dim: (x.rows as u32, 1, 1),
-            block_dim: (1024, 1, 1),
+            grid_dim: (x.cols.div_ceil(chunk).max(1) as u32, x.rows as u32, 1),
+            block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        launch!(self, &self.ops.argmax_rows, cfg, &xp, &cols_i, &op)?;
-        drop(sc);
-        self.step_finish()?;
-        let sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(out) = sc.amax.as_ref() else {
-            return Err(BackendError::Other("cuda: argmax scratch missing".into()));
-        };
-        let mut ids = vec![0u32; x.rows];
+        let xp = self.dptr(&x.data);
+        let (cols_i, chunk_i) = (x.cols as i32, chunk as i32);
+        launch!(self, &self.ops.argmax_rows, cfg, &xp, &cols_i, &chunk_i, &kp)?;
+        let mut k = vec![0u64; x.rows];
         self.stream
-            .memcpy_dtoh(&out.slice(0..x.rows), &mut ids)
+            .memcpy_dtoh(&keys.slice(0..x.rows), &mut k)
             .map_err(drv)?;
         self.synchronize()?;
-        Ok(ids)
+        // A zero key: no value that is not NaN (id 0); else the complement of the index.
+        Ok(k.iter()
+            .map(|&k| if k == 0 { 0 } else { !(k as u32) })
+            .collect())
     }
 }

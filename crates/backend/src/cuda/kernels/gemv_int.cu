@@ -19,9 +19,10 @@ extern "C" __global__ void quant_q8_1(const float* __restrict__ x, i8* __restric
     q8_1_warp(v, xq, xds, (i64)r * units + u, lane);
 }
 
-#define MVQ_WARPS 4
+// Up to 8 warps a block; the host picks as many as the row's units fill (mv_warps).
+#define MVQ_WARPS 8
 
-// A block of 1–4 warps computes R consecutive weight rows for nr ≤ NR activation rows.
+// A block of 1–8 warps computes R consecutive weight rows for nr ≤ NR activation rows.
 // Threads take units round-robin; the activation unit is loaded once (two 16-byte loads per
 // row) and serves the R weight rows, each weight unit is unpacked once and serves every
 // activation row. The block reduces at the end.
@@ -115,6 +116,7 @@ MVQ(mvq1x1, 1, 1)
 MVQM(mvqm1x1, 1, 1)
 MVQM(mvqm1x2, 1, 2)
 MVQM(mvqm1x4, 1, 4)
+MVQM(mvqm1x8, 1, 8)
 MVQM(mvqm2, 2, 2)
 MVQM(mvqm4, 4, 1)
 MVQM(mvqm8, 8, 1)
