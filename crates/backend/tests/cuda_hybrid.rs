@@ -350,7 +350,10 @@ fn gating_ops_match_the_cpu() {
                 })
                 .collect();
             let e = rel(&download(&g, &out), &want);
-            assert!(e < 1.2e-2, "rms_norm_gated → Q1_0 matmul {rows}x{cols}: {e:.2e}");
+            assert!(
+                e < 1.2e-2,
+                "rms_norm_gated → Q1_0 matmul {rows}x{cols}: {e:.2e}"
+            );
         }
         g.mul_sigmoid(&mut xg, &zg).expect("gpu");
         c.mul_sigmoid(&mut xc, &zc).expect("cpu");

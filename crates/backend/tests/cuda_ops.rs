@@ -607,7 +607,12 @@ fn fused_multi_matmul_and_add_norm() {
     let c = cpu();
     let mut r = rng();
     let cols = 768;
-    for ty in [GgmlType::Q1_0, GgmlType::TQ2_0, GgmlType::Q4_K, GgmlType::Q8_0] {
+    for ty in [
+        GgmlType::Q1_0,
+        GgmlType::TQ2_0,
+        GgmlType::Q4_K,
+        GgmlType::Q8_0,
+    ] {
         // Five matrices (two launches), one of 48 rows and one of 3.
         let shapes = [300usize, 48, 3, 129, 1000];
         let mats: Vec<(HostTensor, Vec<f32>)> = shapes
@@ -638,7 +643,10 @@ fn fused_multi_matmul_and_add_norm() {
                 c.matmul(&cm, &upload(&c, &x, n, cols), &mut co).unwrap();
                 let bar = (2.0 * rel(&download(&c, &co), &want)).max(1.2e-2);
                 let e = rel(&a, &want);
-                assert!(e < bar, "{ty} matrix {i}, {n} rows: {e:.2e} (bar {bar:.2e})");
+                assert!(
+                    e < bar,
+                    "{ty} matrix {i}, {n} rows: {e:.2e} (bar {bar:.2e})"
+                );
             }
         }
     }
@@ -659,7 +667,14 @@ fn fused_multi_matmul_and_add_norm() {
     // 9000-wide rows
     // take the loop past the 8 values a thread keeps in registers, 12 rows are past the
     // q8_1-writing decode sizes.
-    for (n, cols) in [(1usize, 5120usize), (1, 768), (1, 5120), (3, 768), (2, 9000), (12, 256)] {
+    for (n, cols) in [
+        (1usize, 5120usize),
+        (1, 768),
+        (1, 5120),
+        (3, 768),
+        (2, 9000),
+        (12, 256),
+    ] {
         let (x, y, w) = (
             randv(&mut r, n * cols, 2.0),
             randv(&mut r, n * cols, 1.0),
@@ -674,12 +689,24 @@ fn fused_multi_matmul_and_add_norm() {
         g.add(&mut xs, &upload(&g, &y, n, cols)).unwrap();
         let mut os = g.buf(1, 1).unwrap();
         g.rms_norm(&xs, &wv, 1e-6, &mut os).unwrap();
-        assert!(download(&g, &xf) == download(&g, &xs), "add_rms_norm sum {n}x{cols}");
-        assert!(download(&g, &of) == download(&g, &os), "add_rms_norm norm {n}x{cols}");
+        assert!(
+            download(&g, &xf) == download(&g, &xs),
+            "add_rms_norm sum {n}x{cols}"
+        );
+        assert!(
+            download(&g, &of) == download(&g, &os),
+            "add_rms_norm norm {n}x{cols}"
+        );
         let mut xc = upload(&c, &x, n, cols);
         let mut oc = c.buf(1, 1).unwrap();
-        c.add_rms_norm(&mut xc, &upload(&c, &y, n, cols), &vector(&c, &w), 1e-6, &mut oc)
-            .unwrap();
+        c.add_rms_norm(
+            &mut xc,
+            &upload(&c, &y, n, cols),
+            &vector(&c, &w),
+            1e-6,
+            &mut oc,
+        )
+        .unwrap();
         check_float_op("add_rms_norm", 1e-5, download(&c, &oc), download(&g, &of));
         // norm_add_rms_norm (Gemma's post-norm, add, norm): fused vs the three GPU ops.
         if cols <= 8192 {
@@ -694,14 +721,35 @@ fn fused_multi_matmul_and_add_norm() {
             g.add(&mut xs, &ys).unwrap();
             let mut os = g.buf(1, 1).unwrap();
             g.rms_norm(&xs, &wv, 1e-6, &mut os).unwrap();
-            assert!(download(&g, &yf) == download(&g, &ys), "norm_add y {n}x{cols}");
-            assert!(download(&g, &xf) == download(&g, &xs), "norm_add x {n}x{cols}");
-            assert!(download(&g, &of) == download(&g, &os), "norm_add out {n}x{cols}");
+            assert!(
+                download(&g, &yf) == download(&g, &ys),
+                "norm_add y {n}x{cols}"
+            );
+            assert!(
+                download(&g, &xf) == download(&g, &xs),
+                "norm_add x {n}x{cols}"
+            );
+            assert!(
+                download(&g, &of) == download(&g, &os),
+                "norm_add out {n}x{cols}"
+            );
             let (mut xc, mut yc) = (upload(&c, &x, n, cols), upload(&c, &y, n, cols));
             let mut oc = c.buf(1, 1).unwrap();
-            c.norm_add_rms_norm(&mut xc, &mut yc, &vector(&c, &wy), &vector(&c, &w), 1e-6, &mut oc)
-                .unwrap();
-            check_float_op("norm_add_rms_norm", 1e-5, download(&c, &oc), download(&g, &of));
+            c.norm_add_rms_norm(
+                &mut xc,
+                &mut yc,
+                &vector(&c, &wy),
+                &vector(&c, &w),
+                1e-6,
+                &mut oc,
+            )
+            .unwrap();
+            check_float_op(
+                "norm_add_rms_norm",
+                1e-5,
+                download(&c, &oc),
+                download(&g, &of),
+            );
             if cols == 768 {
                 let (t, deq) = random_mat(&mut r, GgmlType::Q8_0, 64, cols);
                 let m = g.load_mat(&t).unwrap();

@@ -231,7 +231,11 @@ fn graph_replayed_hybrid_decode_equals_eager_decode() {
         let lg = run(&g);
         let (c1, r1) = g.be.graph_stats();
         let le = run(&e);
-        assert_eq!(e.be.graph_stats(), (0, 0), "{name}: graphs off yet recorded");
+        assert_eq!(
+            e.be.graph_stats(),
+            (0, 0),
+            "{name}: graphs off yet recorded"
+        );
         assert!(c1 > c0, "{name}: nothing captured");
         // Three 64-position classes: at most three warm steps and a capture each.
         assert!(
@@ -242,7 +246,11 @@ fn graph_replayed_hybrid_decode_equals_eager_decode() {
         );
         for (i, (a, b)) in lg.iter().zip(&le).enumerate() {
             let d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-            assert!(a == b, "{name}: position {}: graph logits differ by {d}", p + i);
+            assert!(
+                a == b,
+                "{name}: position {}: graph logits differ by {d}",
+                p + i
+            );
         }
         let d = rel_err(&lg.concat(), &c_want(&g, p));
         assert!(d < REL_TOL, "{name}: graph decode vs transformers {d}");

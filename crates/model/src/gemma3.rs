@@ -365,7 +365,14 @@ impl<B: Backend> Gemma3<B> {
                 up = be.buf(1, c.n_ff)?;
             }
             // Post-norm of o, residual add, the MLP's norm.
-            be.norm_add_rms_norm(&mut x, &mut o, &l.post_attn_norm, &l.ffn_norm, c.eps, &mut xn)?;
+            be.norm_add_rms_norm(
+                &mut x,
+                &mut o,
+                &l.post_attn_norm,
+                &l.ffn_norm,
+                c.eps,
+                &mut xn,
+            )?;
             put("attn_post_norm", Some(il), &o);
             put("sa_out", Some(il), &x);
 

@@ -335,7 +335,15 @@ impl CudaBackend {
         };
         let xp = self.dptr(&x.data);
         let (cols_i, chunk_i) = (x.cols as i32, chunk as i32);
-        launch!(self, &self.ops.argmax_rows, cfg, &xp, &cols_i, &chunk_i, &kp)?;
+        launch!(
+            self,
+            &self.ops.argmax_rows,
+            cfg,
+            &xp,
+            &cols_i,
+            &chunk_i,
+            &kp
+        )?;
         let mut k = vec![0u64; x.rows];
         self.stream
             .memcpy_dtoh(&keys.slice(0..x.rows), &mut k)

@@ -1274,12 +1274,7 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn matmul_multi(
-        &self,
-        ws: &[&CudaMat],
-        x: &CudaBuf,
-        outs: &mut [&mut CudaBuf],
-    ) -> Result<()> {
+    fn matmul_multi(&self, ws: &[&CudaMat], x: &CudaBuf, outs: &mut [&mut CudaBuf]) -> Result<()> {
         if ws.len() != outs.len() {
             return Err(shape_err(
                 "matmul_multi",
@@ -1304,7 +1299,10 @@ impl Backend for CudaBackend {
             };
             let group: Vec<usize> = (i..ws.len())
                 .filter(|&j| {
-                    !done[j] && ws[j].ty == w0.ty && ws[j].row_bytes == w0.row_bytes && int_ok(ws[j])
+                    !done[j]
+                        && ws[j].ty == w0.ty
+                        && ws[j].row_bytes == w0.row_bytes
+                        && int_ok(ws[j])
                 })
                 .collect();
             let gw: Vec<&CudaMat> = group.iter().map(|&j| ws[j]).collect();
@@ -1367,7 +1365,11 @@ impl Backend for CudaBackend {
             if sc.norm_part.is_none() || sc.norm_cnt.is_none() {
                 self.check_alloc("the norm scratch")?;
                 self.scratch_moved();
-                sc.norm_part = Some(self.stream.alloc_zeros::<f64>(NORM_ROW_BLOCKS).map_err(drv)?);
+                sc.norm_part = Some(
+                    self.stream
+                        .alloc_zeros::<f64>(NORM_ROW_BLOCKS)
+                        .map_err(drv)?,
+                );
                 sc.norm_cnt = Some(self.stream.alloc_zeros::<u32>(2).map_err(drv)?);
             }
             let (pp, cp) = match (&sc.norm_part, &sc.norm_cnt) {

@@ -155,12 +155,14 @@ __device__ __forceinline__ void norm_add_norm_impl(float* x, float* y, const flo
     }
 }
 
-extern "C" __global__ void norm_add_norm(float* x, float* y, const float* wy, const float* w,
+// Up to 1,024 threads: the bound caps registers at 64 a thread (without it a 5120-wide row
+// failed to launch: too many resources requested).
+extern "C" __global__ void __launch_bounds__(1024) norm_add_norm(float* x, float* y, const float* wy, const float* w,
                                          float* out, int g, float eps) {
     norm_add_norm_impl<false>(x, y, wy, w, out, g, eps, nullptr, nullptr);
 }
 
-extern "C" __global__ void norm_add_norm_q(float* x, float* y, const float* wy, const float* w,
+extern "C" __global__ void __launch_bounds__(1024) norm_add_norm_q(float* x, float* y, const float* wy, const float* w,
                                            float* out, int g, float eps, i8* xq, float2* xds) {
     norm_add_norm_impl<true>(x, y, wy, w, out, g, eps, xq, xds);
 }
