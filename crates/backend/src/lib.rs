@@ -402,6 +402,53 @@ pub trait Backend: Send + Sync + 'static {
     fn embed(&self, table: &Self::Mat, ids: &[u32], scale: f32, out: &mut Self::Buf) -> Result<()>;
     /// `out[r, :] = W · x[r, :]` for every row r.
     fn matmul(&self, w: &Self::Mat, x: &Self::Buf, out: &mut Self::Buf) -> Result<()>;
+    /// `outs[i][r, :] = ws[i] · x[r, :]`: several matrices that read one input (q/k/v,
+    /// gate/up). The default runs `matmul` on each; a device backend may run them as one
+    /// launch, which also keeps the GPU busy through a matrix of a few rows.
+    fn matmul_multi(
+        &self,
+        ws: &[&Self::Mat],
+        x: &Self::Buf,
+        outs: &mut [&mut Self::Buf],
+    ) -> Result<()> {
+        if ws.len() != outs.len() {
+            return Err(BackendError::Shape {
+                op: "matmul_multi",
+                detail: format!("{} matrices, {} outputs", ws.len(), outs.len()),
+            });
+        }
+        for (w, o) in ws.iter().zip(outs.iter_mut()) {
+            self.matmul(w, x, o)?;
+        }
+        Ok(())
+    }
+    /// `x += y`, then `out = rms_norm(x, w)`: a residual add and the norm that reads the
+    /// sum, which a device backend may fuse.
+    fn add_rms_norm(
+        &self,
+        x: &mut Self::Buf,
+        y: &Self::Buf,
+        w: &Self::Vector,
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        self.add(x, y)?;
+        self.rms_norm(x, w, eps, out)
+    }
+    /// `y = rms_norm(y, w_y)` in place, then `add_rms_norm(x, y, w, out)`: Gemma's post-norm
+    /// of a block's output, the residual add and the next norm (whole rows).
+    fn norm_add_rms_norm(
+        &self,
+        x: &mut Self::Buf,
+        y: &mut Self::Buf,
+        w_y: &Self::Vector,
+        w: &Self::Vector,
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        self.rms_norm_inplace(y, w_y, eps)?;
+        self.add_rms_norm(x, y, w, eps, out)
+    }
     /// RMSNorm over groups of `w.len()` values: each row of `x` is split into groups of the
     /// weight's length (1 group = whole row; `n_heads` groups = per-head q/k norm).
     fn rms_norm(

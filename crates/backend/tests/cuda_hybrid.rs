@@ -320,6 +320,41 @@ fn gating_ops_match_the_cpu() {
             &download(&g, &xg),
             &download(&c, &xc),
         );
+        if cols % 128 == 0 {
+            // Decode rows also leave their q8_1 for the next matmul (ssm_out): a Q1_0
+            // product of the GPU's normed rows against the exact one of the CPU's.
+            let ty = GgmlType::Q1_0;
+            let (n_out, rb) = (40, ty.row_bytes(cols).unwrap());
+            let mut bytes = vec![0u8; n_out * rb];
+            let mut deq = vec![0f32; n_out * cols];
+            for o in 0..n_out {
+                let v = randv(&mut r, cols, 1.0);
+                neagari_quant::quantize_row(ty, &v, &mut bytes[o * rb..(o + 1) * rb]).unwrap();
+                neagari_quant::dequantize_row(
+                    ty,
+                    &bytes[o * rb..(o + 1) * rb],
+                    &mut deq[o * cols..(o + 1) * cols],
+                )
+                .unwrap();
+            }
+            let m = g.load_mat(&tensor(ty, vec![n_out, cols], bytes)).unwrap();
+            let mut out = g.buf(1, 1).unwrap();
+            g.matmul(&m, &xg, &mut out).unwrap();
+            let xn = download(&c, &xc);
+            let want: Vec<f32> = (0..rows * n_out)
+                .map(|i| {
+                    let (t, o) = (i / n_out, i % n_out);
+                    (0..cols)
+                        .map(|k| deq[o * cols + k] as f64 * xn[t * cols + k] as f64)
+                        .sum::<f64>() as f32
+                })
+                .collect();
+            let e = rel(&download(&g, &out), &want);
+            assert!(
+                e < 1.2e-2,
+                "rms_norm_gated → Q1_0 matmul {rows}x{cols}: {e:.2e}"
+            );
+        }
         g.mul_sigmoid(&mut xg, &zg).expect("gpu");
         c.mul_sigmoid(&mut xc, &zc).expect("cpu");
         check(

@@ -595,3 +595,180 @@ fn argmax_equals_host_rule_with_ties() {
     g.write(&mut b, &[f32::NAN; 77], 1, 77).unwrap();
     assert_eq!(g.argmax(&b).unwrap(), vec![0]);
 }
+
+/// `matmul_multi` (one launch over up to four matrices of a format) equals the separate
+/// matmuls bit for bit (same per-row sums) and the exact product within the integer GEMV's
+/// bar; mixed formats or widths fall back; `add_rms_norm` equals `add` then `rms_norm` on
+/// the GPU bit for bit and the CPU's within float error, and its q8_1 output feeds the next
+/// matmul.
+#[test]
+fn fused_multi_matmul_and_add_norm() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut r = rng();
+    let cols = 768;
+    for ty in [
+        GgmlType::Q1_0,
+        GgmlType::TQ2_0,
+        GgmlType::Q4_K,
+        GgmlType::Q8_0,
+    ] {
+        // Five matrices (two launches), one of 48 rows and one of 3.
+        let shapes = [300usize, 48, 3, 129, 1000];
+        let mats: Vec<(HostTensor, Vec<f32>)> = shapes
+            .iter()
+            .map(|&rows| random_mat(&mut r, ty, rows, cols))
+            .collect();
+        let dm: Vec<_> = mats.iter().map(|(t, _)| g.load_mat(t).unwrap()).collect();
+        for n in [1usize, 2, 3, 8] {
+            let x = randv(&mut r, n * cols, 1.0);
+            let xb = upload(&g, &x, n, cols);
+            let mut outs: Vec<_> = shapes.iter().map(|_| g.buf(1, 1).unwrap()).collect();
+            {
+                let ws: Vec<_> = dm.iter().collect();
+                let mut os: Vec<_> = outs.iter_mut().collect();
+                g.matmul_multi(&ws, &xb, &mut os).unwrap();
+            }
+            for (i, m) in dm.iter().enumerate() {
+                let mut one = g.buf(1, 1).unwrap();
+                g.matmul(m, &xb, &mut one).unwrap();
+                let (a, b) = (download(&g, &outs[i]), download(&g, &one));
+                assert_eq!(g.buf_shape(&outs[i]), (n, shapes[i]));
+                assert!(a == b, "{ty} matrix {i}, {n} rows: multi ≠ single");
+                // The integer GEMV's bar: twice the CPU's error on the same product (at
+                // least 1.2e-2: a 3-row product's error is noise).
+                let want = exact_product(&mats[i].1, &x, shapes[i], cols);
+                let cm = c.load_mat(&mats[i].0).unwrap();
+                let mut co = c.buf(1, 1).unwrap();
+                c.matmul(&cm, &upload(&c, &x, n, cols), &mut co).unwrap();
+                let bar = (2.0 * rel(&download(&c, &co), &want)).max(1.2e-2);
+                let e = rel(&a, &want);
+                assert!(
+                    e < bar,
+                    "{ty} matrix {i}, {n} rows: {e:.2e} (bar {bar:.2e})"
+                );
+            }
+        }
+    }
+    // Mixed formats: the fallback, still the separate products.
+    let (ta, da) = random_mat(&mut r, GgmlType::Q4_K, 64, 512);
+    let (tb, db) = random_mat(&mut r, GgmlType::Q8_0, 32, 512);
+    let x = randv(&mut r, 512, 1.0);
+    let xb = upload(&g, &x, 1, 512);
+    let (ma, mb) = (g.load_mat(&ta).unwrap(), g.load_mat(&tb).unwrap());
+    let (mut oa, mut ob) = (g.buf(1, 1).unwrap(), g.buf(1, 1).unwrap());
+    g.matmul_multi(&[&ma, &mb], &xb, &mut [&mut oa, &mut ob])
+        .unwrap();
+    assert!(rel(&download(&g, &oa), &exact_product(&da, &x, 64, 512)) < 1.2e-2);
+    assert!(rel(&download(&g, &ob), &exact_product(&db, &x, 32, 512)) < 1.2e-2);
+
+    // add_rms_norm: fused vs the two ops. One row of 5120 or 768 runs over 20 or 3 blocks
+    // (add_rms_norm_row; calls of different block counts in a row meet at its barrier);
+    // 9000-wide rows
+    // take the loop past the 8 values a thread keeps in registers, 12 rows are past the
+    // q8_1-writing decode sizes.
+    for (n, cols) in [
+        (1usize, 5120usize),
+        (1, 768),
+        (1, 5120),
+        (3, 768),
+        (2, 9000),
+        (12, 256),
+    ] {
+        let (x, y, w) = (
+            randv(&mut r, n * cols, 2.0),
+            randv(&mut r, n * cols, 1.0),
+            randv(&mut r, cols, 1.0),
+        );
+        let wv = vector(&g, &w);
+        let mut xf = upload(&g, &x, n, cols);
+        let mut of = g.buf(1, 1).unwrap();
+        g.add_rms_norm(&mut xf, &upload(&g, &y, n, cols), &wv, 1e-6, &mut of)
+            .unwrap();
+        let mut xs = upload(&g, &x, n, cols);
+        g.add(&mut xs, &upload(&g, &y, n, cols)).unwrap();
+        let mut os = g.buf(1, 1).unwrap();
+        g.rms_norm(&xs, &wv, 1e-6, &mut os).unwrap();
+        assert!(
+            download(&g, &xf) == download(&g, &xs),
+            "add_rms_norm sum {n}x{cols}"
+        );
+        assert!(
+            download(&g, &of) == download(&g, &os),
+            "add_rms_norm norm {n}x{cols}"
+        );
+        let mut xc = upload(&c, &x, n, cols);
+        let mut oc = c.buf(1, 1).unwrap();
+        c.add_rms_norm(
+            &mut xc,
+            &upload(&c, &y, n, cols),
+            &vector(&c, &w),
+            1e-6,
+            &mut oc,
+        )
+        .unwrap();
+        check_float_op("add_rms_norm", 1e-5, download(&c, &oc), download(&g, &of));
+        // norm_add_rms_norm (Gemma's post-norm, add, norm): fused vs the three GPU ops.
+        if cols <= 8192 {
+            let wy = randv(&mut r, cols, 1.0);
+            let wyv = vector(&g, &wy);
+            let (mut xf, mut yf) = (upload(&g, &x, n, cols), upload(&g, &y, n, cols));
+            let mut of = g.buf(1, 1).unwrap();
+            g.norm_add_rms_norm(&mut xf, &mut yf, &wyv, &wv, 1e-6, &mut of)
+                .unwrap();
+            let (mut xs, mut ys) = (upload(&g, &x, n, cols), upload(&g, &y, n, cols));
+            g.rms_norm_inplace(&mut ys, &wyv, 1e-6).unwrap();
+            g.add(&mut xs, &ys).unwrap();
+            let mut os = g.buf(1, 1).unwrap();
+            g.rms_norm(&xs, &wv, 1e-6, &mut os).unwrap();
+            assert!(
+                download(&g, &yf) == download(&g, &ys),
+                "norm_add y {n}x{cols}"
+            );
+            assert!(
+                download(&g, &xf) == download(&g, &xs),
+                "norm_add x {n}x{cols}"
+            );
+            assert!(
+                download(&g, &of) == download(&g, &os),
+                "norm_add out {n}x{cols}"
+            );
+            let (mut xc, mut yc) = (upload(&c, &x, n, cols), upload(&c, &y, n, cols));
+            let mut oc = c.buf(1, 1).unwrap();
+            c.norm_add_rms_norm(
+                &mut xc,
+                &mut yc,
+                &vector(&c, &wy),
+                &vector(&c, &w),
+                1e-6,
+                &mut oc,
+            )
+            .unwrap();
+            check_float_op(
+                "norm_add_rms_norm",
+                1e-5,
+                download(&c, &oc),
+                download(&g, &of),
+            );
+            if cols == 768 {
+                let (t, deq) = random_mat(&mut r, GgmlType::Q8_0, 64, cols);
+                let m = g.load_mat(&t).unwrap();
+                let mut out = g.buf(1, 1).unwrap();
+                g.matmul(&m, &of, &mut out).unwrap();
+                let want = exact_product(&deq, &download(&c, &oc), 64, cols);
+                let e = rel(&download(&g, &out), &want);
+                assert!(e < 1.2e-2, "norm_add_rms_norm → matmul: {e:.2e}");
+            }
+        }
+        // Its q8_1 output feeds the next matmul.
+        if cols == 768 {
+            let (t, deq) = random_mat(&mut r, GgmlType::Q4_K, 64, cols);
+            let m = g.load_mat(&t).unwrap();
+            let mut out = g.buf(1, 1).unwrap();
+            g.matmul(&m, &of, &mut out).unwrap();
+            let want = exact_product(&deq, &download(&c, &oc), 64, cols);
+            let e = rel(&download(&g, &out), &want);
+            assert!(e < 1.2e-2, "add_rms_norm → matmul: {e:.2e}");
+        }
+    }
+}

@@ -204,3 +204,104 @@ fn qwen35_gpu_state_follows_checkpoint() {
     let e = rel_err(&first[9], &c.want[69 * v..70 * v]);
     assert!(e < REL_TOL, "after restore: {e}");
 }
+
+/// Decode steps replayed from CUDA graphs (recurrent state updated in place by the graph)
+/// give the logits of the same steps run one launch at a time, bit for bit (under 256
+/// positions both paths split attention alike); a checkpoint restored between replays, and
+/// a reset of the cache, leave the recorded steps valid; the device argmax picks the host
+/// rule's token. MoE fixtures record up to their router read.
+#[test]
+fn graph_replayed_hybrid_decode_equals_eager_decode() {
+    for name in ["qwen35_dense", "qwen35_moe", "qwen3next_moe", "qwen3_moe"] {
+        let Some(g) = case(name) else { return };
+        let Some(e) = case(name) else { return };
+        e.be.set_graphs(false);
+        // 8 prompt tokens: the prefill stays on the f32 GEMV (no f16 rounding).
+        let p = 8;
+        let run = |c: &Case| -> Vec<Vec<f32>> {
+            let mut s = session(c);
+            s.prefill(c.model.as_ref(), &c.be, &c.ids[..p], 32, |_, _| true)
+                .unwrap();
+            c.ids[p..]
+                .iter()
+                .map(|&t| s.decode(c.model.as_ref(), &c.be, t).unwrap())
+                .collect()
+        };
+        let (c0, r0) = g.be.graph_stats();
+        let lg = run(&g);
+        let (c1, r1) = g.be.graph_stats();
+        let le = run(&e);
+        assert_eq!(
+            e.be.graph_stats(),
+            (0, 0),
+            "{name}: graphs off yet recorded"
+        );
+        assert!(c1 > c0, "{name}: nothing captured");
+        // Three 64-position classes: at most three warm steps and a capture each.
+        assert!(
+            r1 - r0 >= (lg.len() - 9) as u64,
+            "{name}: {} replays of {} steps",
+            r1 - r0,
+            lg.len()
+        );
+        for (i, (a, b)) in lg.iter().zip(&le).enumerate() {
+            let d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(
+                a == b,
+                "{name}: position {}: graph logits differ by {d}",
+                p + i
+            );
+        }
+        let d = rel_err(&lg.concat(), &c_want(&g, p));
+        assert!(d < REL_TOL, "{name}: graph decode vs transformers {d}");
+
+        // Checkpoint, replayed steps, restore, the same steps again; then a reset.
+        let m = g.model.as_ref();
+        let mut s = session(&g);
+        s.prefill(m, &g.be, &g.ids[..70], 32, |_, _| true).unwrap();
+        let cp = s.checkpoint(&g.be).unwrap();
+        let steps = |s: &mut Session<CudaBackend>| -> Vec<Vec<f32>> {
+            g.ids[70..90]
+                .iter()
+                .map(|&t| s.decode(m, &g.be, t).unwrap())
+                .collect()
+        };
+        let first = steps(&mut s);
+        s.restore(&g.be, &cp).unwrap();
+        let picks: Vec<u32> = g.ids[70..90]
+            .iter()
+            .map(|&t| s.decode_greedy(m, &g.be, t).unwrap())
+            .collect();
+        s.restore(&g.be, &cp).unwrap();
+        let again = steps(&mut s);
+        for (k, l) in again.iter().enumerate() {
+            assert_eq!(l, &first[k], "{name}: after restore, step {k}");
+            assert_eq!(
+                picks[k],
+                neagari_backend::argmax_host(l),
+                "{name}: device argmax at step {k}"
+            );
+        }
+        s.truncate(&g.be, 0).unwrap();
+        s.prefill(m, &g.be, &g.ids[..p], 32, |_, _| true).unwrap();
+        for (k, &t) in g.ids[p..p + 20].iter().enumerate() {
+            assert_eq!(
+                s.decode(m, &g.be, t).unwrap(),
+                lg[k],
+                "{name}: after a reset, step {k}"
+            );
+        }
+        let (c2, r2) = g.be.graph_stats();
+        note(&format!(
+            "{name}: graph decode = eager over {} steps; {} captures, {} replays in all",
+            lg.len(),
+            c2 - c0,
+            r2 - r0
+        ));
+    }
+}
+
+/// The reference logits of positions `p..`.
+fn c_want(c: &Case, p: usize) -> Vec<f32> {
+    c.want[p * c.n_vocab..].to_vec()
+}

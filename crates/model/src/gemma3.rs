@@ -303,13 +303,13 @@ impl<B: Backend> Gemma3<B> {
         let mut gate = be.buf(n, c.n_ff)?; // [n, F]
         let mut up = be.buf(n, c.n_ff)?; // [n, F]
 
-        for (il, l) in self.layers.iter().enumerate() {
-            // Attention block.
+        if let Some(l) = self.layers.first() {
             be.rms_norm(&x, &l.attn_norm, c.eps, &mut xn)?;
+        }
+        for (il, l) in self.layers.iter().enumerate() {
+            // Attention block (xn: this layer's attn_norm of x, made by the previous one).
             put("attn_norm", Some(il), &xn);
-            be.matmul(&l.wq, &xn, &mut q)?;
-            be.matmul(&l.wk, &xn, &mut k)?;
-            be.matmul(&l.wv, &xn, &mut v)?;
+            be.matmul_multi(&[&l.wq, &l.wk, &l.wv], &xn, &mut [&mut q, &mut k, &mut v])?;
             put("Qcur", Some(il), &q);
             put("Kcur", Some(il), &k);
             put("Vcur", Some(il), &v);
@@ -364,25 +364,43 @@ impl<B: Backend> Gemma3<B> {
                 gate = be.buf(1, c.n_ff)?;
                 up = be.buf(1, c.n_ff)?;
             }
-            be.rms_norm_inplace(&mut o, &l.post_attn_norm, c.eps)?;
+            // Post-norm of o, residual add, the MLP's norm.
+            be.norm_add_rms_norm(
+                &mut x,
+                &mut o,
+                &l.post_attn_norm,
+                &l.ffn_norm,
+                c.eps,
+                &mut xn,
+            )?;
             put("attn_post_norm", Some(il), &o);
-            be.add(&mut x, &o)?;
             put("sa_out", Some(il), &x);
 
             // MLP block.
-            be.rms_norm(&x, &l.ffn_norm, c.eps, &mut xn)?;
             put("ffn_norm", Some(il), &xn);
-            be.matmul(&l.gate, &xn, &mut gate)?;
-            be.matmul(&l.up, &xn, &mut up)?;
+            be.matmul_multi(&[&l.gate, &l.up], &xn, &mut [&mut gate, &mut up])?;
             put("ffn_gate", Some(il), &gate);
             put("ffn_up", Some(il), &up);
             be.glu(&mut gate, &up, GluAct::GeluTanh)?;
             put("ffn_geglu", Some(il), &gate);
             be.matmul(&l.down, &gate, &mut o)?;
             put("ffn_out", Some(il), &o);
-            be.rms_norm_inplace(&mut o, &l.post_ffn_norm, c.eps)?;
+            // Post-norm of o, residual add, and the next layer's attn_norm.
+            match self.layers.get(il + 1) {
+                Some(next) => be.norm_add_rms_norm(
+                    &mut x,
+                    &mut o,
+                    &l.post_ffn_norm,
+                    &next.attn_norm,
+                    c.eps,
+                    &mut xn,
+                )?,
+                None => {
+                    be.rms_norm_inplace(&mut o, &l.post_ffn_norm, c.eps)?;
+                    be.add(&mut x, &o)?;
+                }
+            }
             put("ffn_post_norm", Some(il), &o);
-            be.add(&mut x, &o)?;
             put("l_out", Some(il), &x);
         }
         be.kv_commit(kv, pos0 + n)?;

@@ -269,11 +269,11 @@ impl<B: Backend> Llama<B> {
         let mut gate = be.buf(n, c.n_ff)?; // [n, F]
         let mut up = be.buf(n, c.n_ff)?; // [n, F]
 
-        for (il, l) in self.layers.iter().enumerate() {
+        if let Some(l) = self.layers.first() {
             be.rms_norm(&x, &l.attn_norm, c.eps, &mut xn)?;
-            be.matmul(&l.wq, &xn, &mut q)?;
-            be.matmul(&l.wk, &xn, &mut k)?;
-            be.matmul(&l.wv, &xn, &mut v)?;
+        }
+        for (il, l) in self.layers.iter().enumerate() {
+            be.matmul_multi(&[&l.wq, &l.wk, &l.wv], &xn, &mut [&mut q, &mut k, &mut v])?;
             for (buf, bias) in [(&mut q, &l.bq), (&mut k, &l.bk), (&mut v, &l.bv)] {
                 if let Some(b) = bias {
                     be.add_bias(buf, b)?;
@@ -289,14 +289,16 @@ impl<B: Backend> Llama<B> {
             be.rope(&mut k, hd, pos0, &c.rope, self.rope_freqs.as_ref())?;
             be.attention(kv, il, pos0, &q, &k, &v, &attn, &mut att)?;
             be.matmul(&l.wo, &att, &mut o)?;
-            be.add(&mut x, &o)?;
+            be.add_rms_norm(&mut x, &o, &l.ffn_norm, c.eps, &mut xn)?;
 
-            be.rms_norm(&x, &l.ffn_norm, c.eps, &mut xn)?;
-            be.matmul(&l.gate, &xn, &mut gate)?;
-            be.matmul(&l.up, &xn, &mut up)?;
+            be.matmul_multi(&[&l.gate, &l.up], &xn, &mut [&mut gate, &mut up])?;
             be.glu(&mut gate, &up, GluAct::Silu)?;
             be.matmul(&l.down, &gate, &mut o)?;
-            be.add(&mut x, &o)?;
+            // The residual add and the next layer's input norm.
+            match self.layers.get(il + 1) {
+                Some(next) => be.add_rms_norm(&mut x, &o, &next.attn_norm, c.eps, &mut xn)?,
+                None => be.add(&mut x, &o)?,
+            }
         }
         be.kv_commit(kv, pos0 + n)?;
         Ok(x)

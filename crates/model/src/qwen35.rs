@@ -20,7 +20,7 @@ use neagari_backend::{
 };
 
 use crate::source::{ModelSource, SourceExt};
-use crate::{check_room, output_logits, CausalLm, ModelError, ModelInfo, Result};
+use crate::{check_room, output_argmax, output_logits, CausalLm, ModelError, ModelInfo, Result};
 
 /// Gated DeltaNet geometry.
 #[derive(Clone, Debug)]
@@ -600,20 +600,18 @@ impl<B: Backend> Qwen35<B> {
         let q_dim = c.n_heads * hd;
         let mut q = be.buf(nt, q_dim)?; // [n, n_heads·hd]
         let mut gate = None;
+        let mut k = be.buf(nt, c.n_kv_heads * hd)?; // [n, n_kv·hd]
+        let mut v = be.buf(nt, c.n_kv_heads * hd)?; // [n, n_kv·hd]
         if a.gated {
             let mut qg = be.buf(nt, 2 * q_dim)?; // [n, n_heads·(query hd | gate hd)]
-            be.matmul(&a.wq, xn, &mut qg)?;
+            be.matmul_multi(&[&a.wq, &a.wk, &a.wv], xn, &mut [&mut qg, &mut k, &mut v])?;
             be.copy_cols(&qg, 0, hd, 2 * hd, c.n_heads, &mut q)?;
             let mut g = be.buf(nt, q_dim)?; // [n, n_heads·hd]
             be.copy_cols(&qg, hd, hd, 2 * hd, c.n_heads, &mut g)?;
             gate = Some(g);
         } else {
-            be.matmul(&a.wq, xn, &mut q)?;
+            be.matmul_multi(&[&a.wq, &a.wk, &a.wv], xn, &mut [&mut q, &mut k, &mut v])?;
         }
-        let mut k = be.buf(nt, c.n_kv_heads * hd)?; // [n, n_kv·hd]
-        let mut v = be.buf(nt, c.n_kv_heads * hd)?; // [n, n_kv·hd]
-        be.matmul(&a.wk, xn, &mut k)?;
-        be.matmul(&a.wv, xn, &mut v)?;
         if let Some(w) = &a.q_norm {
             be.rms_norm_inplace(&mut q, w, c.eps)?;
         }
@@ -651,20 +649,22 @@ impl<B: Backend> Qwen35<B> {
         let mut z = be.buf(nt, s.value_dim())?; // [n, value_dim]
         let mut beta = be.buf(nt, s.n_v_heads)?; // [n, n_v]
         let mut alpha = be.buf(nt, s.n_v_heads)?; // [n, n_v]
-        be.matmul(&d.qkv, xn, &mut qkv)?;
-        be.matmul(&d.gate, xn, &mut z)?;
+                                                  // Every projection of xn in one call (one launch on a GPU where the types agree).
         match &d.beta_alpha {
             BetaAlpha::Split {
                 beta: wb,
                 alpha: wa,
             } => {
-                be.matmul(wb, xn, &mut beta)?;
-                be.matmul(wa, xn, &mut alpha)?;
+                be.matmul_multi(
+                    &[&d.qkv, &d.gate, wb, wa],
+                    xn,
+                    &mut [&mut qkv, &mut z, &mut beta, &mut alpha],
+                )?;
             }
             BetaAlpha::Fused(w) => {
                 let r = s.n_v_heads / s.n_k_heads;
                 let mut ba = be.buf(nt, 2 * s.n_v_heads)?; // [n, n_k·(b r | a r)]
-                be.matmul(w, xn, &mut ba)?;
+                be.matmul_multi(&[&d.qkv, &d.gate, w], xn, &mut [&mut qkv, &mut z, &mut ba])?;
                 be.copy_cols(&ba, 0, r, 2 * r, s.n_k_heads, &mut beta)?;
                 be.copy_cols(&ba, r, r, 2 * r, s.n_k_heads, &mut alpha)?;
             }
@@ -703,8 +703,7 @@ impl<B: Backend> Qwen35<B> {
             Ffn::Dense { gate, up, down } => {
                 let mut g = be.buf(nt, c.n_ff)?; // [n, F]
                 let mut u = be.buf(nt, c.n_ff)?; // [n, F]
-                be.matmul(gate, xn, &mut g)?;
-                be.matmul(up, xn, &mut u)?;
+                be.matmul_multi(&[gate, up], xn, &mut [&mut g, &mut u])?;
                 be.glu(&mut g, &u, GluAct::Silu)?;
                 be.matmul(down, &g, &mut o)?;
             }
@@ -841,24 +840,7 @@ impl<B: Backend> CausalLm<B> for Qwen35<B> {
         all_logits: bool,
     ) -> Result<Vec<f32>> {
         let c = &self.cfg;
-        let nt = tokens.len();
-        let pos0 = be.kv_len(kv);
-        check_room(pos0, nt, be.kv_capacity(kv))?;
-        let mut x = be.buf(nt, c.n_embd)?; // [n, H] residual stream
-        be.embed(&self.tok_embd, tokens, 1.0, &mut x)?;
-        let mut xn = be.buf(nt, c.n_embd)?; // [n, H]
-        for l in &self.layers {
-            be.rms_norm(&x, &l.attn_norm, c.eps, &mut xn)?;
-            let o = match &l.mixer {
-                Mixer::Attn(a) => self.attn_forward(be, kv, a, pos0, &xn)?,
-                Mixer::Delta(d) => self.delta_forward(be, kv, d, &xn)?,
-            };
-            be.add(&mut x, &o)?;
-            be.rms_norm(&x, &l.post_norm, c.eps, &mut xn)?;
-            let o = self.ffn_forward(be, &l.ffn, &xn)?;
-            be.add(&mut x, &o)?;
-        }
-        be.kv_commit(kv, pos0 + nt)?;
+        let x = self.hidden(be, kv, tokens)?;
         output_logits(
             be,
             &x,
@@ -869,6 +851,52 @@ impl<B: Backend> CausalLm<B> for Qwen35<B> {
             None,
             all_logits,
         )
+    }
+
+    fn forward_greedy(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<u32> {
+        let c = &self.cfg;
+        let x = self.hidden(be, kv, tokens)?;
+        output_argmax(
+            be,
+            &x,
+            &self.output_norm,
+            c.eps,
+            self.output.as_ref().unwrap_or(&self.tok_embd),
+            c.n_vocab,
+            None,
+        )
+    }
+}
+
+impl<B: Backend> Qwen35<B> {
+    /// The layers: runs `tokens` after what `kv` holds and returns the residual stream
+    /// `[n, H]` before the output norm.
+    fn hidden(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<B::Buf> {
+        let c = &self.cfg;
+        let nt = tokens.len();
+        let pos0 = be.kv_len(kv);
+        check_room(pos0, nt, be.kv_capacity(kv))?;
+        let mut x = be.buf(nt, c.n_embd)?; // [n, H] residual stream
+        be.embed(&self.tok_embd, tokens, 1.0, &mut x)?;
+        let mut xn = be.buf(nt, c.n_embd)?; // [n, H]
+        if let Some(l) = self.layers.first() {
+            be.rms_norm(&x, &l.attn_norm, c.eps, &mut xn)?;
+        }
+        for (il, l) in self.layers.iter().enumerate() {
+            let o = match &l.mixer {
+                Mixer::Attn(a) => self.attn_forward(be, kv, a, pos0, &xn)?,
+                Mixer::Delta(d) => self.delta_forward(be, kv, d, &xn)?,
+            };
+            be.add_rms_norm(&mut x, &o, &l.post_norm, c.eps, &mut xn)?;
+            let o = self.ffn_forward(be, &l.ffn, &xn)?;
+            // The residual add and the next layer's input norm.
+            match self.layers.get(il + 1) {
+                Some(next) => be.add_rms_norm(&mut x, &o, &next.attn_norm, c.eps, &mut xn)?,
+                None => be.add(&mut x, &o)?,
+            }
+        }
+        be.kv_commit(kv, pos0 + nt)?;
+        Ok(x)
     }
 }
 

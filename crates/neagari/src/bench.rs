@@ -37,6 +37,10 @@ pub struct BenchArgs {
     /// instead of reading the logits back each step.
     #[arg(long)]
     pub argmax: bool,
+    /// Also time an N-token forward (speculative verification: N rows through the decode
+    /// kernels) against a one-token step at the same position (0 skips it).
+    #[arg(long, default_value_t = 0)]
+    pub verify: usize,
 }
 
 #[derive(Serialize)]
@@ -141,6 +145,17 @@ fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
             tg.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
         }
     }
+    if args.verify > 0 {
+        let (fwd, step) = time_verify(&l, args.verify, vocab, reps)?;
+        println!(
+            "verify{}: {}-token forward {:.3} ms, one-token step {:.3} ms, ratio {:.2}",
+            args.verify,
+            args.verify,
+            fwd * 1e3,
+            step * 1e3,
+            fwd / step
+        );
+    }
     let peak = crate::load::peak_rss_bytes();
     let bw = if args.no_bandwidth {
         None
@@ -221,6 +236,49 @@ fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
         println!("decode uses {:.0}% of it", s * 100.0);
     }
     Ok(())
+}
+
+/// Median seconds of an `n`-token forward (last row's logits read back) and of a one-token
+/// decode step (logits read back) at the same position after 64 tokens, each from a
+/// checkpoint it is restored to (so hybrid caches work); two untimed rounds first.
+fn time_verify<B: DeviceBackend>(
+    l: &Loaded<B>,
+    n: usize,
+    vocab: usize,
+    reps: usize,
+) -> Result<(f64, f64)> {
+    let mut sess = l.session(64 + n + 1)?;
+    let toks = random_tokens(64 + n, vocab, 300);
+    sess.prefill(l.model.as_ref(), &l.be, &toks[..64], l.n_batch, |_, _| true)?;
+    let cp = sess.checkpoint(&l.be)?;
+    let (mut fwd, mut step) = (Vec::new(), Vec::new());
+    for round in 0..reps.max(3) * 4 + 2 {
+        let t = Instant::now();
+        sess.prefill(
+            l.model.as_ref(),
+            &l.be,
+            &toks[64..64 + n],
+            l.n_batch.max(n),
+            |_, _| true,
+        )?;
+        l.be.sync()?;
+        let tf = t.elapsed().as_secs_f64();
+        sess.restore(&l.be, &cp)?;
+        let t = Instant::now();
+        sess.decode(l.model.as_ref(), &l.be, toks[64])?;
+        l.be.sync()?;
+        let ts = t.elapsed().as_secs_f64();
+        sess.restore(&l.be, &cp)?;
+        if round >= 2 {
+            fwd.push(tf);
+            step.push(ts);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok((median(&mut fwd), median(&mut step)))
 }
 
 /// Streams a 512 MiB buffer with every thread of the pool and returns bytes per second

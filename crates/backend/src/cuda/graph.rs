@@ -7,9 +7,11 @@
 //!   step), the token id and the position are uploaded at `step_begin` into device memory
 //!   that `embed`, `rope`, `kv_store` and `attention` read, and scratch that must grow grows.
 //! - `Capture`: the next step with the same key is recorded by stream capture; the graph is
-//!   instantiated and launched when the model reads its result (`read` or `argmax`).
-//! - `Replay`: later steps with that key skip every launch and copy (only the host-side
-//!   shape bookkeeping runs) and launch the graph at the read.
+//!   instantiated and launched when the model reads its result (`read`, or `argmax`, which
+//!   then runs after the graph).
+//! - `Replay`: later steps with that key launch the graph at `step_begin` and skip every
+//!   launch and copy (only the host-side shape bookkeeping runs, which checks that the step
+//!   makes as many launches as the recording).
 //!
 //! The key is (the KV cache's id, the attention split class of the position, the scratch
 //! epoch). Attention splits the visible positions into a number of blocks that depends on
@@ -17,8 +19,12 @@
 //! instead, so it is constant across the class (the kernel divides the actual positions,
 //! read from device memory, among that many blocks). A new class, a new cache or grown
 //! scratch (the epoch) makes a new key: one warm step, one capture, then replays.
-//! Models with recurrent state (`rec_alloc`) run without graphs (their MoE routing reads
-//! back in the middle of a step). `NEAGARI_CUDA_GRAPH=0` turns graphs off.
+//! Caches with recurrent state (`rec_alloc`) are recorded too: their conv windows and
+//! delta-rule states live at fixed device addresses for the cache's life (a restore copies
+//! into them, a truncate to 0 clears them in place), so a graph that updates them in place
+//! stays valid across `kv_restore` / `kv_truncate`. A step that reads back in the middle
+//! (MoE routing) is recorded up to that read; the rest of it runs as usual every time.
+//! `NEAGARI_CUDA_GRAPH=0` turns graphs off.
 
 use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
@@ -68,7 +74,8 @@ pub(super) struct Step {
     /// Slots replaced by larger ones: kept (not freed) while the backend lives, since a
     /// buffer lent from them may still be alive.
     retired: Vec<CudaSlice<f32>>,
-    /// `[pos]`: the step's position, read by rope / kv_store / attention.
+    /// `[pos, token]`: the step's position, read by rope / kv_store / attention, and its
+    /// token id, read by embed.
     pos: Option<CudaSlice<i32>>,
     /// The read of this step happened (a warm step may then be captured next time).
     finished: bool,
@@ -115,7 +122,7 @@ impl CudaBackend {
     }
 
     /// Device address of the step's position when a step is on, else 0 (kernels then take
-    /// the position argument).
+    /// the position argument). The step's token id follows it (4 bytes on).
     pub(super) fn step_posp(&self) -> u64 {
         if self.step_mode() == OFF {
             return 0;
@@ -164,27 +171,19 @@ impl CudaBackend {
 
     pub(super) fn step_begin_impl(&self, kv: &CudaKv, token: u32) -> Result<()> {
         self.step_end_impl();
-        if !self.graphs_on.load(Ordering::Relaxed) || kv.rec.is_some() {
+        if !self.graphs_on.load(Ordering::Relaxed) {
             return Ok(());
         }
         let pos = kv.len;
         let mut st = self.step.lock().unwrap_or_else(|e| e.into_inner());
         if st.pos.is_none() {
-            st.pos = Some(self.stream.alloc_zeros::<i32>(1).map_err(drv)?);
+            st.pos = Some(self.stream.alloc_zeros::<i32>(2).map_err(drv)?);
         }
-        {
-            let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-            if sc.ids.is_none() {
-                sc.ids = Some(self.stream.alloc_zeros::<u32>(512).map_err(drv)?);
-                self.scratch_moved();
-            }
-            if let Some(ids) = sc.ids.as_mut() {
-                let mut v = ids.slice_mut(0..1);
-                self.stream.memcpy_htod(&[token][..], &mut v).map_err(drv)?;
-            }
-        }
+        // One upload a step: [position, token id].
         if let Some(p) = st.pos.as_mut() {
-            self.stream.memcpy_htod(&[pos as i32][..], p).map_err(drv)?;
+            self.stream
+                .memcpy_htod(&[pos as i32, token as i32][..], p)
+                .map_err(drv)?;
         }
         let key = (
             kv.id,
@@ -195,7 +194,11 @@ impl CudaBackend {
         st.next = 0;
         st.finished = false;
         self.launches.store(0, Ordering::Relaxed);
-        let mode = if st.graph.as_ref().is_some_and(|g| g.0 == key) {
+        let mode = if let Some((_, g, _)) = st.graph.as_ref().filter(|g| g.0 == key) {
+            // Launched now, not at the read: the graph depends on nothing the step's host
+            // code does (only on the upload above), so the GPU runs it while the host walks
+            // the model's ops to check the step is the recorded one.
+            g.0.launch().map_err(drv)?;
             REPLAY
         } else if st.warm == Some(key) {
             st.graph = None;
@@ -249,13 +252,12 @@ impl CudaBackend {
             REPLAY => {
                 let recorded = st.graph.as_ref().map(|g| g.2);
                 if recorded != Some(n) {
+                    // A model whose step differs from its recording (a bug): the graph ran
+                    // already, so this step's result is wrong; drop it and report.
                     st.graph = None;
                     return Err(BackendError::Other(format!(
                         "cuda graph: the step made {n} launches, the recording {recorded:?}"
                     )));
-                }
-                if let Some((_, g, _)) = st.graph.as_ref() {
-                    g.0.launch().map_err(drv)?;
                 }
                 st.replays += 1;
             }
@@ -303,42 +305,53 @@ impl CudaBackend {
     }
 
     /// Greedy pick of each row on the device (`argmax_rows`); only the ids come back.
+    /// It runs after the step's graph, not in it: a step recorded with a logits read and
+    /// one with an argmax then share one graph (a session may alternate them).
     pub(super) fn argmax_impl(&self, x: &CudaBuf) -> Result<Vec<u32>> {
         if x.rows == 0 {
             return Ok(Vec::new());
         }
+        self.step_finish()?;
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if sc.amax.as_ref().is_none_or(|s| s.len() < x.rows) {
-            self.check_alloc("argmax")?;
             sc.amax = Some(
                 self.stream
-                    .alloc_zeros::<u32>(x.rows.max(64))
+                    .alloc_zeros::<u64>(x.rows.max(64))
                     .map_err(drv)?,
             );
-            self.scratch_moved();
         }
-        let Some(out) = sc.amax.as_ref() else {
+        let Some(keys) = sc.amax.as_mut() else {
             return Err(BackendError::Other("cuda: argmax scratch missing".into()));
         };
-        let (xp, op) = (self.dptr(&x.data), self.dptr(out));
-        let cols_i = x.cols as i32;
+        let mut kv = keys.slice_mut(0..x.rows);
+        self.stream.memset_zeros(&mut kv).map_err(drv)?;
+        let kp = self.dptr(keys);
+        // Blocks of 256 threads over 4,096-value chunks (61 for a 248,320-token vocabulary).
+        let chunk = 4096usize;
         let cfg = LaunchConfig {
-            grid_dim: (x.rows as u32, 1, 1),
-            block_dim: (1024, 1, 1),
+            grid_dim: (x.cols.div_ceil(chunk).max(1) as u32, x.rows as u32, 1),
+            block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        launch!(self, &self.ops.argmax_rows, cfg, &xp, &cols_i, &op)?;
-        drop(sc);
-        self.step_finish()?;
-        let sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(out) = sc.amax.as_ref() else {
-            return Err(BackendError::Other("cuda: argmax scratch missing".into()));
-        };
-        let mut ids = vec![0u32; x.rows];
+        let xp = self.dptr(&x.data);
+        let (cols_i, chunk_i) = (x.cols as i32, chunk as i32);
+        launch!(
+            self,
+            &self.ops.argmax_rows,
+            cfg,
+            &xp,
+            &cols_i,
+            &chunk_i,
+            &kp
+        )?;
+        let mut k = vec![0u64; x.rows];
         self.stream
-            .memcpy_dtoh(&out.slice(0..x.rows), &mut ids)
+            .memcpy_dtoh(&keys.slice(0..x.rows), &mut k)
             .map_err(drv)?;
         self.synchronize()?;
-        Ok(ids)
+        // A zero key: no value that is not NaN (id 0); else the complement of the index.
+        Ok(k.iter()
+            .map(|&k| if k == 0 { 0 } else { !(k as u32) })
+            .collect())
     }
 }

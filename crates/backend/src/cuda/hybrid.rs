@@ -8,6 +8,7 @@
 //! later step). `matmul_rows` copies the expert's rows to a scratch matrix and runs the
 //! ordinary matmul on it (one extra device copy per call, so the GEMV path stays untouched).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
@@ -27,6 +28,7 @@ pub(super) struct HybridKernels {
     ssm_conv: CudaFunction,
     gated_delta: CudaFunction,
     rms_norm_gated: CudaFunction,
+    rms_norm_gated_q: CudaFunction,
     mul_sigmoid: CudaFunction,
     copy_cols: CudaFunction,
     gather_rows: CudaFunction,
@@ -44,6 +46,7 @@ impl HybridKernels {
             ssm_conv: f("ssm_conv")?,
             gated_delta: f("gated_delta")?,
             rms_norm_gated: f("rms_norm_gated")?,
+            rms_norm_gated_q: f("rms_norm_gated_q")?,
             mul_sigmoid: f("mul_sigmoid")?,
             copy_cols: f("copy_cols")?,
             gather_rows: f("gather_rows")?,
@@ -322,6 +325,25 @@ impl CudaBackend {
         };
         let (xp, wp, zp) = (self.dptr(&x.data), self.dptr(&w.data), self.dptr(&z.data));
         let g_i = g as i32;
+        // Feeding a decode matmul (ssm_out): also write its q8_1 input.
+        if g.is_multiple_of(32) && Self::fuse_q8_1(x.rows, x.cols) {
+            let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            let (qp, dsp) = self.xq_reserve(&mut sc, x.rows, x.cols / 32)?;
+            launch!(
+                self,
+                &self.hybrid.rms_norm_gated_q,
+                cfg,
+                &xp,
+                &wp,
+                &zp,
+                &g_i,
+                &eps,
+                &qp,
+                &dsp
+            )?;
+            sc.xq_key = Some((xp, x.rows, x.cols, self.gen.load(Ordering::Relaxed)));
+            return Ok(());
+        }
         launch!(
             self,
             &self.hybrid.rms_norm_gated,

@@ -55,6 +55,11 @@ const MV_MAX_ROWS: usize = 8;
 const MV_WARPS: usize = 4;
 /// Weight rows per block of mv1, mv2, mv4, mv8 (the `R` of their MV(NR, R) in matmul.cu).
 const MV_ROWS_PER_BLOCK: [usize; 4] = [2, 2, 1, 1];
+/// `add_rms_norm_row`: threads per block (a value each) and the most blocks (its scratch).
+const NORM_ROW_THREADS: usize = 256;
+const NORM_ROW_BLOCKS: usize = 64;
+/// Most warps per block of the integer GEMV (MVQ_WARPS in gemv_int.cu).
+const MVQ_WARPS: usize = 8;
 /// The same for mvq1, mvq2, mvq4, mvq8 (gemv_int.cu).
 const MVQ_ROWS_PER_BLOCK: [usize; 4] = [2, 2, 1, 1];
 
@@ -195,6 +200,13 @@ struct OpsKernels {
     rms_norm: CudaFunction,
     /// RMSNorm / GLU that also write their output as q8_1 for the next matmul.
     rms_norm_q: CudaFunction,
+    /// `x += y` and RMSNorm of the sum in one launch (`Backend::add_rms_norm`).
+    add_rms_norm: CudaFunction,
+    add_rms_norm_q: CudaFunction,
+    add_rms_norm_row: CudaFunction,
+    /// `Backend::norm_add_rms_norm` in one launch.
+    norm_add_norm: CudaFunction,
+    norm_add_norm_q: CudaFunction,
     glu_silu_q: CudaFunction,
     glu_gelu_q: CudaFunction,
     add: CudaFunction,
@@ -227,6 +239,9 @@ struct IntKernels {
     mv1x4: CudaFunction,
     mv1x8: CudaFunction,
     mv1x1: CudaFunction,
+    /// `mvqm*`: up to four matrices in one launch (`Backend::matmul_multi`): one activation
+    /// row with 1, 2 or 4 weight rows per block, then 2, 4 and 8 activation rows.
+    multi: [CudaFunction; 7],
 }
 
 /// Device scratch reused across calls (grown, never shrunk).
@@ -243,8 +258,12 @@ struct Scratch {
     /// GEMV's own bumps `gen`, so any op that may have written x since makes the key stale;
     /// a GEMV writing into x clears it.
     xq_key: Option<(u64, usize, usize, u64)>,
-    /// Greedy picks of `argmax` `[rows]`.
-    amax: Option<CudaSlice<u32>>,
+    /// `add_rms_norm_row`'s per-block sums of squares `[NORM_ROW_BLOCKS]` and its barrier
+    /// `[arrivals, generation]`.
+    norm_part: Option<CudaSlice<f64>>,
+    norm_cnt: Option<CudaSlice<u32>>,
+    /// Greedy picks of `argmax` `[rows]`, as keys (graph.rs).
+    amax: Option<CudaSlice<u64>>,
 }
 
 pub struct CudaBackend {
@@ -262,6 +281,12 @@ pub struct CudaBackend {
     /// rows), NEAGARI_CUDA_MV_ROWS=1, 2, 4 or 8 forces one (for measuring; 1 and 8 are
     /// integer-only, the f32 GEMV takes them as 2 and 4).
     mv_rows: Option<usize>,
+    /// Warps per block of the integer GEMV: `None` picks by row width (`mv_warps`),
+    /// NEAGARI_CUDA_MV_WARPS=1..8 forces it (for measuring).
+    mv_warps: Option<usize>,
+    /// A decode row's `add_rms_norm` spreads over blocks (`add_rms_norm_row`), unless
+    /// NEAGARI_CUDA_NORM_ROW=0 (one block, for measuring).
+    norm_row: bool,
     /// Quantized formats take the integer GEMV, unless NEAGARI_CUDA_MV=float (measuring).
     mv_int: bool,
     /// Counts kernel launches and device writes (see [`Scratch::xq_key`]).
@@ -382,6 +407,11 @@ impl CudaBackend {
         let ops = OpsKernels {
             rms_norm: f("rms_norm")?,
             rms_norm_q: f("rms_norm_q")?,
+            add_rms_norm: f("add_rms_norm")?,
+            add_rms_norm_q: f("add_rms_norm_q")?,
+            add_rms_norm_row: f("add_rms_norm_row")?,
+            norm_add_norm: f("norm_add_norm")?,
+            norm_add_norm_q: f("norm_add_norm_q")?,
             glu_silu_q: f("glu_silu_q")?,
             glu_gelu_q: f("glu_gelu_q")?,
             add: f("add")?,
@@ -419,6 +449,11 @@ impl CudaBackend {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .filter(|&n| [1, 2, 4, 8].contains(&n)),
+            mv_warps: std::env::var("NEAGARI_CUDA_MV_WARPS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|n| (1..=MVQ_WARPS).contains(n)),
+            norm_row: std::env::var("NEAGARI_CUDA_NORM_ROW").as_deref() != Ok("0"),
             mv_int: std::env::var("NEAGARI_CUDA_MV").as_deref() != Ok("float"),
             gen: AtomicU64::new(0),
             mode: AtomicU8::new(graph::OFF),
@@ -534,6 +569,15 @@ impl CudaBackend {
                     mv1x4: f("mvq1x4")?,
                     mv1x8: f("mvq1x8")?,
                     mv1x1: f("mvq1x1")?,
+                    multi: [
+                        f("mvqm1x1")?,
+                        f("mvqm1x2")?,
+                        f("mvqm1x4")?,
+                        f("mvqm2")?,
+                        f("mvqm4")?,
+                        f("mvqm8")?,
+                        f("mvqm1x8")?,
+                    ],
                 }),
                 None => None,
             },
@@ -598,6 +642,135 @@ impl CudaBackend {
         rows <= MV_MAX_ROWS && cols.is_multiple_of(32) && cols > 0
     }
 
+    /// The q8_1 copy of `x` (`cols` wide) in the scratch: reused when it is still what the
+    /// scratch holds (see [`Scratch::xq_key`]), else one `quant_q8_1` launch.
+    fn xq_input(
+        &self,
+        sc: &mut Scratch,
+        k: &IntKernels,
+        x: &CudaBuf,
+        cols: usize,
+    ) -> Result<(u64, u64)> {
+        let (n, units) = (x.rows, cols.div_ceil(32));
+        let xp = self.dptr(&x.data);
+        let key = (xp, n, cols, self.gen.load(Ordering::Relaxed));
+        let fresh = sc.xq_key == Some(key);
+        let (qp, dsp) = self.xq_reserve(sc, n, units)?;
+        if !fresh {
+            let (cols_i, units_i) = (cols as i32, units as i32);
+            let cfg = LaunchConfig {
+                grid_dim: (units.div_ceil(4) as u32, n as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(@keep self, &k.quant, cfg, &xp, &qp, &dsp, &cols_i, &units_i)?;
+            sc.xq_key = Some(key);
+        }
+        Ok((qp, dsp))
+    }
+
+    /// Warps per block of the integer GEMV for rows of `units` 32-value units: the fewest
+    /// that take the row in the fewest rounds of one unit a thread. With four warps a
+    /// 5120-wide row (160 units) took two rounds, the second with a quarter of the threads.
+    fn mv_warps(&self, units: usize) -> usize {
+        if let Some(w) = self.mv_warps {
+            return w;
+        }
+        let rounds = units.div_ceil(32 * MVQ_WARPS).max(1);
+        units.div_ceil(32 * rounds).clamp(1, MVQ_WARPS)
+    }
+
+    /// Weight rows per block of the one-row integer GEMV. Four from 4096-wide rows (fewer x
+    /// loads per weight row), two below, but fewer while that leaves under four blocks per
+    /// SM: Llama 3 8B's k/v (1024 × 4096) in 256 blocks ran at 10% of the DRAM peak (ncu,
+    /// H200).
+    ///
+    /// Eight where wide rows are under 2 KiB (1- and 2-bit formats): the 27B-shaped Q1_0 and
+    /// TQ2_0 files decoded 174.4 / 146.5 tok/s with eight against 170.0 / 140.5 with four
+    /// (H200); Q4_K's 2,880-byte rows were level.
+    fn mv_per_block(&self, rows: usize, cols: usize, row_bytes: usize) -> usize {
+        self.mv_rows.unwrap_or_else(|| {
+            let mut r = match (cols >= 4096, row_bytes < 2048) {
+                (true, true) => 8,
+                (true, false) => 4,
+                _ => 2,
+            };
+            while r > 1 && rows / r < 4 * self.n_sm {
+                r /= 2;
+            }
+            r
+        })
+    }
+
+    /// `matmul_multi` on the integer GEMV: every matrix of one format and width, up to 8
+    /// activation rows; four matrices a launch.
+    fn matmul_multi_int(
+        &self,
+        k: &IntKernels,
+        ws: &[&CudaMat],
+        x: &CudaBuf,
+        outs: &mut [&mut CudaBuf],
+    ) -> Result<()> {
+        let (n, cols) = (x.rows, x.cols);
+        for (w, o) in ws.iter().zip(outs.iter_mut()) {
+            self.reshape(o, n, w.rows)?;
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let units = cols.div_ceil(32);
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let (qp, dsp) = self.xq_input(&mut sc, k, x, cols)?;
+        // The activation rows' share of the launch picks the kernel; one weight row per
+        // block from 4 activation rows, as `mvq4` / `mvq8`.
+        let total: usize = ws.iter().map(|w| w.rows).sum();
+        let (func, r) = match n {
+            1 => match self.mv_per_block(total, cols, ws[0].row_bytes) {
+                1 => (&k.multi[0], 1),
+                2 => (&k.multi[1], 2),
+                8 => (&k.multi[6], 8),
+                _ => (&k.multi[2], 4),
+            },
+            2 => (&k.multi[3], 2),
+            3 | 4 => (&k.multi[4], 1),
+            _ => (&k.multi[5], 1),
+        };
+        let warps = self.mv_warps(units);
+        let (units_i, rb, nr_i) = (units as i32, ws[0].row_bytes as i64, n as i32);
+        let ops: Vec<u64> = outs.iter().map(|o| self.dptr(&o.data)).collect();
+        for c in 0..ws.len().div_ceil(4) {
+            let idx: Vec<usize> = (4 * c..(4 * c + 4).min(ws.len())).collect();
+            let mut wp = [0u64; 4];
+            let mut yp = [0u64; 4];
+            let mut rows = [0i32; 4];
+            // Block starts of matrices 1..3; an unused one starts past the grid.
+            let mut starts = [i32::MAX; 4];
+            let mut blocks = 0usize;
+            for (j, &i) in idx.iter().enumerate() {
+                starts[j] = blocks as i32;
+                wp[j] = self.dptr(&ws[i].data);
+                yp[j] = ops[i];
+                rows[j] = ws[i].rows as i32;
+                blocks += ws[i].rows.div_ceil(r);
+            }
+            let cfg = LaunchConfig {
+                grid_dim: (blocks as u32, 1, 1),
+                block_dim: ((warps * 32) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(
+                @keep self, func, cfg, &wp[0], &wp[1], &wp[2], &wp[3], &yp[0], &yp[1], &yp[2],
+                &yp[3], &rows[0], &rows[1], &rows[2], &rows[3], &starts[1], &starts[2],
+                &starts[3], &qp, &dsp, &units_i, &rb, &nr_i
+            )?;
+        }
+        // The outputs are new data at their addresses: a cached quantization is stale.
+        if sc.xq_key.is_some_and(|(p, ..)| ops.contains(&p)) {
+            sc.xq_key = None;
+        }
+        Ok(())
+    }
+
     /// Integer GEMV: x quantized to q8_1 (once per input, see [`Scratch::xq_key`]), then
     /// `mvqN` 8 rows per launch.
     fn matmul_gemv_int(
@@ -609,23 +782,11 @@ impl CudaBackend {
     ) -> Result<()> {
         let n = x.rows;
         let units = w.cols.div_ceil(32);
-        let xp = self.dptr(&x.data);
         let op = self.dptr(&out.data);
         let wp = self.dptr(&w.data);
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (xp, n, w.cols, self.gen.load(Ordering::Relaxed));
-        let fresh = sc.xq_key == Some(key);
-        let (qp, dsp) = self.xq_reserve(&mut sc, n, units)?;
-        let (cols_i, units_i) = (w.cols as i32, units as i32);
-        if !fresh {
-            let cfg = LaunchConfig {
-                grid_dim: (units.div_ceil(4) as u32, n as u32, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            launch!(@keep self, &k.quant, cfg, &xp, &qp, &dsp, &cols_i, &units_i)?;
-            sc.xq_key = Some(key);
-        }
+        let (qp, dsp) = self.xq_input(&mut sc, k, x, w.cols)?;
+        let units_i = units as i32;
         let (rows_i, rb) = (w.rows as i32, w.row_bytes as i64);
         let mut r0 = 0;
         while r0 < n {
@@ -639,13 +800,7 @@ impl CudaBackend {
             // Four weight rows per block from 4096-wide rows (fewer x loads per weight row),
             // two below, but fewer while that leaves under four blocks per SM: Llama 3 8B's
             // k/v (1024 × 4096) in 256 blocks ran at 10% of the DRAM peak (ncu, H200).
-            let per_block = self.mv_rows.unwrap_or_else(|| {
-                let mut r = if w.cols >= 4096 { 4 } else { 2 };
-                while r > 1 && w.rows / r < 4 * self.n_sm {
-                    r /= 2;
-                }
-                r
-            });
+            let per_block = self.mv_per_block(w.rows, w.cols, w.row_bytes);
             let (func, rows_per_block) = if which == 0 && per_block == 8 {
                 (&k.mv1x8, 8)
             } else if which == 0 && per_block == 4 {
@@ -655,7 +810,7 @@ impl CudaBackend {
             } else {
                 (&k.mv[which], MVQ_ROWS_PER_BLOCK[which])
             };
-            let warps = units.div_ceil(32).clamp(1, MV_WARPS);
+            let warps = self.mv_warps(units);
             let cfg = LaunchConfig {
                 grid_dim: (w.rows.div_ceil(rows_per_block) as u32, 1, 1),
                 block_dim: ((warps * 32) as u32, 1, 1),
@@ -1050,7 +1205,6 @@ impl Backend for CudaBackend {
         if ids.is_empty() {
             return Ok(());
         }
-        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let in_step = self.step_mode() != graph::OFF;
         if in_step && ids.len() != 1 {
             return Err(shape_err(
@@ -1058,24 +1212,27 @@ impl Backend for CudaBackend {
                 format!("{} ids in a one-token decode step", ids.len()),
             ));
         }
-        if sc.ids.as_ref().is_none_or(|s| s.len() < ids.len()) {
-            self.check_alloc("the token id scratch")?;
-            self.scratch_moved();
-            sc.ids = Some(
-                self.stream
-                    .alloc_zeros::<u32>(ids.len().max(512))
-                    .map_err(drv)?,
-            );
-        }
-        let Some(idb) = sc.ids.as_mut() else {
-            return Err(BackendError::Other("cuda: id scratch missing".into()));
-        };
-        // In a decode step `step_begin` uploaded the token.
-        if !in_step {
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let idp = if in_step {
+            // `step_begin` uploaded the token after the position.
+            self.step_posp() + 4
+        } else {
+            if sc.ids.as_ref().is_none_or(|s| s.len() < ids.len()) {
+                self.check_alloc("the token id scratch")?;
+                self.scratch_moved();
+                sc.ids = Some(
+                    self.stream
+                        .alloc_zeros::<u32>(ids.len().max(512))
+                        .map_err(drv)?,
+                );
+            }
+            let Some(idb) = sc.ids.as_mut() else {
+                return Err(BackendError::Other("cuda: id scratch missing".into()));
+            };
             let mut view = idb.slice_mut(0..ids.len());
             self.stream.memcpy_htod(ids, &mut view).map_err(drv)?;
-        }
-        let idp = self.dptr(idb);
+            self.dptr(idb)
+        };
         let units = table.cols.div_ceil(32);
         let cfg = LaunchConfig {
             grid_dim: (ids.len() as u32, units.div_ceil(128) as u32, 1),
@@ -1115,6 +1272,233 @@ impl Backend for CudaBackend {
             Some(b) if x.rows > MV_MAX_ROWS => self.matmul_blas(b, w, x, out),
             _ => self.matmul_gemv(w, x, out),
         }
+    }
+
+    fn matmul_multi(&self, ws: &[&CudaMat], x: &CudaBuf, outs: &mut [&mut CudaBuf]) -> Result<()> {
+        if ws.len() != outs.len() {
+            return Err(shape_err(
+                "matmul_multi",
+                format!("{} matrices, {} outputs", ws.len(), outs.len()),
+            ));
+        }
+        // One launch per format (and row size) among the matrices that take the integer
+        // GEMV; the rest one by one.
+        let int_ok = |w: &CudaMat| {
+            x.rows <= MV_MAX_ROWS && self.mv_int && w.cols == x.cols && w.k.int.is_some()
+        };
+        let mut done = vec![false; ws.len()];
+        for i in 0..ws.len() {
+            if done[i] {
+                continue;
+            }
+            let w0 = ws[i];
+            let (Some(k), true) = (&w0.k.int, int_ok(w0)) else {
+                done[i] = true;
+                self.matmul(w0, x, outs[i])?;
+                continue;
+            };
+            let group: Vec<usize> = (i..ws.len())
+                .filter(|&j| {
+                    !done[j]
+                        && ws[j].ty == w0.ty
+                        && ws[j].row_bytes == w0.row_bytes
+                        && int_ok(ws[j])
+                })
+                .collect();
+            let gw: Vec<&CudaMat> = group.iter().map(|&j| ws[j]).collect();
+            let mut go: Vec<&mut CudaBuf> = outs
+                .iter_mut()
+                .enumerate()
+                .filter(|(j, _)| group.contains(j))
+                .map(|(_, o)| &mut **o)
+                .collect();
+            self.matmul_multi_int(k, &gw, x, &mut go)?;
+            for j in group {
+                done[j] = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn add_rms_norm(
+        &self,
+        x: &mut CudaBuf,
+        y: &CudaBuf,
+        w: &CudaVector,
+        eps: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        if x.rows * x.cols != y.rows * y.cols {
+            return Err(shape_err(
+                "add_rms_norm",
+                format!("{}x{} + {}x{}", x.rows, x.cols, y.rows, y.cols),
+            ));
+        }
+        if w.len != x.cols || x.rows == 0 {
+            // Per-group norms: the two ops.
+            self.add(x, y)?;
+            return self.rms_norm(x, w, eps, out);
+        }
+        self.reshape(out, x.rows, x.cols)?;
+        let g = x.cols;
+        let (xp, yp, wp, op) = (
+            self.dptr(&x.data),
+            self.dptr(&y.data),
+            self.dptr(&w.data),
+            self.dptr(&out.data),
+        );
+        let g_i = g as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (x.rows as u32, 1, 1),
+            block_dim: (1024.min(g.div_ceil(32) * 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // A decode row: spread over blocks of 256 values (at most one per SM).
+        let nb = g.div_ceil(NORM_ROW_THREADS);
+        if self.norm_row
+            && x.rows == 1
+            && g.is_multiple_of(32)
+            && nb > 1
+            && nb <= NORM_ROW_BLOCKS.min(self.n_sm)
+        {
+            let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            if sc.norm_part.is_none() || sc.norm_cnt.is_none() {
+                self.check_alloc("the norm scratch")?;
+                self.scratch_moved();
+                sc.norm_part = Some(
+                    self.stream
+                        .alloc_zeros::<f64>(NORM_ROW_BLOCKS)
+                        .map_err(drv)?,
+                );
+                sc.norm_cnt = Some(self.stream.alloc_zeros::<u32>(2).map_err(drv)?);
+            }
+            let (pp, cp) = match (&sc.norm_part, &sc.norm_cnt) {
+                (Some(p), Some(c)) => (self.dptr(p), self.dptr(c)),
+                _ => return Err(BackendError::Other("cuda: norm scratch missing".into())),
+            };
+            let (qp, dsp) = self.xq_reserve(&mut sc, 1, g / 32)?;
+            let cfg = LaunchConfig {
+                grid_dim: (nb as u32, 1, 1),
+                block_dim: (NORM_ROW_THREADS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(
+                self,
+                &self.ops.add_rms_norm_row,
+                cfg,
+                &xp,
+                &yp,
+                &wp,
+                &op,
+                &g_i,
+                &eps,
+                &qp,
+                &dsp,
+                &pp,
+                &cp
+            )?;
+            sc.xq_key = Some((op, 1, g, self.gen.load(Ordering::Relaxed)));
+            return Ok(());
+        }
+        if Self::fuse_q8_1(x.rows, x.cols) {
+            let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            let (qp, dsp) = self.xq_reserve(&mut sc, x.rows, x.cols / 32)?;
+            launch!(
+                self,
+                &self.ops.add_rms_norm_q,
+                cfg,
+                &xp,
+                &yp,
+                &wp,
+                &op,
+                &g_i,
+                &eps,
+                &qp,
+                &dsp
+            )?;
+            sc.xq_key = Some((op, x.rows, x.cols, self.gen.load(Ordering::Relaxed)));
+            return Ok(());
+        }
+        launch!(
+            self,
+            &self.ops.add_rms_norm,
+            cfg,
+            &xp,
+            &yp,
+            &wp,
+            &op,
+            &g_i,
+            &eps
+        )
+    }
+
+    fn norm_add_rms_norm(
+        &self,
+        x: &mut CudaBuf,
+        y: &mut CudaBuf,
+        w_y: &CudaVector,
+        w: &CudaVector,
+        eps: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let g = x.cols;
+        let block = 1024.min(g.div_ceil(32) * 32);
+        if (x.rows, x.cols) != (y.rows, y.cols)
+            || w_y.len != g
+            || w.len != g
+            || x.rows == 0
+            || g > 8 * block
+        {
+            // Other shapes: the two ops (which check them).
+            self.rms_norm_inplace(y, w_y, eps)?;
+            return self.add_rms_norm(x, y, w, eps, out);
+        }
+        self.reshape(out, x.rows, g)?;
+        let (xp, yp, wyp, wp, op) = (
+            self.dptr(&x.data),
+            self.dptr(&y.data),
+            self.dptr(&w_y.data),
+            self.dptr(&w.data),
+            self.dptr(&out.data),
+        );
+        let g_i = g as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (x.rows as u32, 1, 1),
+            block_dim: (block as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        if Self::fuse_q8_1(x.rows, g) {
+            let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            let (qp, dsp) = self.xq_reserve(&mut sc, x.rows, g / 32)?;
+            launch!(
+                self,
+                &self.ops.norm_add_norm_q,
+                cfg,
+                &xp,
+                &yp,
+                &wyp,
+                &wp,
+                &op,
+                &g_i,
+                &eps,
+                &qp,
+                &dsp
+            )?;
+            sc.xq_key = Some((op, x.rows, g, self.gen.load(Ordering::Relaxed)));
+            return Ok(());
+        }
+        launch!(
+            self,
+            &self.ops.norm_add_norm,
+            cfg,
+            &xp,
+            &yp,
+            &wyp,
+            &wp,
+            &op,
+            &g_i,
+            &eps
+        )
     }
 
     fn rms_norm(&self, x: &CudaBuf, w: &CudaVector, eps: f32, out: &mut CudaBuf) -> Result<()> {

@@ -19,19 +19,20 @@ extern "C" __global__ void quant_q8_1(const float* __restrict__ x, i8* __restric
     q8_1_warp(v, xq, xds, (i64)r * units + u, lane);
 }
 
-#define MVQ_WARPS 4
+// Up to 8 warps a block; the host picks as many as the row's units fill (mv_warps).
+#define MVQ_WARPS 8
 
-// A block of 1–4 warps computes R consecutive weight rows for nr ≤ NR activation rows.
+// A block of 1–8 warps computes R consecutive weight rows for nr ≤ NR activation rows.
 // Threads take units round-robin; the activation unit is loaded once (two 16-byte loads per
 // row) and serves the R weight rows, each weight unit is unpacked once and serves every
 // activation row. The block reduces at the end.
 template <class F, int NR, int R>
 __device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
                                          const float2* __restrict__ xds, float* __restrict__ y,
-                                         int rows, int units, i64 row_bytes, int nr) {
+                                         int rows, int units, i64 row_bytes, int nr, int blk) {
     const int tid = threadIdx.x, nthr = blockDim.x;
     const int lane = tid & 31, warp = tid >> 5;
-    const int row0 = blockIdx.x * R;
+    const int row0 = blk * R;
     float acc[R][NR];
 #pragma unroll
     for (int q = 0; q < R; q++)
@@ -84,7 +85,7 @@ __device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, const i8* __r
     extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32)                             \
         NAME(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units,     \
              i64 row_bytes, int nr) {                                                        \
-        mvq_impl<FMTQ, NR, R>(W, xq, xds, y, rows, units, row_bytes, nr);                    \
+        mvq_impl<FMTQ, NR, R>(W, xq, xds, y, rows, units, row_bytes, nr, blockIdx.x);        \
     }
 MVQ(mvq1, 1, 2)
 MVQ(mvq2, 2, 2)
@@ -93,3 +94,29 @@ MVQ(mvq8, 8, 1)
 MVQ(mvq1x4, 1, 4)
 MVQ(mvq1x8, 1, 8)
 MVQ(mvq1x1, 1, 1)
+
+// mvqmN: the same over up to four matrices of one format and width that read one input
+// (q/k/v, gate/up): blocks [0, b1) run matrix 0, [b1, b2) matrix 1, and so on (unused
+// starts are past the grid). One launch instead of four, and a matrix of a few rows (a
+// DeltaNet's beta/alpha) no longer leaves the GPU idle on its own.
+#define MVQM(NAME, NR, R)                                                                    \
+    extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32)                             \
+        NAME(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0, float* y1,    \
+             float* y2, float* y3, int n0, int n1, int n2, int n3, int b1, int b2, int b3,    \
+             const i8* xq, const float2* xds, int units, i64 row_bytes, int nr) {            \
+        int b = blockIdx.x;                                                                  \
+        const u8* W = w0;                                                                    \
+        float* y = y0;                                                                       \
+        int rows = n0;                                                                       \
+        if (b >= b3) { b -= b3; W = w3; y = y3; rows = n3; }                                 \
+        else if (b >= b2) { b -= b2; W = w2; y = y2; rows = n2; }                            \
+        else if (b >= b1) { b -= b1; W = w1; y = y1; rows = n1; }                            \
+        mvq_impl<FMTQ, NR, R>(W, xq, xds, y, rows, units, row_bytes, nr, b);                 \
+    }
+MVQM(mvqm1x1, 1, 1)
+MVQM(mvqm1x2, 1, 2)
+MVQM(mvqm1x4, 1, 4)
+MVQM(mvqm1x8, 1, 8)
+MVQM(mvqm2, 2, 2)
+MVQM(mvqm4, 4, 1)
+MVQM(mvqm8, 8, 1)

@@ -170,6 +170,26 @@ extern "C" __global__ void rms_norm_gated(float* x, const float* w, const float*
         x[base + i] = x[base + i] * inv * w[i] * silu_f(z[base + i]);
 }
 
+// The same, also writing the result as q8_1 (g and blockDim multiples of 32, so each warp
+// holds whole 32-value units) for the GEMV that reads it next.
+extern "C" __global__ void rms_norm_gated_q(float* x, const float* w, const float* z, int g,
+                                            float eps, i8* xq, float2* xds) {
+    const i64 base = (i64)blockIdx.x * g;
+    __shared__ float red1[32];
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < g; i += blockDim.x) {
+        const float v = x[base + i];
+        ss += v * v;
+    }
+    ss = block_sum(ss, red1, blockDim.x >> 5);
+    const float inv = 1.0f / sqrtf(ss / (float)g + eps);
+    for (int i = threadIdx.x; i < g; i += blockDim.x) {
+        const float v = x[base + i] * inv * w[i] * silu_f(z[base + i]);
+        x[base + i] = v;
+        q8_1_warp(v, xq, xds, (base + i) >> 5, threadIdx.x & 31);
+    }
+}
+
 extern "C" __global__ void mul_sigmoid(float* x, const float* g, i64 n) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= sigmoid_f(g[i]);

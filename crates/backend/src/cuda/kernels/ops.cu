@@ -5,9 +5,12 @@
 // RMSNorm over groups of g values; one block per group. In place when x == out. With Q
 // (g a multiple of 32, blockDim too) the output is also written as q8_1 (xq, xds: the
 // integer GEMV's activation, for the matmul that reads it next).
-template <bool Q>
+// With ADD (whole rows only: g = cols), x += y first (rounded to f32 and stored, as the
+// separate `add` would) and the norm reads the sum.
+template <bool Q, bool ADD = false>
 __device__ __forceinline__ void rms_norm_impl(const float* x, const float* w, float* out, int g,
-                                              float eps, i8* xq, float2* xds) {
+                                              float eps, i8* xq, float2* xds,
+                                              const float* y = nullptr, float* xs = nullptr) {
     const i64 base = (i64)blockIdx.x * g;
     // The first V values of each thread stay in registers, their loads issued together: a
     // loop of dependent load-use rounds made a 4096-wide row take 18.7 µs (ncu, H200).
@@ -18,11 +21,20 @@ __device__ __forceinline__ void rms_norm_impl(const float* x, const float* w, fl
     for (int k = 0; k < V; k++) {
         const int i = threadIdx.x + k * blockDim.x;
         xv[k] = i < g ? x[base + i] : 0.f;
+        if (ADD && i < g) {
+            xv[k] += y[base + i];
+            xs[base + i] = xv[k];
+        }
     }
 #pragma unroll
     for (int k = 0; k < V; k++) s += (double)xv[k] * (double)xv[k];
     for (int i = threadIdx.x + V * blockDim.x; i < g; i += blockDim.x) {
-        double v = x[base + i];
+        float f = x[base + i];
+        if (ADD) {
+            f += y[base + i];
+            xs[base + i] = f;
+        }
+        const double v = f;
         s += v * v;
     }
     __shared__ double part[32];
@@ -49,7 +61,8 @@ __device__ __forceinline__ void rms_norm_impl(const float* x, const float* w, fl
             if (Q) q8_1_warp(v, xq, xds, (base + i) >> 5, threadIdx.x & 31);
         }
     }
-    // In place, these reads follow only writes to the cached part: no overlap.
+    // In place, these reads follow only writes to the cached part: no overlap. With ADD,
+    // x holds the sum by now (this thread wrote it).
     for (int i = threadIdx.x + V * blockDim.x; i < g; i += blockDim.x) {
         const float v = x[base + i] * scale * w[i];
         out[base + i] = v;
@@ -65,6 +78,155 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 extern "C" __global__ void rms_norm_q(const float* x, const float* w, float* out, int g,
                                       float eps, i8* xq, float2* xds) {
     rms_norm_impl<true>(x, w, out, g, eps, xq, xds);
+}
+
+// x += y, then out = rms_norm(x) (and its q8_1 with Q): one block per row of g values.
+extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float* out,
+                                        int g, float eps) {
+    rms_norm_impl<false, true>(x, w, out, g, eps, nullptr, nullptr, y, x);
+}
+
+extern "C" __global__ void add_rms_norm_q(float* x, const float* y, const float* w, float* out,
+                                          int g, float eps, i8* xq, float2* xds) {
+    rms_norm_impl<true, true>(x, w, out, g, eps, xq, xds, y, x);
+}
+
+// Sum over the block in rms_norm_impl's order (so the results are its bits).
+__device__ __forceinline__ double block_sum_rms(double s, double* part) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        double t = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        if (threadIdx.x == 0) part[32] = t;
+    }
+    __syncthreads();
+    const double r = part[32];
+    __syncthreads();
+    return r;
+}
+
+// Gemma's sandwich in one launch: y = rms_norm(y) ⊙ wy (in place), x += y, out = rms_norm(x)
+// ⊙ w (and its q8_1 with Q). One block per row of g ≤ 8·blockDim values held in registers;
+// the same arithmetic as rms_norm, add, rms_norm (bit-identical).
+template <bool Q>
+__device__ __forceinline__ void norm_add_norm_impl(float* x, float* y, const float* wy,
+                                                   const float* w, float* out, int g, float eps,
+                                                   i8* xq, float2* xds) {
+    const i64 base = (i64)blockIdx.x * g;
+    constexpr int V = 8;
+    __shared__ double part[33];
+    float yv[V], xv[V];
+    double s = 0.0;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        yv[k] = i < g ? y[base + i] : 0.f;
+        xv[k] = i < g ? x[base + i] : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < V; k++) s += (double)yv[k] * (double)yv[k];
+    const float sy = 1.0f / sqrtf((float)(block_sum_rms(s, part) / (double)g) + eps);
+    s = 0.0;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < g) {
+            const float yn = yv[k] * sy * wy[i];
+            y[base + i] = yn;
+            xv[k] += yn;
+            x[base + i] = xv[k];
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < V; k++) s += (double)xv[k] * (double)xv[k];
+    const float sx = 1.0f / sqrtf((float)(block_sum_rms(s, part) / (double)g) + eps);
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < g) {
+            const float v = xv[k] * sx * w[i];
+            out[base + i] = v;
+            if (Q) q8_1_warp(v, xq, xds, (base + i) >> 5, threadIdx.x & 31);
+        }
+    }
+}
+
+// Up to 1,024 threads: the bound caps registers at 64 a thread (without it a 5120-wide row
+// failed to launch: too many resources requested).
+extern "C" __global__ void __launch_bounds__(1024) norm_add_norm(float* x, float* y, const float* wy, const float* w,
+                                         float* out, int g, float eps) {
+    norm_add_norm_impl<false>(x, y, wy, w, out, g, eps, nullptr, nullptr);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) norm_add_norm_q(float* x, float* y, const float* wy, const float* w,
+                                           float* out, int g, float eps, i8* xq, float2* xds) {
+    norm_add_norm_impl<true>(x, y, wy, w, out, g, eps, xq, xds);
+}
+
+// add_rms_norm_q of ONE row over gridDim.x blocks, a value per thread (g a multiple of 32,
+// g ≤ blocks · blockDim): one block per row took 9.3 µs on a 5120-wide row (ncu, H200),
+// a fifth of a 27B-shaped layer's small kernels. Each block writes its sum of squares to
+// part[block], then the blocks meet at a barrier: bar[0] counts arrivals, bar[1] is a
+// generation that the last block to arrive resets bar[0] for and bumps (so calls of any
+// block count follow each other); after it every block adds the parts in one order, so the
+// sum is the same in every block and every run. All blocks must be resident at once: the
+// host launches at most one per SM, and the stream runs nothing beside this kernel.
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+extern "C" __global__ void add_rms_norm_row(float* x, const float* y, const float* w, float* out,
+                                            int g, float eps, i8* xq, float2* xds,
+                                            double* part, u32* bar) {
+    const int nb = gridDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    float v = 0.f, wi = 0.f;
+    if (i < g) {
+        v = x[i] + y[i];
+        x[i] = v;
+        wi = w[i];
+    }
+    __shared__ double red[32];
+    __shared__ double total;
+    const double s = warp_sum_d((double)v * (double)v);
+    if (lane == 0) red[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        double t = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.0;
+        t = warp_sum_d(t);
+        if (lane == 0) {
+            // The generation cannot move before this block arrives, so this is the call's.
+            const u32 gen = ((volatile u32*)bar)[1];
+            ((volatile double*)part)[blockIdx.x] = t;
+            __threadfence();
+            if (atomicAdd(bar, 1u) == (u32)nb - 1) {
+                atomicExch(bar, 0u);
+                __threadfence();
+                atomicAdd(bar + 1, 1u);
+            } else {
+                while (((volatile u32*)bar)[1] == gen) {
+                }
+            }
+            __threadfence();
+            double sum = 0.0;
+            for (int b = 0; b < nb; b++) sum += ((volatile double*)part)[b];
+            total = sum;
+        }
+    }
+    __syncthreads();
+    const float mean = (float)(total / (double)g);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    if (i < g) {
+        const float o = v * scale * wi;
+        out[i] = o;
+        q8_1_warp(o, xq, xds, i >> 5, lane);
+    }
 }
 
 extern "C" __global__ void add(float* x, const float* y, i64 n) {
@@ -292,7 +454,7 @@ extern "C" __global__ void att_combine(const float* part, float* out, int nh, in
 }
 
 // Greedy pick of each row: the highest value, the lowest index among equals, NaN ignored
-// (-1 while none is seen; a row of NaNs gives 0). Grid: rows; 1,024 threads.
+// (-1 while none is seen; a row of NaNs gives 0, decoded on the host from a zero key).
 __device__ __forceinline__ void amax_merge(float& v, int& i, float v2, int i2) {
     if (i2 < 0) return;
     if (i < 0 || v2 > v || (v2 == v && i2 < i)) {
@@ -301,13 +463,27 @@ __device__ __forceinline__ void amax_merge(float& v, int& i, float v2, int i2) {
     }
 }
 
-extern "C" __global__ void argmax_rows(const float* x, int cols, unsigned* out) {
+// Key of a candidate: the value's bits made monotone (−0 taken as +0, so equal values tie),
+// then the complement of the index, so the larger key is the host rule's pick (highest
+// value, lowest index). Every non-NaN value has a key above 0.
+__device__ __forceinline__ u64 amax_key(float v, int i) {
+    if (v == 0.0f) v = 0.0f;
+    const u32 b = __float_as_uint(v);
+    const u32 o = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((u64)o << 32) | (u64)(~(u32)i);
+}
+
+// Grid (blocks over the row, rows): each block picks among `chunk` values of its row and
+// merges its pick into keys[row] (zeroed before) with an atomic max. One block per row took
+// 105 µs on a 248,320-wide row (ncu, H200).
+extern "C" __global__ void argmax_rows(const float* x, int cols, int chunk, u64* keys) {
     __shared__ float sv[32];
     __shared__ int si[32];
-    const float* row = x + (i64)blockIdx.x * cols;
+    const float* row = x + (i64)blockIdx.y * cols;
+    const int c0 = blockIdx.x * chunk, c1 = min(cols, c0 + chunk);
     float v = 0.0f;
     int i = -1;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
         const float y = row[c];
         if (!isnan(y)) amax_merge(v, i, y, c);
     }
@@ -331,6 +507,10 @@ extern "C" __global__ void argmax_rows(const float* x, int cols, unsigned* out) 
             const int i2 = __shfl_down_sync(0xffffffffu, i, o);
             amax_merge(v, i, v2, i2);
         }
-        if (lane == 0) out[blockIdx.x] = i < 0 ? 0u : (unsigned)i;
+        if (lane == 0 && i >= 0) {
+            const u64 k = amax_key(v, i);
+            u64* p = keys + blockIdx.y;
+            asm volatile("red.global.max.u64 [%0], %1;" ::"l"(p), "l"(k) : "memory");
+        }
     }
 }

@@ -268,10 +268,13 @@ struct Q_Q1_0 {
         const u8* b = row + (i64)(u >> 2) * 18;
         const float d = h2f(ld16(b));
         const u32 bits = ld32_2(b + 2 + 4 * (u & 3));
-        // Σ ±x = 2·Σ_{bit set} x − Σ x.
+        // Σ ±x = 2·Σ_{bit set} x − Σ x. A nibble n times 0x00204081 is n + n<<7 + n<<14 +
+        // n<<21 (no overlaps, so no carries), so its bit i lands at bit 8i: four
+        // instructions a word where spread4's shifts and ors took eleven (this GEMV is
+        // bound by instructions, not by its 1-bit weights' bytes).
         int w[8];
 #pragma unroll
-        for (int k = 0; k < 8; k++) w[k] = spread4(bits >> (4 * k), 0);
+        for (int k = 0; k < 8; k++) w[k] = (((bits >> (4 * k)) & 0xFu) * 0x00204081u) & 0x01010101u;
 #pragma unroll
         for (int r = 0; r < NR; r++)
             acc[r] += d * (2.f * ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) - ds[r].y);
