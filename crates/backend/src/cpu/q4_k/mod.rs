@@ -3,6 +3,8 @@
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
 
 use super::kernels::{CpuFeatures, MatKernel};
 use super::q8_k::KFormat;
@@ -23,7 +25,8 @@ impl KFormat for Format {
     #[cfg(target_arch = "x86_64")]
     type Micro = avx2::Q4K;
     #[cfg(target_arch = "x86_64")]
-    type Micro512 = avx2::Q4K;
+    type Micro512 = avx512::Q4KVnni;
+    const MICRO512_VNNI: bool = true;
 }
 
 /// The Q4_K kernel for this CPU.
