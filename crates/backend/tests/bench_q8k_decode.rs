@@ -1,4 +1,4 @@
-//! Decode-shaped Q2_K matmul benchmark (ignored in the normal test run): one "token" is
+//! Decode-shaped Q2_K (or Q4_K) matmul benchmark (ignored in the normal test run): one "token" is
 //! the weight matrices of the 6-layer bench Llama of `bench/make_lowbit_bench_models.py`
 //! (hidden 2048, FFN 5632, 16/4 heads of 128, 300-token head), each multiplied with one
 //! activation row through the thread pool in the backend's decode chunking. The weights
@@ -53,7 +53,11 @@ fn chunk_rows(n_out: usize, threads: usize, na: usize) -> usize {
 #[test]
 #[ignore]
 fn bench_q2k_decode() {
-    let bytes = 84usize;
+    // `NEAGARI_BENCH_TYPE=Q4_K` benches Q4_K instead (f16 d, dmin at the block's start).
+    let (ty, bytes, f16_at) = match std::env::var("NEAGARI_BENCH_TYPE").as_deref() {
+        Ok("Q4_K") => (GgmlType::Q4_K, 144usize, [0usize, 2]),
+        _ => (GgmlType::Q2_K, 84, [80, 82]),
+    };
     let threads: usize = std::env::var("NEAGARI_BENCH_THREADS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -90,12 +94,16 @@ fn bench_q2k_decode() {
     let mut data = vec![0u8; total];
     rng.fill(&mut data[..]);
     for blk in data.chunks_exact_mut(bytes) {
-        for o in [bytes - 4, bytes - 2] {
+        for o in f16_at {
             let v = half::f16::from_f32(rng.gen_range(1e-4f32..2e-2));
             blk[o..o + 2].copy_from_slice(&v.to_le_bytes());
         }
     }
-    let path = std::env::temp_dir().join(format!("neagari_q2k_decode_{}.bin", std::process::id()));
+    let path = std::env::temp_dir().join(format!(
+        "neagari_{}_decode_{}.bin",
+        ty.name(),
+        std::process::id()
+    ));
     std::fs::write(&path, &data).expect("write bench file");
     drop(data);
     let file = std::fs::File::open(&path).expect("open");
@@ -111,7 +119,7 @@ fn bench_q2k_decode() {
     };
 
     let feats = CpuFeatures::detect();
-    let kern = kernel_for(GgmlType::Q2_K, &feats, false).expect("kernel");
+    let kern = kernel_for(ty, &feats, false).expect("kernel");
     // Activation rows per matmul: 1 = decode; more = a prefill batch.
     let na: usize = std::env::var("NEAGARI_BENCH_NA")
         .ok()
@@ -143,7 +151,7 @@ fn bench_q2k_decode() {
     };
     let mut variants: Vec<(&str, GemmFn)> = vec![];
     for f in [no_avx512, no_vnni, feats] {
-        let k = kernel_for(GgmlType::Q2_K, &f, false).expect("kernel");
+        let k = kernel_for(ty, &f, false).expect("kernel");
         if k.isa != "scalar" && !variants.iter().any(|v| v.0 == k.isa) {
             variants.push((k.isa, k.gemm));
         }

@@ -4,6 +4,8 @@
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
 mod lanes;
 
 use super::kernels::{CpuFeatures, MatKernel};
@@ -25,7 +27,8 @@ impl KFormat for Format {
     #[cfg(target_arch = "x86_64")]
     type Micro = avx2::Q4K;
     #[cfg(target_arch = "x86_64")]
-    type Micro512 = avx2::Q4K;
+    type Micro512 = avx512::Q4KVnni;
+    const MICRO512_VNNI: bool = true;
 }
 
 /// The Q4_K kernel for this CPU: on AVX-512 VNNI, prefill's GEMM-order rows go through the
@@ -33,9 +36,8 @@ impl KFormat for Format {
 pub(crate) fn kernel(feats: &CpuFeatures, scalar_only: bool) -> MatKernel {
     let mut k = super::q8_k::kernel::<Format>(feats, scalar_only);
     #[cfg(target_arch = "x86_64")]
-    if k.isa == "avx512vl" && feats.has_avx512vnni() {
+    if k.isa == "avx512vnni" {
         k.gemm = gemm_vnni;
-        k.isa = "avx512vnni";
     }
     k
 }
@@ -44,8 +46,9 @@ pub(crate) fn kernel(feats: &CpuFeatures, scalar_only: bool) -> MatKernel {
 #[cfg(target_arch = "x86_64")]
 const LANES_MIN_NA: usize = 8;
 
-/// The AVX-512VL driver, with the rows llama.cpp sums in its GEMM order (all but the last
-/// `na % 4`) through `lanes::gemm` once there are `LANES_MIN_NA` of them.
+/// The VNNI driver (`avx512.rs`'s decode kernel; the AVX-512VL order elsewhere), with the
+/// rows llama.cpp sums in its GEMM order (all but the last `na % 4`) through `lanes::gemm`
+/// once there are `LANES_MIN_NA` of them.
 #[cfg(target_arch = "x86_64")]
 fn gemm_vnni(
     k: usize,
@@ -58,7 +61,7 @@ fn gemm_vnni(
 ) {
     let split = na - na % 4;
     if split < LANES_MIN_NA {
-        return super::q8_k::gemm_avx512vl::<Format>(k, w, nw, a, na, out, out_stride);
+        return super::q8_k::gemm_avx512vnni::<Format>(k, w, nw, a, na, out, out_stride);
     }
     let r = super::q8_k::tiles::check(k, Format::BYTES, w, nw, a, na, out, out_stride);
     assert!(
@@ -69,7 +72,7 @@ fn gemm_vnni(
     unsafe { lanes::gemm(r, w, nw, a, split, out, out_stride) };
     if split < na {
         // The last na % 4 rows in the GEMV order, as the AVX-512VL driver runs them.
-        super::q8_k::gemm_avx512vl::<Format>(
+        super::q8_k::gemm_avx512vnni::<Format>(
             k,
             w,
             nw,

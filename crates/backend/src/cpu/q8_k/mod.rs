@@ -106,7 +106,7 @@ pub(crate) fn gemm_avx512vl<F: KFormat>(
 }
 
 #[cfg(target_arch = "x86_64")]
-fn gemm_avx512vnni<F: KFormat>(
+pub(crate) fn gemm_avx512vnni<F: KFormat>(
     k: usize,
     w: &[u8],
     nw: usize,
