@@ -270,6 +270,30 @@ impl Attn {
     }
 }
 
+/// Checks a `scatter_add_rows` call (`rows.len()` rows of `[src_rows, src_cols]` scaled by
+/// `scale` into rows of `[dst_rows, dst_cols]`): the contract every backend enforces first.
+pub fn check_scatter_add_rows(
+    rows: &[u32],
+    scale: &[f32],
+    (src_rows, src_cols): (usize, usize),
+    (dst_rows, dst_cols): (usize, usize),
+) -> Result<()> {
+    if rows.len() != src_rows
+        || scale.len() != rows.len()
+        || src_cols != dst_cols
+        || rows.iter().any(|&r| r as usize >= dst_rows)
+    {
+        return Err(BackendError::Shape {
+            op: "scatter_add_rows",
+            detail: format!(
+                "{} rows of {src_rows}x{src_cols} into {dst_rows}x{dst_cols}",
+                rows.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Element type of the KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum KvType {
@@ -625,4 +649,30 @@ pub fn argmax_host(v: &[f32]) -> u32 {
 
 fn not_implemented<B: Backend + ?Sized>(op: &str, be: &B) -> BackendError {
     BackendError::Other(format!("{op} is not implemented on {}", be.name()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scatter_add_rows_contract() {
+        let ok = check_scatter_add_rows(&[0, 3, 3], &[1.0; 3], (3, 8), (4, 8));
+        assert!(ok.is_ok());
+        for (rows, scale, src, dst) in [
+            (&[0u32, 4][..], &[1.0f32; 2][..], (2, 8), (4, 8)), // row past dst
+            (&[0, 1], &[1.0; 3], (2, 8), (4, 8)),               // scale count
+            (&[0, 1], &[1.0; 2], (3, 8), (4, 8)),               // src row count
+            (&[0, 1], &[1.0; 2], (2, 8), (4, 7)),               // widths differ
+        ] {
+            let e = check_scatter_add_rows(rows, scale, src, dst).unwrap_err();
+            assert!(matches!(
+                e,
+                BackendError::Shape {
+                    op: "scatter_add_rows",
+                    ..
+                }
+            ));
+        }
+    }
 }

@@ -6,68 +6,13 @@
 //! Runs only where a CUDA GPU is usable; elsewhere (CI) each test prints why and passes.
 #![cfg(feature = "cuda")]
 
-use std::io::Write;
+mod cuda_common;
+use cuda_common::{cpu, gpu, randv, rel, rng, tensor};
 
-use neagari_backend::cpu::{CpuBackend, CpuOptions};
-use neagari_backend::cuda::{probe, CudaBackend};
-use neagari_backend::{
-    Backend, BackendError, DeltaNet, HeadMap, HostTensor, KvShape, KvType, RecShape, SharedBytes,
-};
+use neagari_backend::cuda::CudaBackend;
+use neagari_backend::{Backend, BackendError, DeltaNet, HeadMap, KvShape, KvType, RecShape};
 use neagari_quant::GgmlType;
-use rand::{rngs::StdRng, Rng, SeedableRng};
-
-fn gpu() -> Option<CudaBackend> {
-    if let Some(why) = probe().unavailable {
-        // Straight to stderr: the test harness would swallow eprintln! of a passing test.
-        let _ = writeln!(
-            std::io::stderr(),
-            "note: skipping a CUDA hybrid test: {why}"
-        );
-        return None;
-    }
-    Some(CudaBackend::new(0).expect("open GPU 0"))
-}
-
-fn cpu() -> CpuBackend {
-    CpuBackend::new(&CpuOptions {
-        threads: 2,
-        scalar_only: false,
-    })
-}
-
-fn rng() -> StdRng {
-    let seed: u64 = std::env::var("NEAGARI_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::thread_rng().gen());
-    eprintln!("seed {seed}");
-    StdRng::seed_from_u64(seed)
-}
-
-fn randv(r: &mut StdRng, n: usize, amp: f32) -> Vec<f32> {
-    (0..n).map(|_| r.gen_range(-amp..amp)).collect()
-}
-
-/// ‖a − b‖ / ‖b‖; a non-finite output fails.
-fn rel(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let (mut num, mut den) = (0f64, 0f64);
-    for (x, y) in a.iter().zip(b) {
-        assert!(x.is_finite(), "non-finite output {x}");
-        num += ((x - y) as f64).powi(2);
-        den += (*y as f64).powi(2);
-    }
-    (num / den.max(1e-30)).sqrt()
-}
-
-fn tensor(ty: GgmlType, shape: Vec<usize>, bytes: Vec<u8>) -> HostTensor {
-    HostTensor {
-        name: "t".into(),
-        ty,
-        shape,
-        bytes: SharedBytes::from_vec(bytes),
-    }
-}
+use rand::{rngs::StdRng, Rng};
 
 fn upload<B: Backend>(be: &B, x: &[f32], rows: usize, cols: usize) -> B::Buf {
     let mut b = be.buf(rows, cols).expect("buf");
@@ -84,7 +29,7 @@ fn download<B: Backend>(be: &B, b: &B::Buf) -> Vec<f32> {
 
 fn vector<B: Backend>(be: &B, v: &[f32]) -> B::Vector {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    be.load_vector(&tensor(GgmlType::F32, vec![v.len()], bytes))
+    be.load_vector(&tensor("t", GgmlType::F32, vec![v.len()], bytes))
         .expect("vector")
 }
 
@@ -337,7 +282,9 @@ fn gating_ops_match_the_cpu() {
                 )
                 .unwrap();
             }
-            let m = g.load_mat(&tensor(ty, vec![n_out, cols], bytes)).unwrap();
+            let m = g
+                .load_mat(&tensor("t", ty, vec![n_out, cols], bytes))
+                .unwrap();
             let mut out = g.buf(1, 1).unwrap();
             g.matmul(&m, &xg, &mut out).unwrap();
             let xn = download(&c, &xc);
@@ -418,7 +365,7 @@ fn moe_ops_match() {
             .expect("quant");
     }
     let m = g
-        .load_mat(&tensor(GgmlType::Q8_0, vec![4 * f, h], bytes))
+        .load_mat(&tensor("t", GgmlType::Q8_0, vec![4 * f, h], bytes))
         .expect("load");
     for rows in [1usize, 5, 11] {
         let xs = upload(&g, &x[..rows * h], rows, h);
@@ -478,7 +425,7 @@ fn lowbit_matmul_and_embed() {
             }
             let m_bytes = bytes.clone();
             let m = g
-                .load_mat(&tensor(ty, vec![rows, cols], bytes))
+                .load_mat(&tensor("t", ty, vec![rows, cols], bytes))
                 .expect("load_mat");
             for n in [1usize, 2, 3, 8, 13] {
                 let x = randv(&mut r, n * cols, 1.0);
@@ -502,7 +449,7 @@ fn lowbit_matmul_and_embed() {
                     // activations to int8, plus a floor for small products (as cuda_ops.rs).
                     let c = cpu();
                     let mc = c
-                        .load_mat(&tensor(ty, vec![rows, cols], m_bytes.clone()))
+                        .load_mat(&tensor("t", ty, vec![rows, cols], m_bytes.clone()))
                         .expect("cpu load_mat");
                     let mut co = c.buf(1, 1).expect("cpu buf");
                     c.matmul(&mc, &upload(&c, &x, n, cols), &mut co)

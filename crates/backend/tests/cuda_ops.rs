@@ -7,64 +7,14 @@
 //! Runs only where a CUDA GPU is usable; elsewhere (CI) each test prints why and passes.
 #![cfg(feature = "cuda")]
 
+mod cuda_common;
+use cuda_common::{cpu, gpu, randv, rel, rng, tensor};
 use std::io::Write;
 
-use neagari_backend::cpu::{CpuBackend, CpuOptions};
-use neagari_backend::cuda::{probe, CudaBackend};
-use neagari_backend::{Attn, Backend, GluAct, HostTensor, KvShape, KvType, Rope, SharedBytes};
+use neagari_backend::cuda::CudaBackend;
+use neagari_backend::{Attn, Backend, GluAct, HostTensor, KvShape, KvType, Rope};
 use neagari_quant::GgmlType;
-use rand::{rngs::StdRng, Rng, SeedableRng};
-
-fn gpu() -> Option<CudaBackend> {
-    if let Some(why) = probe().unavailable {
-        // Straight to stderr: the test harness would swallow eprintln! of a passing test.
-        let _ = writeln!(std::io::stderr(), "note: skipping a CUDA op test: {why}");
-        return None;
-    }
-    Some(CudaBackend::new(0).expect("open GPU 0"))
-}
-
-fn cpu() -> CpuBackend {
-    CpuBackend::new(&CpuOptions {
-        threads: 2,
-        scalar_only: false,
-    })
-}
-
-fn rng() -> StdRng {
-    // Fresh inputs every run; the seed is printed so a failure can be replayed.
-    let seed: u64 = std::env::var("NEAGARI_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::thread_rng().gen());
-    eprintln!("seed {seed}");
-    StdRng::seed_from_u64(seed)
-}
-
-fn randv(r: &mut StdRng, n: usize, amp: f32) -> Vec<f32> {
-    (0..n).map(|_| r.gen_range(-amp..amp)).collect()
-}
-
-/// ‖a − b‖ / ‖b‖, NaN-proof (a NaN fails every comparison).
-fn rel(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let (mut num, mut den) = (0f64, 0f64);
-    for (x, y) in a.iter().zip(b) {
-        assert!(x.is_finite(), "non-finite output {x}");
-        num += ((x - y) as f64).powi(2);
-        den += (*y as f64).powi(2);
-    }
-    (num / den.max(1e-30)).sqrt()
-}
-
-fn tensor(name: &str, ty: GgmlType, shape: Vec<usize>, bytes: Vec<u8>) -> HostTensor {
-    HostTensor {
-        name: name.into(),
-        ty,
-        shape,
-        bytes: SharedBytes::from_vec(bytes),
-    }
-}
+use rand::{rngs::StdRng, Rng};
 
 /// A random `[rows, cols]` matrix of type `ty` and its exact dequantized values.
 fn random_mat(r: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> (HostTensor, Vec<f32>) {

@@ -912,23 +912,7 @@ impl Backend for CpuBackend {
         scale: &[f32],
         src: &CpuBuf,
     ) -> Result<()> {
-        if rows.len() != src.rows
-            || scale.len() != rows.len()
-            || src.cols != dst.cols
-            || rows.iter().any(|&r| r as usize >= dst.rows)
-        {
-            return Err(shape_err(
-                "scatter_add_rows",
-                format!(
-                    "{} rows of {}x{} into {}x{}",
-                    rows.len(),
-                    src.rows,
-                    src.cols,
-                    dst.rows,
-                    dst.cols
-                ),
-            ));
-        }
+        crate::check_scatter_add_rows(rows, scale, (src.rows, src.cols), (dst.rows, dst.cols))?;
         let c = dst.cols;
         for (i, (&r, &a)) in rows.iter().zip(scale).enumerate() {
             simd::axpy(

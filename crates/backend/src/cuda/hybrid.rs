@@ -481,23 +481,7 @@ impl CudaBackend {
         scale: &[f32],
         src: &CudaBuf,
     ) -> Result<()> {
-        if rows.len() != src.rows
-            || scale.len() != rows.len()
-            || src.cols != dst.cols
-            || rows.iter().any(|&r| r as usize >= dst.rows)
-        {
-            return Err(shape_err(
-                "scatter_add_rows",
-                format!(
-                    "{} rows of {}x{} into {}x{}",
-                    rows.len(),
-                    src.rows,
-                    src.cols,
-                    dst.rows,
-                    dst.cols
-                ),
-            ));
-        }
+        crate::check_scatter_add_rows(rows, scale, (src.rows, src.cols), (dst.rows, dst.cols))?;
         if rows.is_empty() || src.cols == 0 {
             return Ok(());
         }

@@ -1,0 +1,63 @@
+//! Helpers shared by the GPU suites (`cuda_ops.rs`, `cuda_hybrid.rs`): the device or a
+//! printed reason to skip, the CPU backend they compare with, seeded random inputs, the
+//! relative error measure and host tensors.
+
+use std::io::Write;
+
+use neagari_backend::cpu::{CpuBackend, CpuOptions};
+use neagari_backend::cuda::{probe, CudaBackend};
+use neagari_backend::{HostTensor, SharedBytes};
+use neagari_quant::GgmlType;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+/// GPU 0, or `None` with a note on stderr where no CUDA device is usable (CI).
+pub fn gpu() -> Option<CudaBackend> {
+    if let Some(why) = probe().unavailable {
+        // Straight to stderr: the test harness would swallow eprintln! of a passing test.
+        let _ = writeln!(std::io::stderr(), "note: skipping a CUDA test: {why}");
+        return None;
+    }
+    Some(CudaBackend::new(0).expect("open GPU 0"))
+}
+
+pub fn cpu() -> CpuBackend {
+    CpuBackend::new(&CpuOptions {
+        threads: 2,
+        scalar_only: false,
+    })
+}
+
+/// Fresh inputs every run; the seed is printed so a failure can be replayed (NEAGARI_SEED).
+pub fn rng() -> StdRng {
+    let seed: u64 = std::env::var("NEAGARI_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::thread_rng().gen());
+    eprintln!("seed {seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+pub fn randv(r: &mut StdRng, n: usize, amp: f32) -> Vec<f32> {
+    (0..n).map(|_| r.gen_range(-amp..amp)).collect()
+}
+
+/// ‖a − b‖ / ‖b‖; a non-finite output fails.
+pub fn rel(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let (mut num, mut den) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        assert!(x.is_finite(), "non-finite output {x}");
+        num += ((x - y) as f64).powi(2);
+        den += (*y as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+pub fn tensor(name: &str, ty: GgmlType, shape: Vec<usize>, bytes: Vec<u8>) -> HostTensor {
+    HostTensor {
+        name: name.into(),
+        ty,
+        shape,
+        bytes: SharedBytes::from_vec(bytes),
+    }
+}
