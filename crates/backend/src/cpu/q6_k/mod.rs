@@ -110,51 +110,11 @@ mod tests {
         if !crate::cpu::avx512_tiles::available() {
             return;
         }
-        let mut rng = StdRng::seed_from_u64(5);
-        for (nb, na, chunk) in [(4, 128, 640), (8, 128, 640), (4, 512, 48), (8, 512, 48)] {
-            let nw = 640;
-            let w = testdata::weights(210, &[208], nb, nw, &mut rng);
-            let a = testdata::acts(nb, na, &mut rng);
-            let mut o = vec![0f32; na * nw];
-            let mut best = [f64::MAX; 2];
-            for _ in 0..10 {
-                for (m, b) in best.iter_mut().enumerate() {
-                    let t = std::time::Instant::now();
-                    if m == 0 {
-                        crate::cpu::q8_k::gemm_avx512vl::<Format>(
-                            256 * nb,
-                            &w,
-                            nw,
-                            &a,
-                            na,
-                            &mut o,
-                            nw,
-                        );
-                    } else {
-                        for j0 in (0..nw).step_by(chunk) {
-                            let c = chunk.min(nw - j0);
-                            let wr = 256 * nb / 256 * Format::BYTES;
-                            gemm_vnni(
-                                256 * nb,
-                                &w[j0 * wr..(j0 + c) * wr],
-                                c,
-                                &a,
-                                na,
-                                &mut o[j0..],
-                                nw,
-                            );
-                        }
-                    }
-                    *b = b.min(t.elapsed().as_secs_f64());
-                }
-            }
-            let gmac = (nw * na * 256 * nb) as f64 / 1e9;
-            eprintln!(
-                "k {} na {na} chunks of {chunk}: avx512vl {:.1} G mul-add/s, lanes {:.1}",
-                256 * nb,
-                gmac / best[0],
-                gmac / best[1]
-            );
-        }
+        testdata::lanes_speed(
+            210,
+            &[208],
+            crate::cpu::q8_k::gemm_avx512vl::<Format>,
+            gemm_vnni,
+        );
     }
 }
