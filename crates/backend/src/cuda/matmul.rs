@@ -1,0 +1,607 @@
+//! Matmul on the CUDA backend: per-format kernel loading, the integer (q8_1 × packed) and
+//! float GEMVs for up to 8 activation rows, `matmul_multi`'s grouped launches, and prefill
+//! through an f16 tile and cuBLAS. The kernels are gemv_int.cu, matmul.cu and lowbit.cu.
+
+use cudarc::cublas::sys as blas_sys;
+
+use super::*;
+
+impl CudaBackend {
+    pub(super) fn fmt_kernels(&self, ty: GgmlType) -> Result<Arc<FmtKernels>> {
+        let mut fm = self.fmts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = fm.get(&ty) {
+            return Ok(k.clone());
+        }
+        let st = fmt_struct(ty).ok_or(BackendError::NoKernel {
+            op: "matmul",
+            device: "cuda",
+            ty,
+        })?;
+        let (name, defines, src) = fmt_module(st, ty);
+        let ptx = compile(&name, &self.arch, &defines, &src)?;
+        let m = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .map_err(drv)?;
+        let f = |n: &str| m.load_function(n).map_err(drv);
+        let k = Arc::new(FmtKernels {
+            mv: [f("mv1")?, f("mv2")?, f("mv4")?, f("mv8")?],
+            mv1x4: f("mv1x4")?,
+            embed: f("embed")?,
+            dequant_f16: f("dequant_f16")?,
+            int: match int_struct(ty) {
+                Some(_) => Some(IntKernels {
+                    quant: f("quant_q8_1")?,
+                    mv: [f("mvq1")?, f("mvq2")?, f("mvq4")?, f("mvq8")?],
+                    mv1x4: f("mvq1x4")?,
+                    mv1x8: f("mvq1x8")?,
+                    mv1x1: f("mvq1x1")?,
+                    multi: [
+                        f("mvqm1x1")?,
+                        f("mvqm1x2")?,
+                        f("mvqm1x4")?,
+                        f("mvqm2")?,
+                        f("mvqm4")?,
+                        f("mvqm8")?,
+                        f("mvqm1x8")?,
+                    ],
+                }),
+                None => None,
+            },
+        });
+        fm.insert(ty, k.clone());
+        Ok(k)
+    }
+
+    /// Packed rows of a host tensor as the kernels read them (float rows padded to whole
+    /// 32-value units).
+    pub(super) fn pack_rows(t: &HostTensor, rows: usize, cols: usize) -> Result<(Vec<u8>, usize)> {
+        let src = t.bytes.as_slice();
+        let row_bytes = t.ty.row_bytes(cols).ok_or_else(|| {
+            shape_err(
+                "load_mat",
+                format!("{}: row of {cols} is not whole {} blocks", t.name, t.ty),
+            )
+        })?;
+        if row_bytes * rows != src.len() {
+            return Err(shape_err(
+                "load_mat",
+                format!("{}: {} bytes for {rows}x{cols} {}", t.name, src.len(), t.ty),
+            ));
+        }
+        if !is_float(t.ty) || cols.is_multiple_of(32) {
+            return Ok((src.to_vec(), row_bytes));
+        }
+        let padded = cols.div_ceil(32) * 32 * (row_bytes / cols);
+        let mut out = vec![0u8; padded * rows];
+        for r in 0..rows {
+            out[r * padded..r * padded + row_bytes]
+                .copy_from_slice(&src[r * row_bytes..(r + 1) * row_bytes]);
+        }
+        Ok((out, padded))
+    }
+
+    /// Device addresses of the q8_1 codes and (d, d·Σq) pairs of `rows` × `units` in the
+    /// scratch, grown if needed (which drops what it held).
+    pub(super) fn xq_reserve(
+        &self,
+        sc: &mut Scratch,
+        rows: usize,
+        units: usize,
+    ) -> Result<(u64, u64)> {
+        let codes = rows * units * 32;
+        // The pairs follow the codes, 8-byte aligned (codes are whole 32s).
+        let need = codes + rows * units * 8;
+        if sc.xq.as_ref().is_none_or(|b| b.len() < need) {
+            self.check_alloc("the q8_1 scratch")?;
+            self.scratch_moved();
+            sc.xq = None;
+            sc.xq_key = None;
+            // SAFETY: u8 has no invalid bit patterns; a q8_1 writer (quant_q8_1, rms_norm_q,
+            // glu_*_q) fills every byte a GEMV reads before it runs (same stream).
+            sc.xq = Some(
+                unsafe { self.stream.alloc::<u8>(need.max(1 << 16)) }
+                    .map_err(|e| BackendError::OutOfMemory(format!("q8_1 scratch: {e:?}")))?,
+            );
+        }
+        let qp = sc.xq.as_ref().map_or(0, |b| self.dptr(b));
+        Ok((qp, qp + codes as u64))
+    }
+
+    /// Whether an op writing `rows` × `cols` at `op` should also write it as q8_1: decode
+    /// rows (they go to the GEMV) of whole 32-value units.
+    pub(super) fn fuse_q8_1(rows: usize, cols: usize) -> bool {
+        rows <= MV_MAX_ROWS && cols.is_multiple_of(32) && cols > 0
+    }
+
+    /// The q8_1 copy of `x` (`cols` wide) in the scratch: reused when it is still what the
+    /// scratch holds (see [`Scratch::xq_key`]), else one `quant_q8_1` launch.
+    pub(super) fn xq_input(
+        &self,
+        sc: &mut Scratch,
+        k: &IntKernels,
+        x: &CudaBuf,
+        cols: usize,
+    ) -> Result<(u64, u64)> {
+        let (n, units) = (x.rows, cols.div_ceil(32));
+        let xp = self.dptr(&x.data);
+        let key = (xp, n, cols, self.gen.load(Ordering::Relaxed));
+        let fresh = sc.xq_key == Some(key);
+        let (qp, dsp) = self.xq_reserve(sc, n, units)?;
+        if !fresh {
+            let (cols_i, units_i) = (cols as i32, units as i32);
+            let cfg = LaunchConfig {
+                grid_dim: (units.div_ceil(4) as u32, n as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(@keep self, &k.quant, cfg, &xp, &qp, &dsp, &cols_i, &units_i)?;
+            sc.xq_key = Some(key);
+        }
+        Ok((qp, dsp))
+    }
+
+    /// Warps per block of the integer GEMV for rows of `units` 32-value units: the fewest
+    /// that take the row in the fewest rounds of one unit a thread. With four warps a
+    /// 5120-wide row (160 units) took two rounds, the second with a quarter of the threads.
+    pub(super) fn mv_warps(&self, units: usize) -> usize {
+        if let Some(w) = self.mv_warps {
+            return w;
+        }
+        let rounds = units.div_ceil(32 * MVQ_WARPS).max(1);
+        units.div_ceil(32 * rounds).clamp(1, MVQ_WARPS)
+    }
+
+    /// Weight rows per block of the one-row integer GEMV. Four from 4096-wide rows (fewer x
+    /// loads per weight row), two below, but fewer while that leaves under four blocks per
+    /// SM: Llama 3 8B's k/v (1024 × 4096) in 256 blocks ran at 10% of the DRAM peak (ncu,
+    /// H200).
+    ///
+    /// Eight where wide rows are under 2 KiB (1- and 2-bit formats): the 27B-shaped Q1_0 and
+    /// TQ2_0 files decoded 174.4 / 146.5 tok/s with eight against 170.0 / 140.5 with four
+    /// (H200); Q4_K's 2,880-byte rows were level.
+    pub(super) fn mv_per_block(&self, rows: usize, cols: usize, row_bytes: usize) -> usize {
+        self.mv_rows.unwrap_or_else(|| {
+            let mut r = match (cols >= 4096, row_bytes < 2048) {
+                (true, true) => 8,
+                (true, false) => 4,
+                _ => 2,
+            };
+            while r > 1 && rows / r < 4 * self.n_sm {
+                r /= 2;
+            }
+            r
+        })
+    }
+
+    /// `matmul_multi` on the integer GEMV: every matrix of one format and width, up to 8
+    /// activation rows; four matrices a launch.
+    pub(super) fn matmul_multi_int(
+        &self,
+        k: &IntKernels,
+        ws: &[&CudaMat],
+        x: &CudaBuf,
+        outs: &mut [&mut CudaBuf],
+    ) -> Result<()> {
+        let (n, cols) = (x.rows, x.cols);
+        for (w, o) in ws.iter().zip(outs.iter_mut()) {
+            self.reshape(o, n, w.rows)?;
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let units = cols.div_ceil(32);
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let (qp, dsp) = self.xq_input(&mut sc, k, x, cols)?;
+        // The activation rows' share of the launch picks the kernel; one weight row per
+        // block from 4 activation rows, as `mvq4` / `mvq8`.
+        let total: usize = ws.iter().map(|w| w.rows).sum();
+        let (func, r) = match n {
+            1 => match self.mv_per_block(total, cols, ws[0].row_bytes) {
+                1 => (&k.multi[0], 1),
+                2 => (&k.multi[1], 2),
+                8 => (&k.multi[6], 8),
+                _ => (&k.multi[2], 4),
+            },
+            2 => (&k.multi[3], 2),
+            3 | 4 => (&k.multi[4], 1),
+            _ => (&k.multi[5], 1),
+        };
+        let warps = self.mv_warps(units);
+        let (units_i, rb, nr_i) = (units as i32, ws[0].row_bytes as i64, n as i32);
+        let ops: Vec<u64> = outs.iter().map(|o| self.dptr(&o.data)).collect();
+        for c in 0..ws.len().div_ceil(4) {
+            let idx: Vec<usize> = (4 * c..(4 * c + 4).min(ws.len())).collect();
+            let mut wp = [0u64; 4];
+            let mut yp = [0u64; 4];
+            let mut rows = [0i32; 4];
+            // Block starts of matrices 1..3; an unused one starts past the grid.
+            let mut starts = [i32::MAX; 4];
+            let mut blocks = 0usize;
+            for (j, &i) in idx.iter().enumerate() {
+                starts[j] = blocks as i32;
+                wp[j] = self.dptr(&ws[i].data);
+                yp[j] = ops[i];
+                rows[j] = ws[i].rows as i32;
+                blocks += ws[i].rows.div_ceil(r);
+            }
+            let cfg = LaunchConfig {
+                grid_dim: (blocks as u32, 1, 1),
+                block_dim: ((warps * 32) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(
+                @keep self, func, cfg, &wp[0], &wp[1], &wp[2], &wp[3], &yp[0], &yp[1], &yp[2],
+                &yp[3], &rows[0], &rows[1], &rows[2], &rows[3], &starts[1], &starts[2],
+                &starts[3], &qp, &dsp, &units_i, &rb, &nr_i
+            )?;
+        }
+        // The outputs are new data at their addresses: a cached quantization is stale.
+        if sc.xq_key.is_some_and(|(p, ..)| ops.contains(&p)) {
+            sc.xq_key = None;
+        }
+        Ok(())
+    }
+
+    /// Integer GEMV: x quantized to q8_1 (once per input, see [`Scratch::xq_key`]), then
+    /// `mvqN` 8 rows per launch.
+    pub(super) fn matmul_gemv_int(
+        &self,
+        k: &IntKernels,
+        w: &CudaMat,
+        x: &CudaBuf,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let n = x.rows;
+        let units = w.cols.div_ceil(32);
+        let op = self.dptr(&out.data);
+        let wp = self.dptr(&w.data);
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let (qp, dsp) = self.xq_input(&mut sc, k, x, w.cols)?;
+        let units_i = units as i32;
+        let (rows_i, rb) = (w.rows as i32, w.row_bytes as i64);
+        let mut r0 = 0;
+        while r0 < n {
+            let nr = (n - r0).min(MV_MAX_ROWS);
+            let which = match nr {
+                1 => 0,
+                2 => 1,
+                3 | 4 => 2,
+                _ => 3,
+            };
+            // Four weight rows per block from 4096-wide rows (fewer x loads per weight row),
+            // two below, but fewer while that leaves under four blocks per SM: Llama 3 8B's
+            // k/v (1024 × 4096) in 256 blocks ran at 10% of the DRAM peak (ncu, H200).
+            let per_block = self.mv_per_block(w.rows, w.cols, w.row_bytes);
+            let (func, rows_per_block) = if which == 0 && per_block == 8 {
+                (&k.mv1x8, 8)
+            } else if which == 0 && per_block == 4 {
+                (&k.mv1x4, 4)
+            } else if which == 0 && per_block == 1 {
+                (&k.mv1x1, 1)
+            } else {
+                (&k.mv[which], MVQ_ROWS_PER_BLOCK[which])
+            };
+            let warps = self.mv_warps(units);
+            let cfg = LaunchConfig {
+                grid_dim: (w.rows.div_ceil(rows_per_block) as u32, 1, 1),
+                block_dim: ((warps * 32) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let xr = qp + (r0 * units * 32) as u64;
+            let dr = dsp + (r0 * units * 8) as u64;
+            let orr = op + (r0 * w.rows * 4) as u64;
+            let nr_i = nr as i32;
+            launch!(@keep self, func, cfg, &wp, &xr, &dr, &orr, &rows_i, &units_i, &rb, &nr_i)?;
+            r0 += nr;
+        }
+        // The output is new data at its address: a cached quantization of it is stale.
+        if sc.xq_key.is_some_and(|(p, ..)| p == op) {
+            sc.xq_key = None;
+        }
+        Ok(())
+    }
+
+    /// `out[r0.., :] = W · x[r0..r0 + n, :]` through the GEMV kernels, 8 rows per launch.
+    pub(super) fn matmul_gemv(&self, w: &CudaMat, x: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
+        if let (Some(k), true) = (&w.k.int, self.mv_int) {
+            return self.matmul_gemv_int(k, w, x, out);
+        }
+        let n = x.rows;
+        let xp = self.dptr(&x.data);
+        let op = self.dptr(&out.data);
+        let wp = self.dptr(&w.data);
+        let (rows_i, cols_i, rb) = (w.rows as i32, w.cols as i32, w.row_bytes as i64);
+        let mut r0 = 0;
+        while r0 < n {
+            let nr = (n - r0).min(MV_MAX_ROWS);
+            let which = match nr {
+                1 => 0,
+                2 => 1,
+                3 | 4 => 2,
+                _ => 3,
+            };
+            // Four weight rows per block for wide rows: Llama-3-8B-shaped Q4_K decode 146 vs
+            // 122 tok/s on the H200; on 640–3072-wide rows (Gemma 3 270M, Qwen3 0.6B
+            // shapes) two rows were 3–4% faster (docs/BENCHMARKS.md).
+            let four = self.mv_rows.map_or(w.cols >= 4096, |n| n >= 4);
+            let (func, rows_per_block) = if which == 0 && four {
+                (&w.k.mv1x4, 4)
+            } else {
+                (&w.k.mv[which], MV_ROWS_PER_BLOCK[which])
+            };
+            // One to four warps per block: as many as the row has 32-wide units for.
+            let warps = w.cols.div_ceil(32 * 32).clamp(1, MV_WARPS);
+            let cfg = LaunchConfig {
+                grid_dim: (w.rows.div_ceil(rows_per_block) as u32, 1, 1),
+                block_dim: ((warps * 32) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let xr = xp + (r0 * w.cols * 4) as u64;
+            let orr = op + (r0 * w.rows * 4) as u64;
+            let nr_i = nr as i32;
+            launch!(self, func, cfg, &wp, &xr, &orr, &rows_i, &cols_i, &rb, &nr_i)?;
+            r0 += nr;
+        }
+        Ok(())
+    }
+
+    /// Batches of F32 weights: one f32 GEMM on the stored rows (no f16 rounding, which
+    /// would cost an f32 model its precision).
+    pub(super) fn matmul_sgemm(
+        &self,
+        blas: &CudaBlas,
+        w: &CudaMat,
+        x: &CudaBuf,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let (wp, xp, op) = (self.dptr(&w.data), self.dptr(&x.data), self.dptr(&out.data));
+        let (alpha, beta) = (1f32, 0f32);
+        // Column-major: out^T [rows, n] = W [cols, rows]^T (ld = padded row) · x^T [cols, n].
+        // SAFETY: W holds rows × row_bytes/4 f32, x n × cols, out n × rows; the handle's
+        // stream is this backend's stream.
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                w.rows as i32,
+                x.rows as i32,
+                w.cols as i32,
+                &alpha as *const f32 as *const _,
+                wp as *const _,
+                blas_sys::cudaDataType_t::CUDA_R_32F,
+                (w.row_bytes / 4) as i32,
+                xp as *const _,
+                blas_sys::cudaDataType_t::CUDA_R_32F,
+                w.cols as i32,
+                &beta as *const f32 as *const _,
+                op as *mut _,
+                blas_sys::cudaDataType_t::CUDA_R_32F,
+                w.rows as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(drv)
+    }
+
+    /// Batches: dequantize W to f16, convert x to f16, one cuBLAS GEMM into f32.
+    pub(super) fn matmul_blas(
+        &self,
+        blas: &CudaBlas,
+        w: &CudaMat,
+        x: &CudaBuf,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let n = x.rows;
+        let units = w.cols.div_ceil(32);
+        let kp = units * 32;
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let need_w = w.rows * kp;
+        if sc.w16.as_ref().is_none_or(|s| s.len() < need_w) {
+            sc.w16 = None;
+            sc.w16 = Some(self.stream.alloc_zeros::<u16>(need_w).map_err(|e| {
+                BackendError::OutOfMemory(format!("f16 tile of {need_w} values: {e:?}"))
+            })?);
+        }
+        let need_x = n * kp;
+        if sc.x16.as_ref().is_none_or(|s| s.len() < need_x) {
+            sc.x16 = Some(self.stream.alloc_zeros::<u16>(need_x).map_err(drv)?);
+        }
+        let (w16, x16) = match (&sc.w16, &sc.x16) {
+            (Some(a), Some(b)) => (self.dptr(a), self.dptr(b)),
+            _ => return Err(BackendError::Other("cuda: scratch missing".into())),
+        };
+        let wp = self.dptr(&w.data);
+        let (rows_i, units_i, rb) = (w.rows as i32, units as i32, w.row_bytes as i64);
+        launch!(
+            self,
+            &w.k.dequant_f16,
+            cfg1(w.rows * units * 4, 256),
+            &wp,
+            &w16,
+            &rows_i,
+            &units_i,
+            &rb
+        )?;
+        let xp = self.dptr(&x.data);
+        let (n_i, cols_i, kp_i) = (n as i32, w.cols as i32, kp as i32);
+        launch!(
+            self,
+            &self.ops.to_f16,
+            cfg1(n * kp, 256),
+            &xp,
+            &x16,
+            &n_i,
+            &cols_i,
+            &kp_i
+        )?;
+        let op = self.dptr(&out.data);
+        let (alpha, beta) = (1f32, 0f32);
+        // Column-major view: out^T [rows, n] = W [kp, rows]^T · x^T [kp, n].
+        // SAFETY: w16 holds rows·kp f16, x16 n·kp f16, out n·rows f32; the handle's stream
+        // is this backend's stream.
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                w.rows as i32,
+                n as i32,
+                kp as i32,
+                &alpha as *const f32 as *const _,
+                w16 as *const _,
+                blas_sys::cudaDataType_t::CUDA_R_16F,
+                kp as i32,
+                x16 as *const _,
+                blas_sys::cudaDataType_t::CUDA_R_16F,
+                kp as i32,
+                &beta as *const f32 as *const _,
+                op as *mut _,
+                blas_sys::cudaDataType_t::CUDA_R_32F,
+                w.rows as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(drv)
+    }
+
+    pub(super) fn embed_op(
+        &self,
+        table: &CudaMat,
+        ids: &[u32],
+        scale: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= table.rows) {
+            return Err(shape_err(
+                "embed",
+                format!("token id {bad} ≥ vocab {}", table.rows),
+            ));
+        }
+        self.reshape(out, ids.len(), table.cols)?;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let in_step = self.step_mode() != graph::OFF;
+        if in_step && ids.len() != 1 {
+            return Err(shape_err(
+                "embed",
+                format!("{} ids in a one-token decode step", ids.len()),
+            ));
+        }
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let idp = if in_step {
+            // `step_begin` uploaded the token after the position.
+            self.step_posp() + 4
+        } else {
+            if sc.ids.as_ref().is_none_or(|s| s.len() < ids.len()) {
+                self.check_alloc("the token id scratch")?;
+                self.scratch_moved();
+                sc.ids = Some(
+                    self.stream
+                        .alloc_zeros::<u32>(ids.len().max(512))
+                        .map_err(drv)?,
+                );
+            }
+            let Some(idb) = sc.ids.as_mut() else {
+                return Err(BackendError::Other("cuda: id scratch missing".into()));
+            };
+            let mut view = idb.slice_mut(0..ids.len());
+            self.stream.memcpy_htod(ids, &mut view).map_err(drv)?;
+            self.dptr(idb)
+        };
+        let units = table.cols.div_ceil(32);
+        let cfg = LaunchConfig {
+            grid_dim: (ids.len() as u32, units.div_ceil(128) as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (wp, op) = (self.dptr(&table.data), self.dptr(&out.data));
+        let (cols_i, rb) = (table.cols as i32, table.row_bytes as i64);
+        launch!(
+            self,
+            &table.k.embed,
+            cfg,
+            &wp,
+            &idp,
+            &op,
+            &cols_i,
+            &rb,
+            &scale
+        )
+    }
+
+    pub(super) fn matmul_op(&self, w: &CudaMat, x: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
+        if x.cols != w.cols {
+            return Err(shape_err(
+                "matmul",
+                format!("x has {} cols, W is {}x{}", x.cols, w.rows, w.cols),
+            ));
+        }
+        self.reshape(out, x.rows, w.rows)?;
+        if x.rows == 0 {
+            return Ok(());
+        }
+        match &self.blas {
+            Some(b) if x.rows > MV_MAX_ROWS && w.ty == GgmlType::F32 => {
+                self.matmul_sgemm(b, w, x, out)
+            }
+            Some(b) if x.rows > MV_MAX_ROWS => self.matmul_blas(b, w, x, out),
+            _ => self.matmul_gemv(w, x, out),
+        }
+    }
+
+    pub(super) fn matmul_multi_op(
+        &self,
+        ws: &[&CudaMat],
+        x: &CudaBuf,
+        outs: &mut [&mut CudaBuf],
+    ) -> Result<()> {
+        if ws.len() != outs.len() {
+            return Err(shape_err(
+                "matmul_multi",
+                format!("{} matrices, {} outputs", ws.len(), outs.len()),
+            ));
+        }
+        // One launch per format (and row size) among the matrices that take the integer
+        // GEMV; the rest one by one.
+        let int_ok = |w: &CudaMat| {
+            x.rows <= MV_MAX_ROWS && self.mv_int && w.cols == x.cols && w.k.int.is_some()
+        };
+        let mut done = vec![false; ws.len()];
+        for i in 0..ws.len() {
+            if done[i] {
+                continue;
+            }
+            let w0 = ws[i];
+            let (Some(k), true) = (&w0.k.int, int_ok(w0)) else {
+                done[i] = true;
+                self.matmul(w0, x, outs[i])?;
+                continue;
+            };
+            let group: Vec<usize> = (i..ws.len())
+                .filter(|&j| {
+                    !done[j]
+                        && ws[j].ty == w0.ty
+                        && ws[j].row_bytes == w0.row_bytes
+                        && int_ok(ws[j])
+                })
+                .collect();
+            let gw: Vec<&CudaMat> = group.iter().map(|&j| ws[j]).collect();
+            let mut go: Vec<&mut CudaBuf> = outs
+                .iter_mut()
+                .enumerate()
+                .filter(|(j, _)| group.contains(j))
+                .map(|(_, o)| &mut **o)
+                .collect();
+            self.matmul_multi_int(k, &gw, x, &mut go)?;
+            for j in group {
+                done[j] = true;
+            }
+        }
+        Ok(())
+    }
+}
