@@ -490,6 +490,46 @@ pub trait Backend: Send + Sync + 'static {
     fn add_bias(&self, x: &mut Self::Buf, b: &Self::Vector) -> Result<()>;
     /// `gate = act(gate) * up`, in place in `gate`.
     fn glu(&self, gate: &mut Self::Buf, up: &Self::Buf, act: GluAct) -> Result<()>;
+    /// `g = act(W_gate · x) ⊙ (W_up · x)`, `u` = W_up · x (scratch): a gated MLP's
+    /// projections and its GLU, which a device backend may run as one launch.
+    fn matmul_glu(
+        &self,
+        gate: &Self::Mat,
+        up: &Self::Mat,
+        x: &Self::Buf,
+        act: GluAct,
+        g: &mut Self::Buf,
+        u: &mut Self::Buf,
+    ) -> Result<()> {
+        self.matmul_multi(&[gate, up], x, &mut [&mut *g, &mut *u])?;
+        self.glu(g, u, act)
+    }
+    /// The attention input: per-head RMSNorm of q and k (each when its weight is given),
+    /// then RoPE of q with `rope_q` and of k with `rope_k` (`rope` on each), in one call
+    /// that a device backend may run as one launch.
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_rope(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        q_norm: Option<&Self::Vector>,
+        k_norm: Option<&Self::Vector>,
+        eps: f32,
+        head_dim: usize,
+        pos0: usize,
+        rope_q: &Rope,
+        rope_k: &Rope,
+        freq_factors: Option<&Self::Vector>,
+    ) -> Result<()> {
+        if let Some(w) = q_norm {
+            self.rms_norm_inplace(q, w, eps)?;
+        }
+        if let Some(w) = k_norm {
+            self.rms_norm_inplace(k, w, eps)?;
+        }
+        self.rope(q, head_dim, pos0, rope_q, freq_factors)?;
+        self.rope(k, head_dim, pos0, rope_k, freq_factors)
+    }
     /// `x = cap * tanh(x / cap)`.
     fn softcap(&self, x: &mut Self::Buf, cap: f32) -> Result<()>;
     /// Rotate each head of each row; row r sits at position `pos0 + r`. `freq_factors`
@@ -585,6 +625,31 @@ pub trait Backend: Send + Sync + 'static {
         _eps: f32,
     ) -> Result<()> {
         Err(not_implemented("rms_norm_gated", self))
+    }
+    /// A Gated DeltaNet layer between its projections and `ssm_out`: `ssm_conv` of `qkv`
+    /// with `conv`, `gated_delta` into `out`, then `rms_norm_gated(out, norm, z, eps)`.
+    /// `qkv` is left in an unspecified state. A device backend may run a decode row as one
+    /// kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn delta_net(
+        &self,
+        kv: &mut Self::Kv,
+        layer: usize,
+        qkv: &mut Self::Buf,
+        conv: &Self::Vector,
+        alpha: &Self::Buf,
+        beta: &Self::Buf,
+        a_neg: &Self::Vector,
+        dt_bias: &Self::Vector,
+        net: &DeltaNet,
+        norm: &Self::Vector,
+        z: &Self::Buf,
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        self.ssm_conv(kv, layer, qkv, conv)?;
+        self.gated_delta(kv, layer, qkv, alpha, beta, a_neg, dt_bias, net, out)?;
+        self.rms_norm_gated(out, norm, z, eps)
     }
     /// `x *= sigmoid(gate)` elementwise (same shape).
     fn mul_sigmoid(&self, _x: &mut Self::Buf, _gate: &Self::Buf) -> Result<()> {

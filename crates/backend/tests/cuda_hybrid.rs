@@ -480,3 +480,142 @@ fn lowbit_matmul_and_embed() {
         }
     }
 }
+
+/// Differing values of two outputs (0: the same bits).
+fn n_diff(a: &[f32], b: &[f32]) -> usize {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
+/// `delta_net` (a decode row: one `delta_step` kernel) against the three separate GPU ops
+/// and the CPU backend, step after step on three caches (so the conv window and the state
+/// it leaves are checked too), prefill rows in between, both head maps, ragged heads and
+/// the 27B shape; where the head is whole 32-value units, the q8_1 it leaves for `ssm_out`
+/// feeds a matmul that must match the exact product of the CPU's output.
+#[test]
+fn delta_net_fused_matches_the_separate_ops() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut r = rng();
+    let nets = [
+        (2, 4, 16, 16, HeadMap::Grouped),
+        (2, 6, 32, 64, HeadMap::Tiled),
+        (1, 3, 20, 40, HeadMap::Grouped),
+        (4, 12, 128, 128, HeadMap::Tiled),
+        (16, 48, 128, 128, HeadMap::Tiled),
+        (16, 32, 128, 128, HeadMap::Grouped),
+    ];
+    for (nk, nv, dk, dv, map) in nets {
+        let net = DeltaNet {
+            n_k_heads: nk,
+            n_v_heads: nv,
+            d_k: dk,
+            d_v: dv,
+            map,
+        };
+        let cols = 2 * nk * dk + nv * dv;
+        let kconv = 4;
+        let rs = RecShape {
+            n_layers: 2,
+            conv_channels: cols,
+            conv_kernel: kconv,
+            n_v_heads: nv,
+            d_k: dk,
+            d_v: dv,
+        };
+        let (mut kf, mut ks, mut kc) = (rec_kv(&g, &rs), rec_kv(&g, &rs), rec_kv(&c, &rs));
+        let a_neg: Vec<f32> = (0..nv).map(|_| -r.gen_range(1.0f32..8.0)).collect();
+        let dt = randv(&mut r, nv, 0.5);
+        let cw = randv(&mut r, cols * kconv, 0.5);
+        let nw = randv(&mut r, dv, 1.5);
+        let (ag, ac) = (vector(&g, &a_neg), vector(&c, &a_neg));
+        let (dg, dc) = (vector(&g, &dt), vector(&c, &dt));
+        let (cwg, cwc) = (vector(&g, &cw), vector(&c, &cw));
+        let (nwg, nwc) = (vector(&g, &nw), vector(&c, &nw));
+        // ssm_out for the q8_1 check.
+        let vd = nv * dv;
+        let out_mat = (dv % 32 == 0).then(|| {
+            let ty = GgmlType::Q8_0;
+            let (n_out, rb) = (40, ty.row_bytes(vd).unwrap());
+            let mut bytes = vec![0u8; n_out * rb];
+            let mut deq = vec![0f32; n_out * vd];
+            for o in 0..n_out {
+                let v = randv(&mut r, vd, 1.0);
+                neagari_quant::quantize_row(ty, &v, &mut bytes[o * rb..(o + 1) * rb]).unwrap();
+                neagari_quant::dequantize_row(
+                    ty,
+                    &bytes[o * rb..(o + 1) * rb],
+                    &mut deq[o * vd..(o + 1) * vd],
+                )
+                .unwrap();
+            }
+            let m = g
+                .load_mat(&tensor("t", ty, vec![n_out, vd], bytes))
+                .unwrap();
+            (m, deq, n_out)
+        });
+        for (step, n) in [5usize, 1, 1, 1, 1, 2, 1, 1].into_iter().enumerate() {
+            for layer in 0..2 {
+                let inp = gd_inputs(&mut r, &net, n);
+                let z = randv(&mut r, n * vd, 3.0);
+                // Fused (GPU), the three ops (GPU), the default (CPU).
+                let mut qf = upload(&g, &inp.qkv, n, cols);
+                let (alg, beg) = (upload(&g, &inp.alpha, n, nv), upload(&g, &inp.beta, n, nv));
+                let zg = upload(&g, &z, n, vd);
+                let mut of = g.buf(1, 1).unwrap();
+                g.delta_net(
+                    &mut kf, layer, &mut qf, &cwg, &alg, &beg, &ag, &dg, &net, &nwg, &zg, 1e-6,
+                    &mut of,
+                )
+                .expect("fused");
+                let prod_f = out_mat.as_ref().map(|(m, ..)| {
+                    let mut o = g.buf(1, 1).unwrap();
+                    g.matmul(m, &of, &mut o).unwrap();
+                    download(&g, &o)
+                });
+                let mut qs = upload(&g, &inp.qkv, n, cols);
+                let mut os = g.buf(1, 1).unwrap();
+                g.ssm_conv(&mut ks, layer, &mut qs, &cwg).unwrap();
+                g.gated_delta(&mut ks, layer, &qs, &alg, &beg, &ag, &dg, &net, &mut os)
+                    .unwrap();
+                g.rms_norm_gated(&mut os, &nwg, &zg, 1e-6).unwrap();
+                let mut qc = upload(&c, &inp.qkv, n, cols);
+                let (alc, bec) = (upload(&c, &inp.alpha, n, nv), upload(&c, &inp.beta, n, nv));
+                let zc = upload(&c, &z, n, vd);
+                let mut oc = c.buf(1, 1).unwrap();
+                c.delta_net(
+                    &mut kc, layer, &mut qc, &cwc, &alc, &bec, &ac, &dc, &net, &nwc, &zc, 1e-6,
+                    &mut oc,
+                )
+                .expect("cpu");
+                let (vf, vs, vc) = (download(&g, &of), download(&g, &os), download(&c, &oc));
+                assert_eq!(g.buf_shape(&of), (n, vd));
+                let name = format!(
+                    "delta_net {nk}/{nv} heads {dk}x{dv} {map:?}, step {step} ({n} rows), layer {layer}"
+                );
+                let d = n_diff(&vf, &vs);
+                println!(
+                    "{name}: {d} of {} values differ from the separate ops",
+                    vf.len()
+                );
+                check(&format!("{name} vs separate GPU ops"), 1e-6, &vf, &vs);
+                check(&format!("{name} vs CPU"), 2e-5, &vf, &vc);
+                if let (Some(pf), Some((_, deq, n_out))) = (prod_f, &out_mat) {
+                    let want: Vec<f32> = (0..n * n_out)
+                        .map(|i| {
+                            let (t, o) = (i / n_out, i % n_out);
+                            (0..vd)
+                                .map(|k| deq[o * vd + k] as f64 * vc[t * vd + k] as f64)
+                                .sum::<f64>() as f32
+                        })
+                        .collect();
+                    let e = rel(&pf, &want);
+                    assert!(e < 1.2e-2, "{name} → ssm_out: {e:.2e}");
+                }
+            }
+        }
+    }
+}

@@ -722,3 +722,245 @@ fn fused_multi_matmul_and_add_norm() {
         }
     }
 }
+
+/// Differing values of two outputs (0: the same bits).
+fn n_diff(a: &[f32], b: &[f32]) -> usize {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
+/// `matmul_glu` (gate, up and the GLU in one launch, plus the q8_1 of its output where the
+/// rows are whole 32-value units) against `matmul_multi` + `glu` on the GPU (the same
+/// bits), the CPU backend, and the down projection of its output against the down
+/// projection of the separate ops' output; a later change of the output must not reuse
+/// the q8_1 it left.
+#[test]
+fn fused_matmul_glu() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut r = rng();
+    // (format, ffn rows, model width): Gemma 3 270M's, a ragged one (no q8_1), wider ones.
+    let cases = [
+        (GgmlType::Q1_0, 2048, 640),
+        (GgmlType::Q8_0, 2048, 640),
+        (GgmlType::Q4_K, 1024, 768),
+        (GgmlType::TQ2_0, 512, 1024),
+        (GgmlType::Q8_0, 200, 256),
+        (GgmlType::Q6_K, 768, 4096),
+    ];
+    for (ty, f, h) in cases {
+        let (tg, _) = random_mat(&mut r, ty, f, h);
+        let (tu, _) = random_mat(&mut r, ty, f, h);
+        let (gm, um) = (g.load_mat(&tg).unwrap(), g.load_mat(&tu).unwrap());
+        let (gc, uc) = (c.load_mat(&tg).unwrap(), c.load_mat(&tu).unwrap());
+        let down = (f % 32 == 0).then(|| {
+            let (t, deq) = random_mat(&mut r, GgmlType::Q8_0, 64, f);
+            (g.load_mat(&t).unwrap(), deq)
+        });
+        for n in [1usize, 2, 3, 8] {
+            for act in [GluAct::Silu, GluAct::GeluTanh] {
+                let x = randv(&mut r, n * h, 1.0);
+                let xb = upload(&g, &x, n, h);
+                let name = format!("matmul_glu {ty} {f}x{h} {act:?}, {n} rows");
+                // Fused, then the down projection reading the q8_1 it left.
+                let (mut gf, mut uf) = (g.buf(1, 1).unwrap(), g.buf(1, 1).unwrap());
+                g.matmul_glu(&gm, &um, &xb, act, &mut gf, &mut uf).unwrap();
+                let down_f = down.as_ref().map(|(m, _)| {
+                    let mut o = g.buf(1, 1).unwrap();
+                    g.matmul(m, &gf, &mut o).unwrap();
+                    download(&g, &o)
+                });
+                // The separate ops.
+                let (mut gs, mut us) = (g.buf(1, 1).unwrap(), g.buf(1, 1).unwrap());
+                g.matmul_multi(&[&gm, &um], &xb, &mut [&mut gs, &mut us])
+                    .unwrap();
+                g.glu(&mut gs, &us, act).unwrap();
+                let down_s = down.as_ref().map(|(m, _)| {
+                    let mut o = g.buf(1, 1).unwrap();
+                    g.matmul(m, &gs, &mut o).unwrap();
+                    download(&g, &o)
+                });
+                let (vf, vs) = (download(&g, &gf), download(&g, &gs));
+                assert_eq!(g.buf_shape(&gf), (n, f));
+                let d = n_diff(&vf, &vs);
+                eprintln!(
+                    "{name}: {d} of {} values differ from the separate ops",
+                    vf.len()
+                );
+                check_float_op(&format!("{name} vs separate"), 1e-6, vs.clone(), vf.clone());
+                assert_eq!(
+                    n_diff(&download(&g, &uf), &download(&g, &us)),
+                    0,
+                    "{name}: up"
+                );
+                let (mut gcb, mut ucb) = (c.buf(1, 1).unwrap(), c.buf(1, 1).unwrap());
+                c.matmul_glu(&gc, &uc, &upload(&c, &x, n, h), act, &mut gcb, &mut ucb)
+                    .unwrap();
+                // Each side quantizes x its own way (q8_1 / q8_K).
+                check_float_op(
+                    &format!("{name} vs CPU"),
+                    3e-2,
+                    download(&c, &gcb),
+                    vf.clone(),
+                );
+                if let (Some(a), Some(b), Some((m, deq))) = (down_f, down_s, &down) {
+                    if d == 0 {
+                        assert_eq!(n_diff(&a, &b), 0, "{name}: down projection");
+                    }
+                    let e = rel(&a, &exact_product(deq, &vf, 64, f));
+                    assert!(e < 1.2e-2, "{name} → down: {e:.2e}");
+                    // g changes: the down projection must quantize it afresh.
+                    let y = randv(&mut r, n * f, 1.0);
+                    let mut g2 = g.buf(1, 1).unwrap();
+                    g.matmul_glu(&gm, &um, &xb, act, &mut g2, &mut uf).unwrap();
+                    g.add(&mut g2, &upload(&g, &y, n, f)).unwrap();
+                    let sum: Vec<f32> = vf.iter().zip(&y).map(|(a, b)| a + b).collect();
+                    let mut o = g.buf(1, 1).unwrap();
+                    g.matmul(m, &g2, &mut o).unwrap();
+                    let e = rel(&download(&g, &o), &exact_product(deq, &sum, 64, f));
+                    assert!(e < 1.2e-2, "{name}: stale q8_1 after add: {e:.2e}");
+                }
+            }
+        }
+    }
+}
+
+struct QkInputs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    wq: Vec<f32>,
+    wk: Vec<f32>,
+    ff: Option<Vec<f32>>,
+    rows: usize,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    with_norm: bool,
+    rope_q: Rope,
+    rope_k: Rope,
+    pos0: usize,
+}
+
+/// `qk_norm_rope` (`fused`) or the norms and RoPE calls it stands for on a backend.
+fn qk_run<B: Backend>(be: &B, fused: bool, a: &QkInputs) -> (Vec<f32>, Vec<f32>) {
+    let mut qb = upload(be, &a.q, a.rows, a.nh * a.hd);
+    let mut kb = upload(be, &a.k, a.rows, a.nkv * a.hd);
+    let (wqv, wkv) = (vector(be, &a.wq), vector(be, &a.wk));
+    let ffv = a.ff.as_ref().map(|f| vector(be, f));
+    let (nq, nk) = if a.with_norm {
+        (Some(&wqv), Some(&wkv))
+    } else {
+        (None, None)
+    };
+    if fused {
+        be.qk_norm_rope(
+            &mut qb,
+            &mut kb,
+            nq,
+            nk,
+            1e-6,
+            a.hd,
+            a.pos0,
+            &a.rope_q,
+            &a.rope_k,
+            ffv.as_ref(),
+        )
+        .unwrap();
+    } else {
+        if let Some(w) = nq {
+            be.rms_norm_inplace(&mut qb, w, 1e-6).unwrap();
+        }
+        if let Some(w) = nk {
+            be.rms_norm_inplace(&mut kb, w, 1e-6).unwrap();
+        }
+        be.rope(&mut qb, a.hd, a.pos0, &a.rope_q, ffv.as_ref())
+            .unwrap();
+        be.rope(&mut kb, a.hd, a.pos0, &a.rope_k, ffv.as_ref())
+            .unwrap();
+    }
+    (download(be, &qb), download(be, &kb))
+}
+
+/// `qk_norm_rope` (one launch) against the per-head norms and the two RoPE calls, on the
+/// GPU (the same bits) and the CPU: with and without norms, both pairings, a partial
+/// rotation, YaRN, frequency factors and a q-only attention factor (Gemma's scaled q).
+#[test]
+fn fused_qk_norm_rope() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut r = rng();
+    let mut yarn = Rope::plain(64, 10000.0, true);
+    yarn.freq_scale = 0.25;
+    yarn.ext_factor = 1.0;
+    yarn.n_ctx_orig = 4096;
+    let mut partial = Rope::plain(32, 500000.0, false);
+    partial.freq_scale = 0.5;
+    // (rope, head_dim, q heads, kv heads, norms, freq factors)
+    let cases: Vec<(Rope, usize, usize, usize, bool, bool)> = vec![
+        (Rope::plain(256, 10000.0, true), 256, 4, 1, true, false), // Gemma 3 270M
+        (
+            Rope::plain(256, 10_000_000.0, true),
+            256,
+            24,
+            4,
+            true,
+            false,
+        ), // Qwen3.6 27B
+        (Rope::plain(128, 500000.0, false), 128, 32, 8, false, true), // Llama 3.1
+        (Rope::plain(128, 1_000_000.0, true), 128, 16, 8, true, false),
+        (yarn, 64, 6, 2, true, false),
+        (partial, 64, 3, 3, true, false),
+        (Rope::plain(80, 10000.0, true), 80, 5, 1, true, false), // ragged warp
+    ];
+    for (rope, hd, nh, nkv, with_norm, with_ff) in cases {
+        for (rows, pos0) in [(1usize, 0usize), (1, 3000), (9, 17)] {
+            for q_factor in [1.0f32, 0.0625] {
+                let rope_q = Rope {
+                    attn_factor: rope.attn_factor * q_factor,
+                    ..rope
+                };
+                let q = randv(&mut r, rows * nh * hd, 2.0);
+                let k = randv(&mut r, rows * nkv * hd, 2.0);
+                let wq = randv(&mut r, hd, 1.5);
+                let wk = randv(&mut r, hd, 1.5);
+                let ff: Option<Vec<f32>> =
+                    with_ff.then(|| (0..rope.dims / 2).map(|i| 1.0 + (i % 7) as f32).collect());
+                let inp = QkInputs {
+                    q,
+                    k,
+                    wq,
+                    wk,
+                    ff,
+                    rows,
+                    nh,
+                    nkv,
+                    hd,
+                    with_norm,
+                    rope_q,
+                    rope_k: rope,
+                    pos0,
+                };
+                let (qf, kf) = qk_run(&g, true, &inp);
+                let (qs, ks) = qk_run(&g, false, &inp);
+                let (qc, kc) = qk_run(&c, true, &inp);
+                let name = format!(
+                    "qk_norm_rope hd {hd} heads {nh}/{nkv} norm {with_norm} ff {with_ff} \
+                     dims {} neox {} rows {rows} pos {pos0} q factor {q_factor}",
+                    rope.dims, rope.neox
+                );
+                eprintln!(
+                    "{name}: {} + {} values differ from the separate ops",
+                    n_diff(&qf, &qs),
+                    n_diff(&kf, &ks)
+                );
+                check_float_op(&format!("{name} q vs separate"), 1e-6, qs, qf.clone());
+                check_float_op(&format!("{name} k vs separate"), 1e-6, ks, kf.clone());
+                check_float_op(&format!("{name} q vs CPU"), 2e-5, qc, qf);
+                check_float_op(&format!("{name} k vs CPU"), 2e-5, kc, kf);
+            }
+        }
+    }
+}

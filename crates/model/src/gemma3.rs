@@ -313,10 +313,6 @@ impl<B: Backend> Gemma3<B> {
             put("Qcur", Some(il), &q);
             put("Kcur", Some(il), &k);
             put("Vcur", Some(il), &v);
-            be.rms_norm_inplace(&mut q, &l.q_norm, c.eps)?;
-            be.rms_norm_inplace(&mut k, &l.k_norm, c.eps)?;
-            put("Qcur_normed", Some(il), &q);
-            put("Kcur_normed", Some(il), &k);
             let (rope, window) = match c.window[il] {
                 Some(w) => (&c.rope_local, Some(w)),
                 None => (&c.rope_global, None),
@@ -334,8 +330,28 @@ impl<B: Backend> Gemma3<B> {
             } else {
                 rope
             };
-            be.rope(&mut q, hd, pos0, rope_q, None)?;
-            be.rope(&mut k, hd, pos0, rope, None)?;
+            if dump.is_some() {
+                // The dump wants the normed q, k before RoPE: the separate ops.
+                be.rms_norm_inplace(&mut q, &l.q_norm, c.eps)?;
+                be.rms_norm_inplace(&mut k, &l.k_norm, c.eps)?;
+                put("Qcur_normed", Some(il), &q);
+                put("Kcur_normed", Some(il), &k);
+                be.rope(&mut q, hd, pos0, rope_q, None)?;
+                be.rope(&mut k, hd, pos0, rope, None)?;
+            } else {
+                be.qk_norm_rope(
+                    &mut q,
+                    &mut k,
+                    Some(&l.q_norm),
+                    Some(&l.k_norm),
+                    c.eps,
+                    hd,
+                    pos0,
+                    rope_q,
+                    rope,
+                    None,
+                )?;
+            }
             put("Qcur_rope", Some(il), &q);
             put("Kcur_rope", Some(il), &k);
             let attn = Attn {
@@ -378,10 +394,15 @@ impl<B: Backend> Gemma3<B> {
 
             // MLP block.
             put("ffn_norm", Some(il), &xn);
-            be.matmul_multi(&[&l.gate, &l.up], &xn, &mut [&mut gate, &mut up])?;
-            put("ffn_gate", Some(il), &gate);
-            put("ffn_up", Some(il), &up);
-            be.glu(&mut gate, &up, GluAct::GeluTanh)?;
+            if dump.is_some() {
+                // The dump wants gate and up before the GLU: the separate ops.
+                be.matmul_multi(&[&l.gate, &l.up], &xn, &mut [&mut gate, &mut up])?;
+                put("ffn_gate", Some(il), &gate);
+                put("ffn_up", Some(il), &up);
+                be.glu(&mut gate, &up, GluAct::GeluTanh)?;
+            } else {
+                be.matmul_glu(&l.gate, &l.up, &xn, GluAct::GeluTanh, &mut gate, &mut up)?;
+            }
             put("ffn_geglu", Some(il), &gate);
             be.matmul(&l.down, &gate, &mut o)?;
             put("ffn_out", Some(il), &o);

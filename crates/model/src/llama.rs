@@ -279,20 +279,23 @@ impl<B: Backend> Llama<B> {
                     be.add_bias(buf, b)?;
                 }
             }
-            if let Some(w) = &l.q_norm {
-                be.rms_norm_inplace(&mut q, w, c.eps)?;
-            }
-            if let Some(w) = &l.k_norm {
-                be.rms_norm_inplace(&mut k, w, c.eps)?;
-            }
-            be.rope(&mut q, hd, pos0, &c.rope, self.rope_freqs.as_ref())?;
-            be.rope(&mut k, hd, pos0, &c.rope, self.rope_freqs.as_ref())?;
+            be.qk_norm_rope(
+                &mut q,
+                &mut k,
+                l.q_norm.as_ref(),
+                l.k_norm.as_ref(),
+                c.eps,
+                hd,
+                pos0,
+                &c.rope,
+                &c.rope,
+                self.rope_freqs.as_ref(),
+            )?;
             be.attention(kv, il, pos0, &q, &k, &v, &attn, &mut att)?;
             be.matmul(&l.wo, &att, &mut o)?;
             be.add_rms_norm(&mut x, &o, &l.ffn_norm, c.eps, &mut xn)?;
 
-            be.matmul_multi(&[&l.gate, &l.up], &xn, &mut [&mut gate, &mut up])?;
-            be.glu(&mut gate, &up, GluAct::Silu)?;
+            be.matmul_glu(&l.gate, &l.up, &xn, GluAct::Silu, &mut gate, &mut up)?;
             be.matmul(&l.down, &gate, &mut o)?;
             // The residual add and the next layer's input norm.
             match self.layers.get(il + 1) {

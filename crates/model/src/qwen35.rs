@@ -612,14 +612,18 @@ impl<B: Backend> Qwen35<B> {
         } else {
             be.matmul_multi(&[&a.wq, &a.wk, &a.wv], xn, &mut [&mut q, &mut k, &mut v])?;
         }
-        if let Some(w) = &a.q_norm {
-            be.rms_norm_inplace(&mut q, w, c.eps)?;
-        }
-        if let Some(w) = &a.k_norm {
-            be.rms_norm_inplace(&mut k, w, c.eps)?;
-        }
-        be.rope(&mut q, hd, pos0, &c.rope, None)?;
-        be.rope(&mut k, hd, pos0, &c.rope, None)?;
+        be.qk_norm_rope(
+            &mut q,
+            &mut k,
+            a.q_norm.as_ref(),
+            a.k_norm.as_ref(),
+            c.eps,
+            hd,
+            pos0,
+            &c.rope,
+            &c.rope,
+            None,
+        )?;
         let attn = Attn {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
@@ -669,7 +673,6 @@ impl<B: Backend> Qwen35<B> {
                 be.copy_cols(&ba, r, r, 2 * r, s.n_k_heads, &mut alpha)?;
             }
         }
-        be.ssm_conv(kv, d.rec_layer, &mut qkv, &d.conv)?;
         let net = DeltaNet {
             n_k_heads: s.n_k_heads,
             n_v_heads: s.n_v_heads,
@@ -678,18 +681,22 @@ impl<B: Backend> Qwen35<B> {
             map: s.map,
         };
         let mut core = be.buf(nt, s.value_dim())?; // [n, value_dim]
-        be.gated_delta(
+                                                   // The short conv, the delta rule and the gated norm (one kernel for a GPU decode row).
+        be.delta_net(
             kv,
             d.rec_layer,
-            &qkv,
+            &mut qkv,
+            &d.conv,
             &alpha,
             &beta,
             &d.a_neg,
             &d.dt_bias,
             &net,
+            &d.norm,
+            &z,
+            c.eps,
             &mut core,
         )?;
-        be.rms_norm_gated(&mut core, &d.norm, &z, c.eps)?;
         let mut o = be.buf(nt, c.n_embd)?; // [n, H]
         be.matmul(&d.out, &core, &mut o)?;
         Ok(o)
@@ -703,8 +710,7 @@ impl<B: Backend> Qwen35<B> {
             Ffn::Dense { gate, up, down } => {
                 let mut g = be.buf(nt, c.n_ff)?; // [n, F]
                 let mut u = be.buf(nt, c.n_ff)?; // [n, F]
-                be.matmul_multi(&[gate, up], xn, &mut [&mut g, &mut u])?;
-                be.glu(&mut g, &u, GluAct::Silu)?;
+                be.matmul_glu(gate, up, xn, GluAct::Silu, &mut g, &mut u)?;
                 be.matmul(down, &g, &mut o)?;
             }
             Ffn::Moe {

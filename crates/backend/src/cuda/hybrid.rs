@@ -33,6 +33,7 @@ pub(super) struct HybridKernels {
     copy_cols: CudaFunction,
     gather_rows: CudaFunction,
     scatter_add_rows: CudaFunction,
+    delta_step: CudaFunction,
 }
 
 impl HybridKernels {
@@ -51,6 +52,7 @@ impl HybridKernels {
             copy_cols: f("copy_cols")?,
             gather_rows: f("gather_rows")?,
             scatter_add_rows: f("scatter_add_rows")?,
+            delta_step: f("delta_step")?,
         })
     }
 }
@@ -505,5 +507,138 @@ impl CudaBackend {
             &n_i,
             &c_i
         )
+    }
+
+    /// Device address of `n` zeroed arrival counters in the scratch (allocated once, at
+    /// least 4096; never inside a recorded step).
+    pub(super) fn fuse_counters(&self, sc: &mut super::Scratch, n: usize) -> Result<u64> {
+        if sc.fuse_cnt.as_ref().is_none_or(|c| c.len() < n) {
+            self.check_alloc("the fused kernels' counters")?;
+            self.scratch_moved();
+            sc.fuse_cnt = None;
+            sc.fuse_cnt = Some(self.stream.alloc_zeros::<u32>(n.max(4096)).map_err(drv)?);
+        }
+        Ok(sc.fuse_cnt.as_ref().map_or(0, |c| self.dptr(c)))
+    }
+
+    /// `Backend::delta_net`: a decode row in one `delta_step` launch (unless
+    /// NEAGARI_CUDA_FUSE=0), other shapes through the three ops.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn hy_delta_net(
+        &self,
+        kv: &mut CudaKv,
+        layer: usize,
+        qkv: &mut CudaBuf,
+        conv: &CudaVector,
+        alpha: &CudaBuf,
+        beta: &CudaBuf,
+        a_neg: &CudaVector,
+        dt_bias: &CudaVector,
+        net: &DeltaNet,
+        norm: &CudaVector,
+        z: &CudaBuf,
+        eps: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let (nk, nv, dk, dv) = (net.n_k_heads, net.n_v_heads, net.d_k, net.d_v);
+        let fused = self.fuse
+            && qkv.rows == 1
+            && norm.len == dv
+            && z.rows * z.cols == nv * dv
+            && kv.rec.as_ref().is_some_and(|r| {
+                r.shape.conv_channels == qkv.cols && conv.len == qkv.cols * r.shape.conv_kernel
+            });
+        if !fused {
+            self.hy_ssm_conv(kv, layer, qkv, conv)?;
+            self.hy_gated_delta(kv, layer, qkv, alpha, beta, a_neg, dt_bias, net, out)?;
+            return self.hy_rms_norm_gated(out, norm, z, eps);
+        }
+        let rec = kv.rec.as_mut().ok_or_else(|| no_rec("delta_net"))?;
+        if layer >= rec.shape.n_layers
+            || nk == 0
+            || nv % nk != 0
+            || rec.shape.n_v_heads != nv
+            || rec.shape.d_k != dk
+            || rec.shape.d_v != dv
+            || qkv.cols != 2 * nk * dk + nv * dv
+            || (alpha.rows, alpha.cols) != (1, nv)
+            || (beta.rows, beta.cols) != (1, nv)
+            || a_neg.len != nv
+            || dt_bias.len != nv
+        {
+            return Err(shape_err(
+                "delta_net",
+                format!(
+                    "qkv {}x{}, heads {nk}/{nv} of {dk}/{dv}",
+                    qkv.rows, qkv.cols
+                ),
+            ));
+        }
+        self.reshape(out, 1, nv * dv)?;
+        let kc = rec.shape.conv_kernel;
+        let win = self.dptr(&rec.conv) + (layer * CudaRec::conv_len(&rec.shape) * 4) as u64;
+        let sp = self.dptr(&rec.state) + (layer * CudaRec::state_len(&rec.shape) * 4) as u64;
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let cp = self.fuse_counters(&mut sc, nk + nv)?;
+        // ssm_out's q8_1 input, when the head is whole 32-value units.
+        let (qp, dsp) = if dv.is_multiple_of(32) {
+            self.xq_reserve(&mut sc, 1, nv * dv / 32)?
+        } else {
+            (0, 0)
+        };
+        let nw = dk.div_ceil(GD_RPT);
+        let cfg = LaunchConfig {
+            grid_dim: (nv as u32, dv.div_ceil(32) as u32, 1),
+            block_dim: ((nw * 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (xp, cwp, ap, bp) = (
+            self.dptr(&qkv.data),
+            self.dptr(&conv.data),
+            self.dptr(&alpha.data),
+            self.dptr(&beta.data),
+        );
+        let (anp, dtp, op, nwp, zp) = (
+            self.dptr(&a_neg.data),
+            self.dptr(&dt_bias.data),
+            self.dptr(&out.data),
+            self.dptr(&norm.data),
+            self.dptr(&z.data),
+        );
+        let (kc_i, nk_i, nv_i, dk_i, dv_i) =
+            (kc as i32, nk as i32, nv as i32, dk as i32, dv as i32);
+        let tiled = (net.map == HeadMap::Tiled) as i32;
+        launch!(
+            self,
+            &self.hybrid.delta_step,
+            cfg,
+            &xp,
+            &win,
+            &cwp,
+            &kc_i,
+            &ap,
+            &bp,
+            &anp,
+            &dtp,
+            &sp,
+            &op,
+            &nk_i,
+            &nv_i,
+            &dk_i,
+            &dv_i,
+            &tiled,
+            &nwp,
+            &zp,
+            &eps,
+            &qp,
+            &dsp,
+            &cp
+        )?;
+        sc.xq_key = if qp != 0 {
+            Some((op, 1, nv * dv, self.gen.load(Ordering::Relaxed)))
+        } else {
+            None
+        };
+        Ok(())
     }
 }

@@ -45,6 +45,15 @@ impl CudaBackend {
                         f("mvqm8")?,
                         f("mvqm1x8")?,
                     ],
+                    glu: [
+                        f("mvqg1x1")?,
+                        f("mvqg1x2")?,
+                        f("mvqg1x4")?,
+                        f("mvqg1x8")?,
+                        f("mvqg2")?,
+                        f("mvqg4")?,
+                        f("mvqg8")?,
+                    ],
                 }),
                 None => None,
             },
@@ -126,6 +135,11 @@ impl CudaBackend {
         let (n, units) = (x.rows, cols.div_ceil(32));
         let xp = self.dptr(&x.data);
         let key = (xp, n, cols, self.gen.load(Ordering::Relaxed));
+        // Written by the gate/up GEMV that made x (fused.rs), in the second area.
+        if let (true, Some(b)) = (sc.xq_alt_key == Some(key), &sc.xq_alt) {
+            let p = self.dptr(b);
+            return Ok((p, p + (n * units * 32) as u64));
+        }
         let fresh = sc.xq_key == Some(key);
         let (qp, dsp) = self.xq_reserve(sc, n, units)?;
         if !fresh {
@@ -240,6 +254,9 @@ impl CudaBackend {
         if sc.xq_key.is_some_and(|(p, ..)| ops.contains(&p)) {
             sc.xq_key = None;
         }
+        if sc.xq_alt_key.is_some_and(|(p, ..)| ops.contains(&p)) {
+            sc.xq_alt_key = None;
+        }
         Ok(())
     }
 
@@ -298,6 +315,9 @@ impl CudaBackend {
         // The output is new data at its address: a cached quantization of it is stale.
         if sc.xq_key.is_some_and(|(p, ..)| p == op) {
             sc.xq_key = None;
+        }
+        if sc.xq_alt_key.is_some_and(|(p, ..)| p == op) {
+            sc.xq_alt_key = None;
         }
         Ok(())
     }

@@ -220,6 +220,7 @@ struct OpsKernels {
     attention: CudaFunction,
     att_combine: CudaFunction,
     argmax_rows: CudaFunction,
+    qk_norm_rope: CudaFunction,
 }
 
 /// The kernels of one weight format.
@@ -242,6 +243,9 @@ struct IntKernels {
     /// `mvqm*`: up to four matrices in one launch (`Backend::matmul_multi`): one activation
     /// row with 1, 2 or 4 weight rows per block, then 2, 4 and 8 activation rows.
     multi: [CudaFunction; 7],
+    /// `mvqg*`: gate and up with their GLU (`Backend::matmul_glu`): one activation row
+    /// with 1, 2, 4 or 8 weight rows per block, then 2, 4 and 8 activation rows.
+    glu: [CudaFunction; 7],
 }
 
 /// Device scratch reused across calls (grown, never shrunk).
@@ -264,6 +268,13 @@ struct Scratch {
     norm_cnt: Option<CudaSlice<u32>>,
     /// Greedy picks of `argmax` `[rows]`, as keys (graph.rs).
     amax: Option<CudaSlice<u64>>,
+    /// Arrival counters of the fused kernels' last-block steps (`delta_step`, `mvqg*`),
+    /// zero between launches (each last block resets its own).
+    fuse_cnt: Option<CudaSlice<u32>>,
+    /// A second q8_1 area: a fused GEMV writes its output's q8_1 here while its blocks
+    /// still read the input's from `xq`; `xq_alt_key` says what it holds, as `xq_key`.
+    xq_alt: Option<CudaSlice<u8>>,
+    xq_alt_key: Option<(u64, usize, usize, u64)>,
 }
 
 pub struct CudaBackend {
@@ -289,6 +300,9 @@ pub struct CudaBackend {
     norm_row: bool,
     /// Quantized formats take the integer GEMV, unless NEAGARI_CUDA_MV=float (measuring).
     mv_int: bool,
+    /// Fused ops (`delta_net`, `matmul_glu`, `qk_norm_rope`) run as one launch each, unless
+    /// NEAGARI_CUDA_FUSE=0 (the separate ops, for measuring).
+    fuse: bool,
     /// Counts kernel launches and device writes (see [`Scratch::xq_key`]).
     gen: AtomicU64,
     /// Decode-step recording (graph.rs): the mode (OFF, WARM, CAPTURE, REPLAY), launches
@@ -363,6 +377,7 @@ macro_rules! launch {
 
 // After `launch!`, which they use (macros are in scope textually).
 mod attention;
+mod fused;
 mod graph;
 mod hybrid;
 mod matmul;
@@ -428,6 +443,7 @@ impl CudaBackend {
             attention: f("attention")?,
             att_combine: f("att_combine")?,
             argmax_rows: f("argmax_rows")?,
+            qk_norm_rope: f("qk_norm_rope")?,
         };
         let hybrid = hybrid::HybridKernels::load(&ctx, &arch)?;
         // cuBLAS is optional: without it, batches run through the GEMV 8 rows at a time.
@@ -458,6 +474,7 @@ impl CudaBackend {
                 .filter(|n| (1..=MVQ_WARPS).contains(n)),
             norm_row: std::env::var("NEAGARI_CUDA_NORM_ROW").as_deref() != Ok("0"),
             mv_int: std::env::var("NEAGARI_CUDA_MV").as_deref() != Ok("float"),
+            fuse: std::env::var("NEAGARI_CUDA_FUSE").as_deref() != Ok("0"),
             gen: AtomicU64::new(0),
             mode: AtomicU8::new(graph::OFF),
             launches: AtomicUsize::new(0),
@@ -795,6 +812,45 @@ impl Backend for CudaBackend {
         self.elementwise(f, gate, Some(up))
     }
 
+    fn matmul_glu(
+        &self,
+        gate: &CudaMat,
+        up: &CudaMat,
+        x: &CudaBuf,
+        act: GluAct,
+        g: &mut CudaBuf,
+        u: &mut CudaBuf,
+    ) -> Result<()> {
+        self.matmul_glu_op(gate, up, x, act, g, u)
+    }
+
+    fn qk_norm_rope(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        q_norm: Option<&CudaVector>,
+        k_norm: Option<&CudaVector>,
+        eps: f32,
+        head_dim: usize,
+        pos0: usize,
+        rope_q: &Rope,
+        rope_k: &Rope,
+        freq_factors: Option<&CudaVector>,
+    ) -> Result<()> {
+        self.qk_norm_rope_op(
+            q,
+            k,
+            q_norm,
+            k_norm,
+            eps,
+            head_dim,
+            pos0,
+            rope_q,
+            rope_k,
+            freq_factors,
+        )
+    }
+
     fn softcap(&self, x: &mut CudaBuf, cap: f32) -> Result<()> {
         let n = (x.rows * x.cols) as i64;
         let xp = self.dptr(&x.data);
@@ -931,6 +987,27 @@ impl Backend for CudaBackend {
 
     fn rms_norm_gated(&self, x: &mut CudaBuf, w: &CudaVector, z: &CudaBuf, eps: f32) -> Result<()> {
         self.hy_rms_norm_gated(x, w, z, eps)
+    }
+
+    fn delta_net(
+        &self,
+        kv: &mut CudaKv,
+        layer: usize,
+        qkv: &mut CudaBuf,
+        conv: &CudaVector,
+        alpha: &CudaBuf,
+        beta: &CudaBuf,
+        a_neg: &CudaVector,
+        dt_bias: &CudaVector,
+        net: &DeltaNet,
+        norm: &CudaVector,
+        z: &CudaBuf,
+        eps: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.hy_delta_net(
+            kv, layer, qkv, conv, alpha, beta, a_neg, dt_bias, net, norm, z, eps, out,
+        )
     }
 
     fn mul_sigmoid(&self, x: &mut CudaBuf, gate: &CudaBuf) -> Result<()> {

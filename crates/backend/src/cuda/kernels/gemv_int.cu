@@ -120,3 +120,69 @@ MVQM(mvqm1x8, 1, 8)
 MVQM(mvqm2, 2, 2)
 MVQM(mvqm4, 4, 1)
 MVQM(mvqm8, 8, 1)
+
+// act(g)·u of the GLU kernels in ops.cu (the same arithmetic, so the same bits): act 0 is
+// SiLU, 1 GELU (tanh form) of the f16-rounded gate, rounded to f16.
+__device__ __forceinline__ float glu_act_mul(float v, float u, int act) {
+    if (act == 0) return v / (1.0f + expf(-v)) * u;
+    if (v <= -10.0f) return 0.0f;
+    if (v >= 10.0f) return v * u;
+    const float xh = h2f(f2h(v));
+    const float t = tanhf(0.7978846f * xh * (1.0f + 0.044715f * xh * xh));
+    return h2f(f2h(0.5f * xh * (1.0f + t))) * u;
+}
+
+// mvqgN: a gated MLP's gate and up GEMVs and its GLU in one launch: block b computes its R
+// rows of both matrices (mvq_impl twice; the thread that wrote row (q, r) of each applies
+// g = act(g)·u), so no GLU launch follows. With oq set (rows a multiple of 32), the q8_1 of
+// g for the down projection too: the last block to finish a 32-row unit (cnt[unit] counts
+// its 32 / R blocks, then goes back to 0) quantizes it. oq is not the xq being read.
+template <int NR, int R>
+__device__ __forceinline__ void mvqg_impl(const u8* Wg, const u8* Wu, const i8* xq,
+                                          const float2* xds, float* g, float* u, int rows,
+                                          int units, i64 row_bytes, int nr, int act, i8* oq,
+                                          float2* ods, u32* cnt) {
+    const int tid = threadIdx.x, blk = blockIdx.x;
+    const int row0 = blk * R;
+    mvq_impl<FMTQ, NR, R>(Wg, xq, xds, g, rows, units, row_bytes, nr, blk);
+    __syncthreads();  // mvq_impl's reduction scratch is reused
+    mvq_impl<FMTQ, NR, R>(Wu, xq, xds, u, rows, units, row_bytes, nr, blk);
+    if (tid < R * NR) {
+        const int q = tid / NR, r = tid % NR;
+        if (r < nr && row0 + q < rows) {
+            const i64 o = (i64)r * rows + row0 + q;
+            g[o] = glu_act_mul(g[o], u[o], act);
+        }
+    }
+    if (!oq) return;
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    const int unit = row0 >> 5;
+    if (tid == 0) last = atomicAdd(cnt + unit, 1u) == (u32)(32 / R) - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int lane = tid & 31;
+    const volatile float* gv = g;
+    for (int r = tid >> 5; r < nr; r += blockDim.x >> 5)
+        q8_1_warp(gv[(i64)r * rows + unit * 32 + lane], oq, ods, (i64)r * (rows >> 5) + unit,
+                  lane);
+    if (tid == 0) cnt[unit] = 0;
+}
+
+#define MVQG(NAME, NR, R)                                                                    \
+    extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32)                             \
+        NAME(const u8* wg, const u8* wu, const i8* xq, const float2* xds, float* g, float* u, \
+             int rows, int units, i64 row_bytes, int nr, int act, i8* oq, float2* ods,        \
+             u32* cnt) {                                                                     \
+        mvqg_impl<NR, R>(wg, wu, xq, xds, g, u, rows, units, row_bytes, nr, act, oq, ods,     \
+                         cnt);                                                               \
+    }
+MVQG(mvqg1x1, 1, 1)
+MVQG(mvqg1x2, 1, 2)
+MVQG(mvqg1x4, 1, 4)
+MVQG(mvqg1x8, 1, 8)
+MVQG(mvqg2, 2, 2)
+MVQG(mvqg4, 4, 1)
+MVQG(mvqg8, 8, 1)

@@ -223,3 +223,135 @@ extern "C" __global__ void scatter_add_rows(float* dst, const u32* ids, const fl
     if (c >= cols) return;
     for (int i = 0; i < n; i++) dst[(i64)ids[i] * cols + c] += scale[i] * src[(i64)i * cols + c];
 }
+
+// One decode token of a Gated DeltaNet layer in one launch: ssm_conv, gated_delta and
+// rms_norm_gated (with its q8_1 for ssm_out when xq is set), with each op's arithmetic in
+// its order, so the results are those of the three kernels above.
+// Grid and block as gated_delta's: block (h, y) convolves what it reads itself (the q, k
+// channels of its key head, its 32 v channels) from the raw qkv row (not written). Its v
+// channels' window is its own to move; a key head's q, k window is read by every block of
+// the heads on it, so the last of those to arrive (cnt[kh]) moves it. The norm spans the
+// head's d_v outputs over gridDim.y blocks: each writes its columns of out, and the last
+// to arrive (cnt[nk + h]) normalizes the head. Counters go back to 0 for the next call.
+// qkv [2·nk·dk + nv·dv]; win [kc − 1, that] (oldest first); cw [that, kc]; z, out [nv·dv].
+extern "C" __global__ void __launch_bounds__(1024)
+    delta_step(const float* qkv, float* win, const float* cw, int kc, const float* alpha,
+               const float* beta, const float* a_neg, const float* dt_bias, float* state,
+               float* out, int nk, int nv, int dk, int dv, int tiled, const float* nwt,
+               const float* z, float eps, i8* xq, float2* xds, u32* cnt) {
+    const int h = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nw = blockDim.x >> 5;
+    const int j = blockIdx.y * 32 + lane;
+    const bool col = j < dv;
+    const int kh = tiled ? h % nk : h / max(nv / nk, 1);
+    const int key_dim = nk * dk;
+    const int cols = 2 * key_dim + nv * dv;
+    const int hist = kc - 1;
+    float* S = state + (i64)h * dk * dv;
+
+    __shared__ float qs[GD_RPT * GD_MAXW], ks[GD_RPT * GD_MAXW];
+    __shared__ float red[GD_MAXW][32];
+    __shared__ float red1[GD_MAXW];
+    __shared__ int last;
+
+    // ssm_conv of channel c: the window, then the new input, then SiLU.
+    auto conv = [&](int c) {
+        float s = 0.f;
+        for (int t = 0; t < hist; t++) s += win[(i64)t * cols + c] * cw[(i64)c * kc + t];
+        s += qkv[c] * cw[(i64)c * kc + hist];
+        return silu_f(s);
+    };
+    // Moves channel c's window by the new input.
+    auto shift = [&](int c) {
+        for (int t = 0; t + 1 < hist; t++) win[(i64)t * cols + c] = win[(i64)(t + 1) * cols + c];
+        if (hist > 0) win[(i64)(hist - 1) * cols + c] = qkv[c];
+    };
+
+    float s[GD_RPT];
+#pragma unroll
+    for (int r = 0; r < GD_RPT; r++) {
+        const int i = warp + nw * r;
+        s[r] = (col && i < dk) ? S[(i64)i * dv + j] : 0.f;
+    }
+    const float qscale = 1.0f / sqrtf((float)dk);
+    const int cv = 2 * key_dim + h * dv + j;
+    const float v = col ? conv(cv) : 0.f;
+    float sq = 0.f, sk = 0.f;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+        const float a = conv(kh * dk + i), b = conv(key_dim + kh * dk + i);
+        qs[i] = a;
+        ks[i] = b;
+        sq += a * a;
+        sk += b * b;
+    }
+    sq = block_sum(sq, red1, nw);
+    // Every thread of the block has read the window by now.
+    if (col && warp == 0) shift(cv);
+    if (threadIdx.x == 0) last = atomicAdd(cnt + kh, 1u) == (u32)(nv / nk * gridDim.y) - 1;
+    sk = block_sum(sk, red1, nw);
+    if (last) {
+        for (int i = threadIdx.x; i < 2 * dk; i += blockDim.x)
+            shift(i < dk ? kh * dk + i : key_dim + kh * dk + i - dk);
+        if (threadIdx.x == 0) cnt[kh] = 0;
+    }
+    const float iq = qscale / sqrtf(sq + 1e-6f), ik = 1.0f / sqrtf(sk + 1e-6f);
+    const float g = a_neg[h] * softplus_f(alpha[h] + dt_bias[h]);
+    const float bt = sigmoid_f(beta[h]);
+    const float decay = expf(g);
+    float p = 0.f;
+#pragma unroll
+    for (int r = 0; r < GD_RPT; r++) {
+        const int i = warp + nw * r;
+        if (i < dk) p += ks[i] * ik * s[r];
+    }
+    const float sk_col = col_sum(p, red, nw);
+    const float delta = bt * (v - decay * sk_col);
+    float o = 0.f;
+#pragma unroll
+    for (int r = 0; r < GD_RPT; r++) {
+        const int i = warp + nw * r;
+        if (i < dk) {
+            s[r] = decay * s[r] + ks[i] * ik * delta;
+            o += qs[i] * iq * s[r];
+        }
+    }
+    o = col_sum(o, red, nw);
+    const i64 base = (i64)h * dv;
+    if (col && warp == 0) out[base + j] = o;
+#pragma unroll
+    for (int r = 0; r < GD_RPT; r++) {
+        const int i = warp + nw * r;
+        if (col && i < dk) S[(i64)i * dv + j] = s[r];
+    }
+    // The gated norm of the head, by the last of its blocks.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(cnt + nk + h, 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const volatile float* ov = out;
+    // rms_norm_gated's block of bd threads, bd/32 virtual warps walked by this block's.
+    const int bd = min(256, (dv + 31) / 32 * 32), vnw = bd >> 5;
+    for (int vw = warp; vw < vnw; vw += nw) {
+        float ss = 0.f;
+        for (int i = vw * 32 + lane; i < dv; i += bd) {
+            const float x = ov[base + i];
+            ss += x * x;
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) red1[vw] = ss;
+    }
+    __syncthreads();
+    float ss = 0.f;
+    for (int i = 0; i < vnw; i++) ss += red1[i];
+    const float inv = 1.0f / sqrtf(ss / (float)dv + eps);
+    for (int vw = warp; vw < vnw; vw += nw)
+        for (int i = vw * 32 + lane; i < dv; i += bd) {
+            const float x = ov[base + i] * inv * nwt[i] * silu_f(z[base + i]);
+            out[base + i] = x;
+            if (xq) q8_1_warp(x, xq, xds, (base + i) >> 5, lane);
+        }
+    if (threadIdx.x == 0) cnt[nk + h] = 0;
+}

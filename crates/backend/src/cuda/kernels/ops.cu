@@ -514,3 +514,70 @@ extern "C" __global__ void argmax_rows(const float* x, int cols, int chunk, u64*
         }
     }
 }
+
+// The attention input in one launch: each head of q and k RMS-normed over its hd values
+// (when its weight is set), then rotated as `rope` does. Grid (rows, nh + nkv): block
+// (r, h) takes head h of q's row r, or head h − nh of k's; ceil32(hd) threads, a value each,
+// so the norm's sums follow rms_norm's order for g = hd (one block per head) and the
+// results are the separate ops' bits. q and k share every RoPE parameter but attn_factor.
+extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* wq, const float* wk,
+                                        float eps, int nh, int nkv, int hd, int dims, int pos0,
+                                        int neox, float theta_scale, float freq_scale,
+                                        float ext_factor, float attn_q, float attn_k, float c0,
+                                        float c1, float mscale_yarn, const float* ff,
+                                        const int* posp) {
+    if (posp) pos0 = *posp;
+    const int r = blockIdx.x, hh = blockIdx.y, tid = threadIdx.x;
+    const bool isq = hh < nh;
+    float* hp = isq ? q + ((i64)r * nh + hh) * hd : k + ((i64)r * nkv + hh - nh) * hd;
+    const float* w = isq ? wq : wk;
+    __shared__ float xs[1024];
+    __shared__ double part[32];
+    float v = tid < hd ? hp[tid] : 0.f;
+    if (w) {
+        // rms_norm_impl's sum: a thread's first value (its others are 0 here), the warp's
+        // butterfly, then warp 0 over the warps' parts.
+        double s = 0.0;
+        s += (double)v * (double)v;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if ((tid & 31) == 0) part[tid >> 5] = s;
+        __syncthreads();
+        if (tid < 32) {
+            double t = tid < (int)(blockDim.x >> 5) ? part[tid] : 0.0;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+            if (tid == 0) part[0] = t;
+        }
+        __syncthreads();
+        const float mean = (float)(part[0] / (double)hd);
+        const float scale = 1.0f / sqrtf(mean + eps);
+        if (tid < hd) v = v * scale * w[tid];
+    }
+    if (tid < hd) xs[tid] = v;
+    __syncthreads();
+    const int half = dims / 2;
+    if (tid < half) {
+        const int i = tid;
+        float theta = (float)(pos0 + r);
+        for (int j = 0; j < i; j++) theta *= theta_scale;
+        const float f = ff ? ff[i] : 1.0f;
+        const float extrap = theta / f;
+        const float interp = freq_scale * extrap;
+        float th = interp, ms = isq ? attn_q : attn_k;
+        if (ext_factor != 0.0f) {
+            const float y = ((float)i - c0) / fmaxf(c1 - c0, 0.001f);
+            const float ramp = 1.0f - fminf(fmaxf(y, 0.0f), 1.0f);
+            const float mix = ramp * ext_factor;
+            th = interp * (1.0f - mix) + extrap * mix;
+            ms *= mscale_yarn;
+        }
+        const float c = cosf(th) * ms, s = sinf(th) * ms;
+        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        const float x0 = xs[a], x1 = xs[b];
+        hp[a] = x0 * c - x1 * s;
+        hp[b] = x0 * s + x1 * c;
+    } else if (tid >= dims && tid < hd && w) {
+        hp[tid] = v;  // past the rotated dims: the normed value
+    }
+}

@@ -1,0 +1,225 @@
+//! Fused decode ops of the CUDA backend, each one launch where the separate ops took
+//! several, with the separate ops' arithmetic (so the same results): the gate/up GEMV with
+//! its GLU and the q8_1 of its output (`mvqg*`, gemv_int.cu), and the attention input's
+//! per-head q/k RMSNorm with RoPE (`qk_norm_rope`, ops.cu). The Gated DeltaNet step is in
+//! hybrid.rs. NEAGARI_CUDA_FUSE=0 runs the separate ops instead.
+
+use super::*;
+
+impl CudaBackend {
+    /// A second q8_1 area (see [`Scratch::xq_alt`]) for up to `MV_MAX_ROWS` rows of
+    /// `units`, grown if needed: the addresses of its codes and pairs for `rows` rows.
+    fn xq_alt_reserve(&self, sc: &mut Scratch, rows: usize, units: usize) -> Result<(u64, u64)> {
+        let need = MV_MAX_ROWS * units * 40;
+        if sc.xq_alt.as_ref().is_none_or(|b| b.len() < need) {
+            self.check_alloc("the second q8_1 scratch")?;
+            self.scratch_moved();
+            sc.xq_alt = None;
+            sc.xq_alt_key = None;
+            // SAFETY: u8 has no invalid bit patterns; `mvqg*` writes every byte the next
+            // GEMV reads before it runs (same stream).
+            sc.xq_alt = Some(
+                unsafe { self.stream.alloc::<u8>(need.max(1 << 16)) }
+                    .map_err(|e| BackendError::OutOfMemory(format!("q8_1 scratch: {e:?}")))?,
+            );
+        }
+        let p = sc.xq_alt.as_ref().map_or(0, |b| self.dptr(b));
+        Ok((p, p + (rows * units * 32) as u64))
+    }
+
+    pub(super) fn matmul_glu_op(
+        &self,
+        gate: &CudaMat,
+        up: &CudaMat,
+        x: &CudaBuf,
+        act: GluAct,
+        g: &mut CudaBuf,
+        u: &mut CudaBuf,
+    ) -> Result<()> {
+        let n = x.rows;
+        let fused = self.fuse
+            && self.mv_int
+            && (1..=MV_MAX_ROWS).contains(&n)
+            && gate.ty == up.ty
+            && (gate.rows, gate.cols, gate.row_bytes) == (up.rows, up.cols, up.row_bytes)
+            && gate.cols == x.cols;
+        let k = match (&gate.k.int, fused) {
+            (Some(k), true) => k,
+            _ => {
+                self.matmul_multi_op(&[gate, up], x, &mut [&mut *g, &mut *u])?;
+                return self.glu(g, u, act);
+            }
+        };
+        let (rows, cols) = (gate.rows, gate.cols);
+        self.reshape(g, n, rows)?;
+        self.reshape(u, n, rows)?;
+        let units = cols.div_ceil(32);
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let (qp, dsp) = self.xq_input(&mut sc, k, x, cols)?;
+        // The down projection's q8_1 input, when g is whole 32-value units (and x's is
+        // not in the second area, which it would overwrite while it is read).
+        let x_in_alt = sc.xq_alt.as_ref().is_some_and(|b| self.dptr(b) == qp);
+        let (oq, ods, cp) = if rows.is_multiple_of(32) && !x_in_alt {
+            let (oq, ods) = self.xq_alt_reserve(&mut sc, n, rows / 32)?;
+            (oq, ods, self.fuse_counters(&mut sc, rows / 32)?)
+        } else {
+            (0, 0, 0)
+        };
+        // Each block does its rows of both matrices: rows per block as for one matrix.
+        let (func, r) = match n {
+            1 => match self.mv_per_block(rows, cols, gate.row_bytes) {
+                1 => (&k.glu[0], 1),
+                2 => (&k.glu[1], 2),
+                8 => (&k.glu[3], 8),
+                _ => (&k.glu[2], 4),
+            },
+            2 => (&k.glu[4], 2),
+            3 | 4 => (&k.glu[5], 1),
+            _ => (&k.glu[6], 1),
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(r) as u32, 1, 1),
+            block_dim: ((self.mv_warps(units) * 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (wg, wu, gp, up_) = (
+            self.dptr(&gate.data),
+            self.dptr(&up.data),
+            self.dptr(&g.data),
+            self.dptr(&u.data),
+        );
+        let (rows_i, units_i, rb, nr_i) =
+            (rows as i32, units as i32, gate.row_bytes as i64, n as i32);
+        let act_i = match act {
+            GluAct::Silu => 0i32,
+            GluAct::GeluTanh => 1,
+        };
+        // `@keep`: x's q8_1 stays valid for other matmuls of x.
+        launch!(
+            @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
+            &nr_i, &act_i, &oq, &ods, &cp
+        )?;
+        // g and u are new data at their addresses.
+        if sc.xq_key.is_some_and(|(p, ..)| p == gp || p == up_) {
+            sc.xq_key = None;
+        }
+        if sc.xq_alt_key.is_some_and(|(p, ..)| p == gp || p == up_) {
+            sc.xq_alt_key = None;
+        }
+        if oq != 0 {
+            sc.xq_alt_key = Some((gp, n, rows, self.gen.load(Ordering::Relaxed)));
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)] // the trait method's arguments, forwarded
+    pub(super) fn qk_norm_rope_op(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        q_norm: Option<&CudaVector>,
+        k_norm: Option<&CudaVector>,
+        eps: f32,
+        head_dim: usize,
+        pos0: usize,
+        rope_q: &Rope,
+        rope_k: &Rope,
+        freq_factors: Option<&CudaVector>,
+    ) -> Result<()> {
+        let hd = head_dim;
+        let same_rope = Rope {
+            attn_factor: 1.0,
+            ..*rope_q
+        } == Rope {
+            attn_factor: 1.0,
+            ..*rope_k
+        };
+        let fused = self.fuse
+            && same_rope
+            && hd > 0
+            && hd <= 1024
+            && q.rows == k.rows
+            && q.cols.is_multiple_of(hd)
+            && k.cols.is_multiple_of(hd)
+            && q_norm.is_none_or(|w| w.len == hd)
+            && k_norm.is_none_or(|w| w.len == hd)
+            && rope_q.dims <= hd
+            && rope_q.dims.is_multiple_of(2)
+            && freq_factors.is_none_or(|f| f.len >= rope_q.dims / 2);
+        if !fused {
+            if let Some(w) = q_norm {
+                self.rms_norm_inplace(q, w, eps)?;
+            }
+            if let Some(w) = k_norm {
+                self.rms_norm_inplace(k, w, eps)?;
+            }
+            self.rope_op(q, hd, pos0, rope_q, freq_factors)?;
+            return self.rope_op(k, hd, pos0, rope_k, freq_factors);
+        }
+        let (nh, nkv) = (q.cols / hd, k.cols / hd);
+        if q.rows == 0 || nh + nkv == 0 {
+            return Ok(());
+        }
+        // The same host-side constants as rope_op (and the CPU's rope_cache).
+        let rope = rope_q;
+        let n_dims = rope.dims;
+        let theta_scale = rope.base.powf(-2.0 / n_dims as f32);
+        let corr = |n_rot: f32| {
+            n_dims as f32 * (rope.n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * rope.base.ln())
+        };
+        let (c0, c1) = if rope.ext_factor != 0.0 {
+            (
+                corr(rope.beta_fast).floor().max(0.0),
+                corr(rope.beta_slow).ceil().min(n_dims as f32 - 1.0),
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        let mscale_yarn = 1.0 + 0.1 * (1.0 / rope.freq_scale).ln();
+        let (qp, kp) = (self.dptr(&q.data), self.dptr(&k.data));
+        let wqp = q_norm.map_or(0u64, |w| self.dptr(&w.data));
+        let wkp = k_norm.map_or(0u64, |w| self.dptr(&w.data));
+        let ffp = freq_factors.map_or(0u64, |v| self.dptr(&v.data));
+        let posp = self.step_posp();
+        let cfg = LaunchConfig {
+            grid_dim: (q.rows as u32, (nh + nkv) as u32, 1),
+            block_dim: (hd.div_ceil(32) as u32 * 32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (nh_i, nkv_i, hd_i, dims_i, pos_i, neox_i) = (
+            nh as i32,
+            nkv as i32,
+            hd as i32,
+            n_dims as i32,
+            pos0 as i32,
+            rope.neox as i32,
+        );
+        launch!(
+            self,
+            &self.ops.qk_norm_rope,
+            cfg,
+            &qp,
+            &kp,
+            &wqp,
+            &wkp,
+            &eps,
+            &nh_i,
+            &nkv_i,
+            &hd_i,
+            &dims_i,
+            &pos_i,
+            &neox_i,
+            &theta_scale,
+            &rope.freq_scale,
+            &rope.ext_factor,
+            &rope_q.attn_factor,
+            &rope_k.attn_factor,
+            &c0,
+            &c1,
+            &mscale_yarn,
+            &ffp,
+            &posp
+        )
+    }
+}
