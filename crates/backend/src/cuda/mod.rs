@@ -14,8 +14,10 @@
 //! Matmul: up to 8 activation rows go through a GEMV. Quantized formats take q8_1
 //! activations (int8 + per-32 scale and sum) and dot with `dp4a` (`mvq{1,2,4,8}`,
 //! gemv_int.cu); the q8_1 copy is written by the op that produced the input when it is a
-//! whole-row RMSNorm or a GLU of decode rows, else by one quantizer launch, and serves every
-//! matmul on that input (q/k/v, gate/up; see [`Scratch::xq_key`]). Float formats decode to
+//! whole-row RMSNorm, a GLU, the fused gate/up GEMV or the fused DeltaNet step of decode
+//! rows, else by one quantizer launch, and serves every matmul on that input (q/k/v,
+//! gate/up; see [`Scratch::xq_key`]). Fused ops (fused.rs, `delta_step` in hybrid.rs) run a
+//! decode layer's small steps as one launch each. Float formats decode to
 //! f32 (`mv{1,2,4,8}`, matmul.cu). Larger batches
 //! (prefill) dequantize the matrix to an f16 scratch tile and call cuBLAS (f16 × f16 → f32,
 //! tensor cores) — a first step before a fused dequantize-mma kernel.
