@@ -868,12 +868,7 @@ impl Backend for CudaBackend {
     }
 
     fn kv_commit(&self, kv: &mut CudaKv, new_len: usize) -> Result<()> {
-        if new_len > kv.shape.n_ctx {
-            return Err(shape_err(
-                "kv_commit",
-                format!("{new_len} > n_ctx {}", kv.shape.n_ctx),
-            ));
-        }
+        crate::check_kv_commit(new_len, kv.shape.n_ctx)?;
         kv.len = new_len;
         Ok(())
     }
