@@ -50,3 +50,25 @@ __device__ __forceinline__ void q8_1_warp(float v, i8* xq, float2* xds, i64 unit
     xq[unit * 32 + lane] = (i8)q;
     if (lane == 0) xds[unit] = make_float2(d, d * (float)sum);
 }
+
+// Programmatic dependent launch (Hopper and later; the host launches every kernel with
+// programmatic stream serialization there, `launch!` in mod.rs): a kernel may start while
+// the previous one in the stream is still running, so every kernel calls gdc_wait() before
+// it touches global memory — reads of what the previous kernel wrote and writes of what it
+// may still read alike. The wait returns once the previous kernel has completed and its
+// writes are visible; it is a no-op for a kernel launched without the attribute. Since
+// every kernel waits, the order is transitive, as without PDL.
+// After the wait the kernel signals that the next kernel may launch: its blocks get placed
+// on free SMs and wait there (in their own gdc_wait) while this kernel runs, instead of
+// being launched after it ends. A grid's dependents launch only once all its blocks have
+// signalled (or exited), so all of them are resident by then: a kernel whose blocks wait
+// for each other (add_rms_norm_row) cannot be starved by its dependents. GDC_NO_EARLY
+// (NEAGARI_CUDA_PDL=wait) leaves the signal to the blocks' exit, for measuring.
+__device__ __forceinline__ void gdc_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#ifndef GDC_NO_EARLY
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+#endif
+}
