@@ -11,7 +11,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, LaunchConfig};
 
 use super::{cfg1, compile, drv, shape_err, CudaBackend, CudaBuf, CudaKv, CudaMat, CudaVector};
 use crate::{Backend, BackendError, DeltaNet, HeadMap, RecShape, Result};

@@ -10,6 +10,7 @@
 // One warp per 32-value unit; grid (ceil(units / 4), nr), 128 threads.
 extern "C" __global__ void quant_q8_1(const float* __restrict__ x, i8* __restrict__ xq,
                                       float2* __restrict__ xds, int cols, int units) {
+    gdc_wait();
     const int lane = threadIdx.x & 31;
     const int u = blockIdx.x * 4 + (threadIdx.x >> 5);
     const int r = blockIdx.y;
@@ -85,6 +86,7 @@ __device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, const i8* __r
     extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32)                             \
         NAME(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units,     \
              i64 row_bytes, int nr) {                                                        \
+        gdc_wait();                                                                          \
         mvq_impl<FMTQ, NR, R>(W, xq, xds, y, rows, units, row_bytes, nr, blockIdx.x);        \
     }
 MVQ(mvq1, 1, 2)
@@ -104,6 +106,7 @@ MVQ(mvq1x1, 1, 1)
         NAME(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0, float* y1,    \
              float* y2, float* y3, int n0, int n1, int n2, int n3, int b1, int b2, int b3,    \
              const i8* xq, const float2* xds, int units, i64 row_bytes, int nr) {            \
+        gdc_wait();                                                                          \
         int b = blockIdx.x;                                                                  \
         const u8* W = w0;                                                                    \
         float* y = y0;                                                                       \
