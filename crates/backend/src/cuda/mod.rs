@@ -1,6 +1,7 @@
-//! The CUDA backend: weights uploaded once in their packed GGUF format and decoded in
-//! registers by per-format kernels; activations, the KV cache (f16) and every op of the
-//! dense models live in device memory, and only logits come back.
+//! The CUDA backend: weights uploaded once in their packed GGUF format (Q1_0 and TQ2_0
+//! regrouped for 16-byte loads, [`repack`]) and decoded in registers by per-format kernels;
+//! activations, the KV cache (f16) and every op of the dense models live in device memory,
+//! and only logits come back.
 //!
 //! Kernels are CUDA C++ in `kernels/*.cu`, embedded with `include_str!` and compiled by
 //! NVRTC for the device's architecture when the backend starts (the float ops) or when the
