@@ -1,6 +1,7 @@
-//! The CUDA backend: weights uploaded once in their packed GGUF format and decoded in
-//! registers by per-format kernels; activations, the KV cache (f16) and every op of the
-//! dense models live in device memory, and only logits come back.
+//! The CUDA backend: weights uploaded once in their packed GGUF format (Q1_0 and TQ2_0
+//! regrouped for 16-byte loads, [`repack`]) and decoded in registers by per-format kernels;
+//! activations, the KV cache (f16) and every op of the dense models live in device memory,
+//! and only logits come back.
 //!
 //! Kernels are CUDA C++ in `kernels/*.cu`, embedded with `include_str!` and compiled by
 //! NVRTC for the device's architecture when the backend starts (the float ops) or when the
@@ -125,9 +126,24 @@ fn int_struct(ty: GgmlType) -> Option<&'static str> {
     })
 }
 
+/// Kernel struct names of a format (decoder, integer dot): those of repack.rs's layout
+/// (an `R` suffix) when `repack` and the format has one.
+fn fmt_structs(ty: GgmlType, repack: bool) -> Option<(String, Option<String>)> {
+    let r = if repack && repack::repacked(ty) {
+        "R"
+    } else {
+        ""
+    };
+    let st = fmt_struct(ty)?;
+    Some((
+        format!("{st}{r}"),
+        int_struct(ty).map(|q| format!("{q}{r}")),
+    ))
+}
+
 /// Module name, defines and source of a format's kernels.
-fn fmt_module(st: &str, ty: GgmlType) -> (String, String, String) {
-    match int_struct(ty) {
+fn fmt_module(st: &str, int: Option<&str>) -> (String, String, String) {
+    match int {
         Some(q) => (
             format!("matmul_{st}"),
             format!("#define FMT {st}\n#define FMTQ {q}"),
@@ -227,13 +243,15 @@ pub fn compile_all(arch: &str) -> Result<()> {
         F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q1_0, Q2_0,
         TQ2_0,
     ] {
-        let st = fmt_struct(ty).ok_or(BackendError::NoKernel {
-            op: "matmul",
-            device: "cuda",
-            ty,
-        })?;
-        let (name, defines, src) = fmt_module(st, ty);
-        compile(&name, arch, &defines, &src)?;
+        for repack in [false, true] {
+            let (st, q) = fmt_structs(ty, repack).ok_or(BackendError::NoKernel {
+                op: "matmul",
+                device: "cuda",
+                ty,
+            })?;
+            let (name, defines, src) = fmt_module(&st, q.as_deref());
+            compile(&name, arch, &defines, &src)?;
+        }
     }
     Ok(())
 }
@@ -277,6 +295,9 @@ struct FmtKernels {
 
 /// gemv_int.cu of one format: the activation quantizer and `mvq{1,2,4,8}`, `mvq1x{1,4,8}`.
 struct IntKernels {
+    /// 32-weight units a GEMV thread takes at once (4 for the repacked Q1_0 / TQ2_0: 128
+    /// weights, 16 or 32 bytes of a row; 1 otherwise).
+    step: usize,
     quant: CudaFunction,
     mv: [CudaFunction; 4],
     mv1x4: CudaFunction,
@@ -332,6 +353,13 @@ pub struct CudaBackend {
     norm_row: bool,
     /// Quantized formats take the integer GEMV, unless NEAGARI_CUDA_MV=float (measuring).
     mv_int: bool,
+    /// Q1_0 and TQ2_0 are uploaded in repack.rs's layout, unless NEAGARI_CUDA_REPACK=0
+    /// (ggml's blocks and the kernels that read them, for measuring).
+    repack: bool,
+    /// Row groups a block of the repacked formats' GEMV (gemv_int.cu `mvq_step`): `None`
+    /// picks by shape (`mv_block`), NEAGARI_CUDA_MV_GROUPS=N forces N (1: one group of
+    /// whole warps, the mapping of the other formats; for measuring).
+    mv_groups: Option<usize>,
     /// Counts kernel launches and device writes (see [`Scratch::xq_key`]).
     gen: AtomicU64,
     /// Decode-step recording (graph.rs): the mode (OFF, WARM, CAPTURE, REPLAY), launches
@@ -418,6 +446,7 @@ mod graph;
 mod hybrid;
 mod matmul;
 mod norm;
+mod repack;
 
 fn cfg1(n: usize, block: u32) -> LaunchConfig {
     LaunchConfig {
@@ -509,6 +538,11 @@ impl CudaBackend {
                 .filter(|n| (1..=MVQ_WARPS).contains(n)),
             norm_row: std::env::var("NEAGARI_CUDA_NORM_ROW").as_deref() != Ok("0"),
             mv_int: std::env::var("NEAGARI_CUDA_MV").as_deref() != Ok("float"),
+            repack: std::env::var("NEAGARI_CUDA_REPACK").as_deref() != Ok("0"),
+            mv_groups: std::env::var("NEAGARI_CUDA_MV_GROUPS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|n| (1..=MVQ_WARPS * 32).contains(n)),
             gen: AtomicU64::new(0),
             mode: AtomicU8::new(graph::OFF),
             launches: AtomicUsize::new(0),
@@ -709,7 +743,7 @@ impl Backend for CudaBackend {
             }
         };
         let k = self.fmt_kernels(t.ty)?;
-        let (bytes, row_bytes) = Self::pack_rows(t, rows, cols)?;
+        let (bytes, row_bytes) = Self::pack_rows(t, rows, cols, self.repack)?;
         let data = self
             .stream
             .clone_htod(&bytes)

@@ -23,60 +23,139 @@ extern "C" __global__ void quant_q8_1(const float* __restrict__ x, i8* __restric
 // Up to 8 warps a block; the host picks as many as the row's units fill (mv_warps).
 #define MVQ_WARPS 8
 
-// A block of 1–8 warps computes R consecutive weight rows for nr ≤ NR activation rows.
-// Threads take units round-robin; the activation unit is loaded once (two 16-byte loads per
-// row) and serves the R weight rows, each weight unit is unpacked once and serves every
-// activation row. The block reduces at the end.
+// Activation unit u of rows 0..NR−1 (zeros past nr): two 16-byte loads a row.
+template <int NR>
+__device__ __forceinline__ void load_xq(const i8* __restrict__ xq, const float2* __restrict__ xds,
+                                        int units, int u, int nr, int (&x)[NR][8],
+                                        float2 (&ds)[NR]) {
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        if (r < nr) {
+            const int4* p = (const int4*)(xq + ((i64)r * units + u) * 32);
+            const int4 a = __ldg(p), b = __ldg(p + 1);
+            x[r][0] = a.x; x[r][1] = a.y; x[r][2] = a.z; x[r][3] = a.w;
+            x[r][4] = b.x; x[r][5] = b.y; x[r][6] = b.z; x[r][7] = b.w;
+            ds[r] = __ldg(xds + (i64)r * units + u);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++) x[r][k] = 0;
+            ds[r] = make_float2(0.f, 0.f);
+        }
+    }
+}
+
+// F::STEP, the units a thread takes at once: 1 unless the struct says (vecdot.cuh's
+// repacked formats).
+template <class F, class = void>
+struct step_of {
+    static constexpr int v = 1;
+};
+template <class F>
+struct step_of<F, decltype((void)F::STEP)> {
+    static constexpr int v = F::STEP;
+};
+
+// The repacked formats (F::STEP units a thread step, vecdot.cuh): a block is G = blockDim.y
+// groups of T = blockDim.x threads; group g computes weight rows (blk·G + g)·R .. +R, its
+// threads take steps round-robin (the host makes T the row's step count where it is at most
+// 256, so each thread loads 16 or 32 bytes of each of its R rows once and no lane idles:
+// a 5120-wide Q1_0 row is 40 steps, which one warp-rounded group would run at 40 of 64
+// lanes). The R rows' steps are loaded first, then each unit's activation serves them.
+// Sums go through shared memory; one thread per output adds its group's T parts in order
+// (the same order for any G and R, so `matmul_multi` and `matmul_rows` equal the single
+// matmul bit for bit).
 template <class F, int NR, int R>
-__device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
+__device__ __forceinline__ void mvq_step(const u8* __restrict__ W, const i8* __restrict__ xq,
                                          const float2* __restrict__ xds, float* __restrict__ y,
                                          int rows, int units, i64 row_bytes, int nr, int blk) {
-    const int tid = threadIdx.x, nthr = blockDim.x;
-    const int lane = tid & 31, warp = tid >> 5;
-    const int row0 = blk * R;
+    constexpr int S = F::STEP;
+    const int T = blockDim.x, G = blockDim.y;
+    const int tid = threadIdx.y * T + threadIdx.x, nthr = T * G;
+    const int row0 = (blk * G + (int)threadIdx.y) * R;
     float acc[R][NR];
 #pragma unroll
     for (int q = 0; q < R; q++)
 #pragma unroll
         for (int r = 0; r < NR; r++) acc[q][r] = 0.f;
-    for (int u = tid; u < units; u += nthr) {
-        int x[NR][8];
-        float2 ds[NR];
-#pragma unroll
-        for (int r = 0; r < NR; r++) {
-            if (r < nr) {
-                const int4* p = (const int4*)(xq + ((i64)r * units + u) * 32);
-                const int4 a = __ldg(p), b = __ldg(p + 1);
-                x[r][0] = a.x; x[r][1] = a.y; x[r][2] = a.z; x[r][3] = a.w;
-                x[r][4] = b.x; x[r][5] = b.y; x[r][6] = b.z; x[r][7] = b.w;
-                ds[r] = __ldg(xds + (i64)r * units + u);
-            } else {
-#pragma unroll
-                for (int k = 0; k < 8; k++) x[r][k] = 0;
-                ds[r] = make_float2(0.f, 0.f);
-            }
-        }
-        // Rows past the end re-read the last row (their sums are dropped): no branch, so
-        // the R rows' loads can all be issued before the first is used.
+    const int steps = units / S;  // the host keeps rows whole steps
+    for (int s = threadIdx.x; s < steps; s += T) {
+        typename F::W w[R];
+        // Rows past the end re-read the last row (their sums are dropped).
 #pragma unroll
         for (int q = 0; q < R; q++)
-            F::template dot<NR>(W + (i64)min(row0 + q, rows - 1) * row_bytes, u, x, ds, acc[q]);
+            w[q] = F::load(W + (i64)min(row0 + q, rows - 1) * row_bytes, s);
+#pragma unroll
+        for (int j = 0; j < S; j++) {
+            int x[NR][8];
+            float2 ds[NR];
+            load_xq<NR>(xq, xds, units, s * S + j, nr, x, ds);
+#pragma unroll
+            for (int q = 0; q < R; q++) F::template dot<NR>(w[q], j, x, ds, acc[q]);
+        }
     }
-    __shared__ float red[R * NR][MVQ_WARPS];
+    __shared__ float part[R * NR][MVQ_WARPS * 32 + 1];  // +1: the adds below read a column
 #pragma unroll
     for (int q = 0; q < R; q++)
 #pragma unroll
-        for (int r = 0; r < NR; r++) {
-            const float s = warp_sum(acc[q][r]);
-            if (lane == 0) red[q * NR + r][warp] = s;
-        }
+        for (int r = 0; r < NR; r++) part[q * NR + r][tid] = acc[q][r];
     __syncthreads();
-    if (tid < R * NR) {
-        const int q = tid / NR, r = tid % NR;
-        if (r < nr && row0 + q < rows) {
-            float s = 0.f;
-            for (int k = 0; k < (nthr >> 5); k++) s += red[tid][k];
-            y[(i64)r * rows + row0 + q] = s;
+    for (int o = tid; o < G * R * NR; o += nthr) {
+        const int g = o / (R * NR), qr = o % (R * NR);
+        const int q = qr / NR, r = qr % NR, row = (blk * G + g) * R + q;
+        if (r < nr && row < rows) {
+            float v = 0.f;
+            for (int i = 0; i < T; i++) v += part[qr][g * T + i];
+            y[(i64)r * rows + row] = v;
+        }
+    }
+}
+
+// A block of 1–8 warps computes R consecutive weight rows for nr ≤ NR activation rows.
+// Threads take units round-robin; the activation unit is loaded once (two 16-byte loads per
+// row) and serves the R weight rows, each weight unit is unpacked once and serves every
+// activation row. The block reduces at the end. Formats with a STEP go to `mvq_step`.
+template <class F, int NR, int R>
+__device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
+                                         const float2* __restrict__ xds, float* __restrict__ y,
+                                         int rows, int units, i64 row_bytes, int nr, int blk) {
+    if constexpr (step_of<F>::v > 1) {
+        mvq_step<F, NR, R>(W, xq, xds, y, rows, units, row_bytes, nr, blk);
+    } else {
+        const int tid = threadIdx.x, nthr = blockDim.x;
+        const int lane = tid & 31, warp = tid >> 5;
+        const int row0 = blk * R;
+        float acc[R][NR];
+#pragma unroll
+        for (int q = 0; q < R; q++)
+#pragma unroll
+            for (int r = 0; r < NR; r++) acc[q][r] = 0.f;
+        for (int u = tid; u < units; u += nthr) {
+            int x[NR][8];
+            float2 ds[NR];
+            load_xq<NR>(xq, xds, units, u, nr, x, ds);
+            // Rows past the end re-read the last row (their sums are dropped): no branch,
+            // so the R rows' loads can all be issued before the first is used.
+#pragma unroll
+            for (int q = 0; q < R; q++)
+                F::template dot<NR>(W + (i64)min(row0 + q, rows - 1) * row_bytes, u, x, ds,
+                                    acc[q]);
+        }
+        __shared__ float red[R * NR][MVQ_WARPS];
+#pragma unroll
+        for (int q = 0; q < R; q++)
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                const float s = warp_sum(acc[q][r]);
+                if (lane == 0) red[q * NR + r][warp] = s;
+            }
+        __syncthreads();
+        if (tid < R * NR) {
+            const int q = tid / NR, r = tid % NR;
+            if (r < nr && row0 + q < rows) {
+                float s = 0.f;
+                for (int k = 0; k < (nthr >> 5); k++) s += red[tid][k];
+                y[(i64)r * rows + row0 + q] = s;
+            }
         }
     }
 }
