@@ -294,6 +294,32 @@ pub fn check_scatter_add_rows(
     Ok(())
 }
 
+/// Checks a `kv_commit` to `new_len` on a cache of `n_ctx` positions.
+pub fn check_kv_commit(new_len: usize, n_ctx: usize) -> Result<()> {
+    if new_len > n_ctx {
+        return Err(BackendError::Shape {
+            op: "kv_commit",
+            detail: format!("{new_len} > n_ctx {n_ctx}"),
+        });
+    }
+    Ok(())
+}
+
+/// Checks a `kv_restore`: the snapshot (`snap_len`, its cache shape and recurrent-state
+/// shape) was taken of this cache (`kv_len`, …) and is not ahead of it.
+pub fn check_kv_restore<R: PartialEq>(
+    (kv_len, kv_shape, kv_rec): (usize, &KvShape, Option<&R>),
+    (snap_len, snap_shape, snap_rec): (usize, &KvShape, Option<&R>),
+) -> Result<()> {
+    if snap_len > kv_len || snap_shape != kv_shape || kv_rec != snap_rec {
+        return Err(BackendError::Shape {
+            op: "kv_restore",
+            detail: format!("snapshot at {snap_len} of a different cache (now at {kv_len})"),
+        });
+    }
+    Ok(())
+}
+
 /// Element type of the KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum KvType {
@@ -737,6 +763,39 @@ mod tests {
                     op: "scatter_add_rows",
                     ..
                 }
+            ));
+        }
+    }
+    #[test]
+    fn kv_commit_and_restore_contracts() {
+        assert!(check_kv_commit(16, 16).is_ok());
+        assert!(check_kv_commit(17, 16).is_err());
+        let a = KvShape {
+            n_layers: 2,
+            n_kv_heads: 1,
+            head_dim: 8,
+            n_ctx: 16,
+            ty: KvType::F16,
+        };
+        let b = KvShape {
+            n_ctx: 32,
+            ..a.clone()
+        };
+        let ok = check_kv_restore::<u8>((5, &a, None), (3, &a, None));
+        assert!(ok.is_ok());
+        assert!(check_kv_restore((5, &a, Some(&1)), (5, &a, Some(&1))).is_ok());
+        for e in [
+            check_kv_restore::<u8>((5, &a, None), (6, &a, None)), // ahead of the cache
+            check_kv_restore::<u8>((5, &a, None), (3, &b, None)), // another shape
+            check_kv_restore((5, &a, Some(&1)), (3, &a, None)),   // state missing
+            check_kv_restore((5, &a, Some(&1)), (3, &a, Some(&2))), // other state shape
+        ] {
+            assert!(matches!(
+                e,
+                Err(BackendError::Shape {
+                    op: "kv_restore",
+                    ..
+                })
             ));
         }
     }

@@ -406,18 +406,34 @@ fn moe_ops_match() {
 }
 
 /// The 1- and 2-bit decoders through the GEMV (1–8 rows, f32), cuBLAS (13 rows, f16) and
-/// the embedding lookup, against f64 products of the CPU-dequantized weights.
+/// the embedding lookup, against f64 products of the CPU-dequantized weights; Q1_0 and
+/// TQ2_0 in the repacked layout (cuda/repack.rs; also with 4 row groups a GEMV block, which
+/// these matrices do not get by default) and in ggml's (NEAGARI_CUDA_REPACK=0).
 #[test]
 fn lowbit_matmul_and_embed() {
     let Some(g) = gpu() else { return };
     let mut r = rng();
+    lowbit_cases(&g, &mut r);
+    for (k, v) in [
+        ("NEAGARI_CUDA_MV_GROUPS", "4"),
+        ("NEAGARI_CUDA_REPACK", "0"),
+    ] {
+        std::env::set_var(k, v);
+        let gv = CudaBackend::new(0).expect("open GPU 0");
+        std::env::remove_var(k);
+        lowbit_cases(&gv, &mut r);
+    }
+}
+
+fn lowbit_cases(g: &CudaBackend, r: &mut StdRng) {
     for ty in [GgmlType::Q1_0, GgmlType::Q2_0, GgmlType::TQ2_0] {
-        for (rows, cols) in [(5, 256), (37, 768), (300, 5120)] {
+        // The last: 260 Q1_0 blocks, more steps than a block's 256 threads (two rounds).
+        for (rows, cols) in [(5, 256), (37, 768), (300, 5120), (9, 33280)] {
             let rb = ty.row_bytes(cols).expect("whole blocks");
             let mut bytes = vec![0u8; rb * rows];
             let mut deq = vec![0f32; rows * cols];
             for row in 0..rows {
-                let v = randv(&mut r, cols, 1.0);
+                let v = randv(r, cols, 1.0);
                 let b = &mut bytes[row * rb..(row + 1) * rb];
                 neagari_quant::quantize_row(ty, &v, b).expect("quant");
                 neagari_quant::dequantize_row(ty, b, &mut deq[row * cols..(row + 1) * cols])
@@ -428,7 +444,7 @@ fn lowbit_matmul_and_embed() {
                 .load_mat(&tensor("t", ty, vec![rows, cols], bytes))
                 .expect("load_mat");
             for n in [1usize, 2, 3, 8, 13] {
-                let x = randv(&mut r, n * cols, 1.0);
+                let x = randv(r, n * cols, 1.0);
                 let mut want = vec![0f32; n * rows];
                 for i in 0..n {
                     for j in 0..rows {
@@ -438,7 +454,7 @@ fn lowbit_matmul_and_embed() {
                         want[i * rows + j] = s as f32;
                     }
                 }
-                let xb = upload(&g, &x, n, cols);
+                let xb = upload(g, &x, n, cols);
                 let mut out = g.buf(1, 1).expect("buf");
                 g.matmul(&m, &xb, &mut out).expect("matmul");
                 let tol = if n > 8 && g.has_cublas() {
@@ -461,7 +477,7 @@ fn lowbit_matmul_and_embed() {
                 check(
                     &format!("{ty} {rows}x{cols}, {n} rows"),
                     tol,
-                    &download(&g, &out),
+                    &download(g, &out),
                     &want,
                 );
             }
@@ -476,7 +492,21 @@ fn lowbit_matmul_and_embed() {
                         .map(|v| v * 1.5)
                 })
                 .collect();
-            check(&format!("{ty} embed"), 1e-6, &download(&g, &out), &want);
+            check(&format!("{ty} embed"), 1e-6, &download(g, &out), &want);
+            // A range of rows (an expert's, `matmul_rows`): the same rows of the whole
+            // product (rows stay contiguous in the repacked layout).
+            let x = randv(r, 2 * cols, 1.0);
+            let xb = upload(g, &x, 2, cols);
+            let mut whole = g.buf(1, 1).expect("buf");
+            g.matmul(&m, &xb, &mut whole).expect("matmul");
+            let whole = download(g, &whole);
+            let (r0, nr) = (rows / 3, rows - rows / 3 - 1);
+            let mut o = g.buf(1, 1).expect("buf");
+            g.matmul_rows(&m, r0, nr, &xb, &mut o).expect("matmul_rows");
+            let want: Vec<f32> = (0..2)
+                .flat_map(|t| whole[t * rows + r0..t * rows + r0 + nr].to_vec())
+                .collect();
+            assert_eq!(download(g, &o), want, "{ty} rows {r0}+{nr} of {rows}");
         }
     }
 }

@@ -11,6 +11,7 @@ mod cuda_common;
 use cuda_common::{cpu, gpu, randv, rel, rng, tensor};
 use std::io::Write;
 
+use neagari_backend::cpu::CpuBackend;
 use neagari_backend::cuda::CudaBackend;
 use neagari_backend::{Attn, Backend, GluAct, HostTensor, KvShape, KvType, Rope};
 use neagari_quant::GgmlType;
@@ -100,21 +101,35 @@ fn matmul_and_embed_every_format() {
     // By default the shape picks the weight rows per block of the single-row GEMV.
     matmul_and_embed(&g, &mut r, false);
     // The integer GEMV with each number of rows per block, then the f32 GEMV, on every
-    // shape.
+    // shape; Q1_0 and TQ2_0 (repack.rs's layout) also with one warp a block (several
+    // rounds of steps a thread on the wider rows) and with 3 row groups a block (the small
+    // test matrices get one by default), and in ggml's layout (NEAGARI_CUDA_REPACK=0, the
+    // kernels before the repacked layout).
     let variants = [
-        ("int", "8"),
-        ("int", "4"),
-        ("int", "2"),
-        ("int", "1"),
-        ("float", "4"),
-        ("float", "2"),
+        ("int", "8", &[][..]),
+        ("int", "4", &[][..]),
+        ("int", "2", &[][..]),
+        ("int", "1", &[][..]),
+        ("int", "8", &[("NEAGARI_CUDA_MV_WARPS", "1")][..]),
+        ("int", "8", &[("NEAGARI_CUDA_MV_GROUPS", "3")][..]),
+        ("int", "2", &[("NEAGARI_CUDA_MV_GROUPS", "5")][..]),
+        ("int", "4", &[("NEAGARI_CUDA_REPACK", "0")][..]),
+        ("float", "4", &[][..]),
+        ("float", "2", &[][..]),
+        ("float", "4", &[("NEAGARI_CUDA_REPACK", "0")][..]),
     ];
-    for (mv, rows) in variants {
+    for (mv, rows, extra) in variants {
         std::env::set_var("NEAGARI_CUDA_MV", mv);
         std::env::set_var("NEAGARI_CUDA_MV_ROWS", rows);
+        for (k, v) in extra {
+            std::env::set_var(k, v);
+        }
         let gv = CudaBackend::new(0).expect("open GPU 0");
         std::env::remove_var("NEAGARI_CUDA_MV_ROWS");
         std::env::remove_var("NEAGARI_CUDA_MV");
+        for (k, _) in extra {
+            std::env::remove_var(k);
+        }
         matmul_and_embed(&gv, &mut r, mv == "float");
     }
 }
@@ -123,8 +138,15 @@ fn matmul_and_embed(g: &CudaBackend, r: &mut StdRng, float_gemv: bool) {
     let c = cpu();
     for ty in FORMATS {
         let block = if ty.row_bytes(32).is_some() { 32 } else { 256 };
-        // (rows, cols): fewer rows than a block's warps, ragged rows, several blocks per row.
-        let mut shapes = vec![(5, block * 2), (37, block * 3), (300, 1024.max(block * 4))];
+        // (rows, cols): fewer rows than a block's warps, ragged rows, several blocks per row;
+        // 21 blocks of 256 (Q1_0: 5 whole groups of 8 blocks in repack.rs's layout and 2
+        // blocks; TQ2_0: 2 and 5).
+        let mut shapes = vec![
+            (5, block * 2),
+            (37, block * 3),
+            (300, 1024.max(block * 4)),
+            (19, block * 21),
+        ];
         if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
             shapes.push((19, 48)); // a row that is not whole 32-value units
             shapes.push((7, 70)); // nor a multiple of 4 values
@@ -556,61 +578,13 @@ fn fused_multi_matmul_and_add_norm() {
     let Some(g) = gpu() else { return };
     let c = cpu();
     let mut r = rng();
-    let cols = 768;
-    for ty in [
-        GgmlType::Q1_0,
-        GgmlType::TQ2_0,
-        GgmlType::Q4_K,
-        GgmlType::Q8_0,
-    ] {
-        // Five matrices (two launches), one of 48 rows and one of 3.
-        let shapes = [300usize, 48, 3, 129, 1000];
-        let mats: Vec<(HostTensor, Vec<f32>)> = shapes
-            .iter()
-            .map(|&rows| random_mat(&mut r, ty, rows, cols))
-            .collect();
-        let dm: Vec<_> = mats.iter().map(|(t, _)| g.load_mat(t).unwrap()).collect();
-        for n in [1usize, 2, 3, 8] {
-            let x = randv(&mut r, n * cols, 1.0);
-            let xb = upload(&g, &x, n, cols);
-            let mut outs: Vec<_> = shapes.iter().map(|_| g.buf(1, 1).unwrap()).collect();
-            {
-                let ws: Vec<_> = dm.iter().collect();
-                let mut os: Vec<_> = outs.iter_mut().collect();
-                g.matmul_multi(&ws, &xb, &mut os).unwrap();
-            }
-            for (i, m) in dm.iter().enumerate() {
-                let mut one = g.buf(1, 1).unwrap();
-                g.matmul(m, &xb, &mut one).unwrap();
-                let (a, b) = (download(&g, &outs[i]), download(&g, &one));
-                assert_eq!(g.buf_shape(&outs[i]), (n, shapes[i]));
-                assert!(a == b, "{ty} matrix {i}, {n} rows: multi ≠ single");
-                // The integer GEMV's bar: twice the CPU's error on the same product (at
-                // least 1.2e-2: a 3-row product's error is noise).
-                let want = exact_product(&mats[i].1, &x, shapes[i], cols);
-                let cm = c.load_mat(&mats[i].0).unwrap();
-                let mut co = c.buf(1, 1).unwrap();
-                c.matmul(&cm, &upload(&c, &x, n, cols), &mut co).unwrap();
-                let bar = (2.0 * rel(&download(&c, &co), &want)).max(1.2e-2);
-                let e = rel(&a, &want);
-                assert!(
-                    e < bar,
-                    "{ty} matrix {i}, {n} rows: {e:.2e} (bar {bar:.2e})"
-                );
-            }
-        }
-    }
-    // Mixed formats: the fallback, still the separate products.
-    let (ta, da) = random_mat(&mut r, GgmlType::Q4_K, 64, 512);
-    let (tb, db) = random_mat(&mut r, GgmlType::Q8_0, 32, 512);
-    let x = randv(&mut r, 512, 1.0);
-    let xb = upload(&g, &x, 1, 512);
-    let (ma, mb) = (g.load_mat(&ta).unwrap(), g.load_mat(&tb).unwrap());
-    let (mut oa, mut ob) = (g.buf(1, 1).unwrap(), g.buf(1, 1).unwrap());
-    g.matmul_multi(&[&ma, &mb], &xb, &mut [&mut oa, &mut ob])
-        .unwrap();
-    assert!(rel(&download(&g, &oa), &exact_product(&da, &x, 64, 512)) < 1.2e-2);
-    assert!(rel(&download(&g, &ob), &exact_product(&db, &x, 32, 512)) < 1.2e-2);
+    multi_matches_single(&g, &c, &mut r);
+    // The repacked formats with 3 row groups a block (gemv_int.cu `mvq_step`; the default
+    // gives these small matrices one).
+    std::env::set_var("NEAGARI_CUDA_MV_GROUPS", "3");
+    let g3 = CudaBackend::new(0).expect("open GPU 0");
+    std::env::remove_var("NEAGARI_CUDA_MV_GROUPS");
+    multi_matches_single(&g3, &c, &mut r);
 
     // add_rms_norm: fused vs the two ops. One row of 5120 or 768 runs over 20 or 3 blocks
     // (add_rms_norm_row; calls of different block counts in a row meet at its barrier);
@@ -963,4 +937,63 @@ fn fused_qk_norm_rope() {
             }
         }
     }
+
+/// `matmul_multi` equals the separate matmuls bit for bit, within the integer GEMV's bar of
+/// the exact product; mixed formats fall back.
+fn multi_matches_single(g: &CudaBackend, c: &CpuBackend, r: &mut StdRng) {
+    let cols = 768;
+    for ty in [
+        GgmlType::Q1_0,
+        GgmlType::TQ2_0,
+        GgmlType::Q4_K,
+        GgmlType::Q8_0,
+    ] {
+        // Five matrices (two launches), one of 48 rows and one of 3.
+        let shapes = [300usize, 48, 3, 129, 1000];
+        let mats: Vec<(HostTensor, Vec<f32>)> = shapes
+            .iter()
+            .map(|&rows| random_mat(r, ty, rows, cols))
+            .collect();
+        let dm: Vec<_> = mats.iter().map(|(t, _)| g.load_mat(t).unwrap()).collect();
+        for n in [1usize, 2, 3, 8] {
+            let x = randv(r, n * cols, 1.0);
+            let xb = upload(g, &x, n, cols);
+            let mut outs: Vec<_> = shapes.iter().map(|_| g.buf(1, 1).unwrap()).collect();
+            {
+                let ws: Vec<_> = dm.iter().collect();
+                let mut os: Vec<_> = outs.iter_mut().collect();
+                g.matmul_multi(&ws, &xb, &mut os).unwrap();
+            }
+            for (i, m) in dm.iter().enumerate() {
+                let mut one = g.buf(1, 1).unwrap();
+                g.matmul(m, &xb, &mut one).unwrap();
+                let (a, b) = (download(g, &outs[i]), download(g, &one));
+                assert_eq!(g.buf_shape(&outs[i]), (n, shapes[i]));
+                assert!(a == b, "{ty} matrix {i}, {n} rows: multi ≠ single");
+                // The integer GEMV's bar: twice the CPU's error on the same product (at
+                // least 1.2e-2: a 3-row product's error is noise).
+                let want = exact_product(&mats[i].1, &x, shapes[i], cols);
+                let cm = c.load_mat(&mats[i].0).unwrap();
+                let mut co = c.buf(1, 1).unwrap();
+                c.matmul(&cm, &upload(c, &x, n, cols), &mut co).unwrap();
+                let bar = (2.0 * rel(&download(c, &co), &want)).max(1.2e-2);
+                let e = rel(&a, &want);
+                assert!(
+                    e < bar,
+                    "{ty} matrix {i}, {n} rows: {e:.2e} (bar {bar:.2e})"
+                );
+            }
+        }
+    }
+    // Mixed formats: the fallback, still the separate products.
+    let (ta, da) = random_mat(r, GgmlType::Q4_K, 64, 512);
+    let (tb, db) = random_mat(r, GgmlType::Q8_0, 32, 512);
+    let x = randv(r, 512, 1.0);
+    let xb = upload(g, &x, 1, 512);
+    let (ma, mb) = (g.load_mat(&ta).unwrap(), g.load_mat(&tb).unwrap());
+    let (mut oa, mut ob) = (g.buf(1, 1).unwrap(), g.buf(1, 1).unwrap());
+    g.matmul_multi(&[&ma, &mb], &xb, &mut [&mut oa, &mut ob])
+        .unwrap();
+    assert!(rel(&download(g, &oa), &exact_product(&da, &x, 64, 512)) < 1.2e-2);
+    assert!(rel(&download(g, &ob), &exact_product(&db, &x, 32, 512)) < 1.2e-2);
 }

@@ -5,7 +5,7 @@
 //! scalar one, byte for byte.
 
 mod common;
-use common::{dequant_rows, gauss, quantize_acts};
+use common::{dequant_rows, gauss, quantize_acts, simd_kernels};
 use neagari_backend::cpu::kernels::{kernel_for, ActFormat, CpuFeatures, MatKernel};
 use neagari_quant::{quantize_row, GgmlType};
 use rand::rngs::StdRng;
@@ -80,36 +80,6 @@ fn random_acts(k: usize, na: usize, rng: &mut StdRng) -> Vec<f32> {
         }
     }
     a
-}
-
-/// Every SIMD kernel this CPU can run for `ty`: the one `kernel_for` picks, and the ones it
-/// would pick with the wider instruction sets masked off.
-fn simd_kernels(ty: GgmlType) -> Vec<MatKernel> {
-    let detected = CpuFeatures::detect();
-    // AVX-512 without VNNI: the VL build of the AVX2 micro-kernel where a format's own
-    // AVX-512 kernel needs VNNI (Q2_K).
-    let no_vnni = CpuFeatures {
-        avx512vnni: false,
-        ..detected
-    };
-    let no_avx512 = CpuFeatures {
-        avx512f: false,
-        avx512bw: false,
-        avx512vl: false,
-        avx512vnni: false,
-        ..detected
-    };
-    let mut out: Vec<MatKernel> = Vec::new();
-    for feats in [detected, no_vnni, no_avx512] {
-        let k = kernel_for(ty, &feats, false).expect("kernel");
-        if k.isa != "scalar" && !out.iter().any(|o| o.isa == k.isa) {
-            out.push(k);
-        }
-    }
-    if out.is_empty() {
-        eprintln!("{ty}: this CPU has no SIMD kernel (AVX2+FMA+F16C missing): SIMD checks skipped");
-    }
-    out
 }
 
 #[test]

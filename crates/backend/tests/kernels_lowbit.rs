@@ -4,7 +4,7 @@
 //! activations over a grid of shapes; normalized error |Δ| / Σ|w·a| below a threshold.
 
 mod common;
-use common::{dequant_rows, gauss, quantize_acts};
+use common::{dequant_rows, gauss, quantize_acts, simd_kernels};
 use neagari_backend::cpu::kernels::{kernel_for, ActFormat, CpuFeatures, MatKernel};
 use neagari_quant::{quantize_row, GgmlType};
 use rand::rngs::StdRng;
@@ -98,34 +98,6 @@ fn act_type(act: ActFormat) -> GgmlType {
         ActFormat::Q8K => GgmlType::Q8_K,
         other => panic!("unexpected activation format {other:?}"),
     }
-}
-
-/// Every SIMD kernel this CPU can run for `ty`: the one `kernel_for` picks, and the ones it
-/// would pick with the wider instruction sets masked off.
-fn simd_kernels(ty: GgmlType) -> Vec<MatKernel> {
-    let detected = CpuFeatures::detect();
-    let no_vnni = CpuFeatures {
-        avx512vnni: false,
-        ..detected
-    };
-    let no_avx512 = CpuFeatures {
-        avx512f: false,
-        avx512bw: false,
-        avx512vl: false,
-        avx512vnni: false,
-        ..detected
-    };
-    let mut out: Vec<MatKernel> = Vec::new();
-    for feats in [detected, no_vnni, no_avx512] {
-        let k = kernel_for(ty, &feats, false).expect("kernel");
-        if k.isa != "scalar" && !out.iter().any(|o| o.isa == k.isa) {
-            out.push(k);
-        }
-    }
-    if out.is_empty() {
-        eprintln!("{ty}: no SIMD kernel (for this type or on this CPU): SIMD checks skipped");
-    }
-    out
 }
 
 #[test]

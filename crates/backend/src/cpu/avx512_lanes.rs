@@ -38,7 +38,7 @@ pub(crate) const ROWS: usize = 16;
 const COLS: usize = 2;
 /// Activation rows per panel: a panel's prepared blocks (68 bytes each, ~350 KB at k = 640)
 /// stay in L2 while the weight tiles pass, and each weight tile is decoded once per panel.
-const PANEL: usize = 256;
+pub(crate) const PANEL: usize = 256;
 
 /// One activation block as the kernel reads it: the 32 signed quants and, per i32 lane `l`,
 /// `−o · Σ q[4l..4l+4]` (the start of `vpdpbusd` against `q + o` weights). One cache line.
@@ -52,7 +52,9 @@ struct ActBlock {
 /// 64 bytes, aligned for `vmovdqa64`.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Z([u8; 64]);
+pub(crate) struct Z(pub(crate) [u8; 64]);
+
+pub(crate) const ZERO: Z = Z([0; 64]);
 
 /// Per-thread buffers, kept between calls (a prefill makes a few hundred of them).
 #[derive(Default)]

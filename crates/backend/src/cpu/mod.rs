@@ -639,12 +639,7 @@ impl Backend for CpuBackend {
     }
 
     fn kv_commit(&self, kv: &mut CpuKv, new_len: usize) -> Result<()> {
-        if new_len > kv.shape.n_ctx {
-            return Err(shape_err(
-                "kv_commit",
-                format!("{new_len} > n_ctx {}", kv.shape.n_ctx),
-            ));
-        }
+        crate::check_kv_commit(new_len, kv.shape.n_ctx)?;
         kv.len = new_len;
         Ok(())
     }
@@ -680,20 +675,10 @@ impl Backend for CpuBackend {
     }
 
     fn kv_restore(&self, kv: &mut CpuKv, snap: &CpuKv) -> Result<()> {
-        let same = match (&kv.rec, &snap.rec) {
-            (Some(a), Some(b)) => a.shape == b.shape,
-            (None, None) => true,
-            _ => false,
-        };
-        if snap.len > kv.len || snap.shape != kv.shape || !same {
-            return Err(shape_err(
-                "kv_restore",
-                format!(
-                    "snapshot at {} of a different cache (now at {})",
-                    snap.len, kv.len
-                ),
-            ));
-        }
+        crate::check_kv_restore(
+            (kv.len, &kv.shape, kv.rec.as_ref().map(|r| &r.shape)),
+            (snap.len, &snap.shape, snap.rec.as_ref().map(|r| &r.shape)),
+        )?;
         kv.len = snap.len;
         if let (Some(dst), Some(src)) = (kv.rec.as_mut(), snap.rec.as_ref()) {
             for (d, s) in dst.conv.iter_mut().zip(&src.conv) {

@@ -129,6 +129,66 @@ pub(crate) fn for_each_tile(
     }
 }
 
+/// Kernel selection and the portable path of a 32-weight legacy format (Q4_1, Q5_0, Q5_1,
+/// Q8_0), written once: AVX-512 VNNI tiles for decode, else AVX2 tiles, else the quant
+/// crate's reference dot row by row. The format's module supplies `avx2::$T` and
+/// `avx512::$T`; `$avx2_gemm` is the AVX2 tile driver of its code signedness.
+macro_rules! legacy_format {
+    ($name:literal, $q:ident, $T:ident, $act:ident, $act_mod:ident, $avx2_gemm:ident,
+     w_bytes: $wb:expr, a_bytes: $ab:expr) => {
+        #[doc = concat!("The ", $name, " kernel for this CPU (AVX-512 VNNI for decode, else AVX2, when available and not `scalar_only`).")]
+        pub(crate) fn kernel(
+            feats: &super::kernels::CpuFeatures,
+            scalar_only: bool,
+        ) -> super::kernels::MatKernel {
+            use super::kernels::{ActFormat, MatKernel};
+            #[cfg(target_arch = "x86_64")]
+            if feats.has_avx512vnni() && !scalar_only {
+                return MatKernel {
+                    act: ActFormat::$act,
+                    quantize_act: super::$act_mod::quantize_act_avx2,
+                    gemm: super::avx512_tiles::gemm::<avx512::$T>,
+                    isa: "avx512vnni",
+                };
+            }
+            #[cfg(target_arch = "x86_64")]
+            if feats.has_avx2() && !scalar_only {
+                return MatKernel {
+                    act: ActFormat::$act,
+                    quantize_act: super::$act_mod::quantize_act_avx2,
+                    gemm: super::avx2_tiles::$avx2_gemm::<avx2::$T>,
+                    isa: "avx2",
+                };
+            }
+            let _ = (feats, scalar_only);
+            MatKernel {
+                act: ActFormat::$act,
+                quantize_act: super::$act_mod::quantize_act_scalar,
+                gemm: gemm_scalar,
+                isa: "scalar",
+            }
+        }
+
+        fn gemm_scalar(
+            k: usize,
+            w: &[u8],
+            nw: usize,
+            a: &[u8],
+            na: usize,
+            out: &mut [f32],
+            out_stride: usize,
+        ) {
+            use neagari_quant::$q;
+            let nb = k / $q::QK;
+            let s = super::tiles::check(k, $q::QK, nb * $wb, nb * $ab, w, nw, a, na, out, out_stride);
+            super::tiles::scalar_gemm(s, w, nw, a, na, out, out_stride, |w, a| {
+                $q::dot(bytemuck::cast_slice(w), bytemuck::cast_slice(a))
+            });
+        }
+    };
+}
+pub(crate) use legacy_format;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -77,9 +77,13 @@ impl CudaBackend {
             3 | 4 => (&k.glu[5], 1),
             _ => (&k.glu[6], 1),
         };
+        // The GEMV's block shape for one matrix, with a power of two of row groups (the
+        // repacked formats), so that a block's rows are whole 32-row units or divide one.
+        let (bx, by) = self.mv_block(k, units, rows, r);
+        let by = 1usize << by.max(1).ilog2();
         let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(r) as u32, 1, 1),
-            block_dim: ((self.mv_warps(units) * 32) as u32, 1, 1),
+            grid_dim: (rows.div_ceil(r * by) as u32, 1, 1),
+            block_dim: (bx as u32, by as u32, 1),
             shared_mem_bytes: 0,
         };
         let (wg, wu, gp, up_) = (

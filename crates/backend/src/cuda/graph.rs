@@ -29,7 +29,7 @@
 use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
 
-use cudarc::driver::{CudaGraph, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaGraph, CudaSlice, LaunchConfig};
 
 use super::{drv, CudaBackend, CudaBuf, CudaKv};
 use crate::{BackendError, Result};

@@ -11,7 +11,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, LaunchConfig};
 
 use super::{cfg1, compile, drv, shape_err, CudaBackend, CudaBuf, CudaKv, CudaMat, CudaVector};
 use crate::{Backend, BackendError, DeltaNet, HeadMap, RecShape, Result};
@@ -157,20 +157,10 @@ impl CudaBackend {
     }
 
     pub(super) fn hy_restore(&self, kv: &mut CudaKv, snap: &CudaKv) -> Result<()> {
-        let same = match (&kv.rec, &snap.rec) {
-            (Some(a), Some(b)) => a.shape == b.shape,
-            (None, None) => true,
-            _ => false,
-        };
-        if snap.len > kv.len || snap.shape != kv.shape || !same {
-            return Err(shape_err(
-                "kv_restore",
-                format!(
-                    "snapshot at {} of a different cache (now at {})",
-                    snap.len, kv.len
-                ),
-            ));
-        }
+        crate::check_kv_restore(
+            (kv.len, &kv.shape, kv.rec.as_ref().map(|r| &r.shape)),
+            (snap.len, &snap.shape, snap.rec.as_ref().map(|r| &r.shape)),
+        )?;
         kv.len = snap.len;
         if let (Some(d), Some(s)) = (kv.rec.as_mut(), snap.rec.as_ref()) {
             self.stream.memcpy_dtod(&s.conv, &mut d.conv).map_err(drv)?;

@@ -12,12 +12,12 @@ impl CudaBackend {
         if let Some(k) = fm.get(&ty) {
             return Ok(k.clone());
         }
-        let st = fmt_struct(ty).ok_or(BackendError::NoKernel {
+        let (st, q) = fmt_structs(ty, self.repack).ok_or(BackendError::NoKernel {
             op: "matmul",
             device: "cuda",
             ty,
         })?;
-        let (name, defines, src) = fmt_module(st, ty);
+        let (name, defines, src) = fmt_module(&st, q.as_deref());
         let ptx = compile(&name, &self.arch, &defines, &src)?;
         let m = self
             .ctx
@@ -31,6 +31,11 @@ impl CudaBackend {
             dequant_f16: f("dequant_f16")?,
             int: match int_struct(ty) {
                 Some(_) => Some(IntKernels {
+                    step: if self.repack && repack::repacked(ty) {
+                        4
+                    } else {
+                        1
+                    },
                     quant: f("quant_q8_1")?,
                     mv: [f("mvq1")?, f("mvq2")?, f("mvq4")?, f("mvq8")?],
                     mv1x4: f("mvq1x4")?,
@@ -63,8 +68,13 @@ impl CudaBackend {
     }
 
     /// Packed rows of a host tensor as the kernels read them (float rows padded to whole
-    /// 32-value units).
-    pub(super) fn pack_rows(t: &HostTensor, rows: usize, cols: usize) -> Result<(Vec<u8>, usize)> {
+    /// 32-value units; Q1_0 and TQ2_0 in repack.rs's layout when `repack`).
+    pub(super) fn pack_rows(
+        t: &HostTensor,
+        rows: usize,
+        cols: usize,
+        repack: bool,
+    ) -> Result<(Vec<u8>, usize)> {
         let src = t.bytes.as_slice();
         let row_bytes = t.ty.row_bytes(cols).ok_or_else(|| {
             shape_err(
@@ -77,6 +87,11 @@ impl CudaBackend {
                 "load_mat",
                 format!("{}: {} bytes for {rows}x{cols} {}", t.name, src.len(), t.ty),
             ));
+        }
+        if repack {
+            if let Some(packed) = repack::repack_rows(t.ty, src, rows, row_bytes) {
+                return Ok(packed);
+            }
         }
         if !is_float(t.ty) || cols.is_multiple_of(32) {
             return Ok((src.to_vec(), row_bytes));
@@ -155,15 +170,41 @@ impl CudaBackend {
         Ok((qp, dsp))
     }
 
-    /// Warps per block of the integer GEMV for rows of `units` 32-value units: the fewest
-    /// that take the row in the fewest rounds of one unit a thread. With four warps a
-    /// 5120-wide row (160 units) took two rounds, the second with a quarter of the threads.
+    /// Warps per block of the integer GEMV for rows of `units` thread steps (32-value
+    /// units, or [`IntKernels::step`] of them): the fewest that take the row in the fewest
+    /// rounds of one step a thread. With four warps a 5120-wide row (160 units) took two
+    /// rounds, the second with a quarter of the threads.
     pub(super) fn mv_warps(&self, units: usize) -> usize {
         if let Some(w) = self.mv_warps {
             return w;
         }
         let rounds = units.div_ceil(32 * MVQ_WARPS).max(1);
         units.div_ceil(32 * rounds).clamp(1, MVQ_WARPS)
+    }
+
+    /// Block shape `(x, y)` of the integer GEMV for `rows` weight rows of `units` units, `r`
+    /// rows a thread group: `y` groups of `x` threads (gemv_int.cu). Formats of one unit a
+    /// step: one group of `mv_warps` warps. The repacked ones (`step` 4): a group is the
+    /// row's step count where that is at most 256 (no idle lanes: a 5120-wide Q1_0 row is 40
+    /// steps), as many groups as fit 256 threads while that leaves two blocks an SM; wider
+    /// rows or NEAGARI_CUDA_MV_WARPS take one group of `mv_warps` warps.
+    pub(super) fn mv_block(
+        &self,
+        k: &IntKernels,
+        units: usize,
+        rows: usize,
+        r: usize,
+    ) -> (usize, usize) {
+        let steps = units / k.step;
+        let most = MVQ_WARPS * 32;
+        if k.step == 1 || steps > most || self.mv_warps.is_some() || self.mv_groups == Some(1) {
+            return (self.mv_warps(steps) * 32, 1);
+        }
+        let fit = most / steps.max(1);
+        let g = self
+            .mv_groups
+            .unwrap_or_else(|| rows / r.max(1) / (2 * self.n_sm));
+        (steps.max(1), g.clamp(1, fit))
     }
 
     /// Weight rows per block of the one-row integer GEMV. Four from 4096-wide rows (fewer x
@@ -221,7 +262,7 @@ impl CudaBackend {
             3 | 4 => (&k.multi[4], 1),
             _ => (&k.multi[5], 1),
         };
-        let warps = self.mv_warps(units);
+        let (bx, by) = self.mv_block(k, units, total, r);
         let (units_i, rb, nr_i) = (units as i32, ws[0].row_bytes as i64, n as i32);
         let ops: Vec<u64> = outs.iter().map(|o| self.dptr(&o.data)).collect();
         for c in 0..ws.len().div_ceil(4) {
@@ -237,11 +278,11 @@ impl CudaBackend {
                 wp[j] = self.dptr(&ws[i].data);
                 yp[j] = ops[i];
                 rows[j] = ws[i].rows as i32;
-                blocks += ws[i].rows.div_ceil(r);
+                blocks += ws[i].rows.div_ceil(r * by);
             }
             let cfg = LaunchConfig {
                 grid_dim: (blocks as u32, 1, 1),
-                block_dim: ((warps * 32) as u32, 1, 1),
+                block_dim: (bx as u32, by as u32, 1),
                 shared_mem_bytes: 0,
             };
             launch!(
@@ -299,10 +340,10 @@ impl CudaBackend {
             } else {
                 (&k.mv[which], MVQ_ROWS_PER_BLOCK[which])
             };
-            let warps = self.mv_warps(units);
+            let (bx, by) = self.mv_block(k, units, w.rows, rows_per_block);
             let cfg = LaunchConfig {
-                grid_dim: (w.rows.div_ceil(rows_per_block) as u32, 1, 1),
-                block_dim: ((warps * 32) as u32, 1, 1),
+                grid_dim: (w.rows.div_ceil(rows_per_block * by) as u32, 1, 1),
+                block_dim: (bx as u32, by as u32, 1),
                 shared_mem_bytes: 0,
             };
             let xr = qp + (r0 * units * 32) as u64;

@@ -1,12 +1,22 @@
-//! The CUDA backend: weights uploaded once in their packed GGUF format and decoded in
-//! registers by per-format kernels; activations, the KV cache (f16) and every op of the
-//! dense models live in device memory, and only logits come back.
+//! The CUDA backend: weights uploaded once in their packed GGUF format (Q1_0 and TQ2_0
+//! regrouped for 16-byte loads, [`repack`]) and decoded in registers by per-format kernels;
+//! activations, the KV cache (f16) and every op of the dense models live in device memory,
+//! and only logits come back.
 //!
 //! Kernels are CUDA C++ in `kernels/*.cu`, embedded with `include_str!` and compiled by
 //! NVRTC for the device's architecture when the backend starts (the float ops) or when the
 //! first matrix of a format is loaded (that format's GEMV, embedding and dequantizer), so no
 //! compilation happens while a reply is generated. Compiled PTX is cached per (module,
 //! architecture, defines) for the process.
+//!
+//! Launches (`launch!`): on Hopper and later every kernel launches with programmatic
+//! stream serialization (PDL; NEAGARI_CUDA_PDL=0 turns it off), so a kernel is launched
+//! while the previous one completes (its last blocks exit, its writes are flushed) — a
+//! decode step is hundreds of small kernels, and the gap between two is otherwise that
+//! completion, a launch and a ramp-up (tg128 on an H200: Gemma 3 270M shape 765 → 836
+//! tok/s, 27B Q1_0 193 → 198). Every kernel waits for its predecessor before touching
+//! memory (`gdc_wait` in common.cuh; a test checks each kernel calls it), and graph
+//! capture keeps the programmatic edges.
 //!
 //! The CUDA libraries are loaded at run time (cudarc's dynamic loading): the crate builds
 //! and the CPU backend runs on machines without CUDA; [`probe`] says why CUDA is missing.
@@ -27,13 +37,14 @@ mod probe;
 pub use probe::{probe, DeviceInfo, Probe};
 
 use std::collections::HashMap;
+use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use neagari_quant::GgmlType;
@@ -117,9 +128,24 @@ fn int_struct(ty: GgmlType) -> Option<&'static str> {
     })
 }
 
+/// Kernel struct names of a format (decoder, integer dot): those of repack.rs's layout
+/// (an `R` suffix) when `repack` and the format has one.
+fn fmt_structs(ty: GgmlType, repack: bool) -> Option<(String, Option<String>)> {
+    let r = if repack && repack::repacked(ty) {
+        "R"
+    } else {
+        ""
+    };
+    let st = fmt_struct(ty)?;
+    Some((
+        format!("{st}{r}"),
+        int_struct(ty).map(|q| format!("{q}{r}")),
+    ))
+}
+
 /// Module name, defines and source of a format's kernels.
-fn fmt_module(st: &str, ty: GgmlType) -> (String, String, String) {
-    match int_struct(ty) {
+fn fmt_module(st: &str, int: Option<&str>) -> (String, String, String) {
+    match int {
         Some(q) => (
             format!("matmul_{st}"),
             format!("#define FMT {st}\n#define FMTQ {q}"),
@@ -148,12 +174,16 @@ fn ptx_cache() -> &'static PtxCache {
 }
 
 fn compile(name: &str, arch: &str, defines: &str, src: &str) -> Result<String> {
-    let key = (name.to_string(), arch.to_string(), defines.to_string());
+    let key = (
+        name.to_string(),
+        arch.to_string(),
+        format!("{defines}{}", gdc_define()),
+    );
     let mut cache = ptx_cache().lock().unwrap_or_else(|e| e.into_inner());
     if let Some(p) = cache.get(&key) {
         return Ok(p.clone());
     }
-    let full = format!("{defines}\n{COMMON}\n{src}");
+    let full = format!("{defines}\n{}{COMMON}\n{src}", gdc_define());
     let opts = CompileOptions {
         options: vec![
             format!("--gpu-architecture={arch}"),
@@ -170,10 +200,39 @@ fn compile(name: &str, arch: &str, defines: &str, src: &str) -> Result<String> {
     Ok(s)
 }
 
+/// NEAGARI_CUDA_PDL=early: a kernel lets the next one launch as soon as all its blocks
+/// have passed their wait, not when they exit (`gdc_wait` in common.cuh; for measuring:
+/// faster on the 27B hybrid, slower on the Gemma 270M shape).
+fn gdc_define() -> &'static str {
+    if std::env::var("NEAGARI_CUDA_PDL").as_deref() == Ok("early") {
+        "#define GDC_EARLY\n"
+    } else {
+        ""
+    }
+}
+
 /// Whether NVRTC (the run-time compiler of the kernels) can be loaded.
 pub fn nvrtc_present() -> bool {
     // SAFETY: only tries to open the shared library.
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// The PTX NVRTC makes for `arch` without a GPU, for tests that inspect it: the float-op
+/// and hybrid modules for `None`, else the module of weight format `ty`.
+pub fn module_ptx(arch: &str, ty: Option<GgmlType>) -> Result<Vec<String>> {
+    let Some(ty) = ty else {
+        return Ok(vec![
+            compile("ops", arch, "", OPS)?,
+            compile("hybrid", arch, "", hybrid::HYBRID)?,
+        ]);
+    };
+    let st = fmt_struct(ty).ok_or(BackendError::NoKernel {
+        op: "matmul",
+        device: "cuda",
+        ty,
+    })?;
+    let (name, defines, src) = fmt_module(st, ty);
+    Ok(vec![compile(&name, arch, &defines, &src)?])
 }
 
 /// Compiles every kernel module for `arch` (e.g. `sm_90`) without a GPU: NVRTC alone
@@ -186,13 +245,15 @@ pub fn compile_all(arch: &str) -> Result<()> {
         F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q1_0, Q2_0,
         TQ2_0,
     ] {
-        let st = fmt_struct(ty).ok_or(BackendError::NoKernel {
-            op: "matmul",
-            device: "cuda",
-            ty,
-        })?;
-        let (name, defines, src) = fmt_module(st, ty);
-        compile(&name, arch, &defines, &src)?;
+        for repack in [false, true] {
+            let (st, q) = fmt_structs(ty, repack).ok_or(BackendError::NoKernel {
+                op: "matmul",
+                device: "cuda",
+                ty,
+            })?;
+            let (name, defines, src) = fmt_module(&st, q.as_deref());
+            compile(&name, arch, &defines, &src)?;
+        }
     }
     Ok(())
 }
@@ -237,6 +298,9 @@ struct FmtKernels {
 
 /// gemv_int.cu of one format: the activation quantizer and `mvq{1,2,4,8}`, `mvq1x{1,4,8}`.
 struct IntKernels {
+    /// 32-weight units a GEMV thread takes at once (4 for the repacked Q1_0 / TQ2_0: 128
+    /// weights, 16 or 32 bytes of a row; 1 otherwise).
+    step: usize,
     quant: CudaFunction,
     mv: [CudaFunction; 4],
     mv1x4: CudaFunction,
@@ -305,6 +369,13 @@ pub struct CudaBackend {
     /// Fused ops (`delta_net`, `matmul_glu`, `qk_norm_rope`) run as one launch each, unless
     /// NEAGARI_CUDA_FUSE=0 (the separate ops, for measuring).
     fuse: bool,
+    /// Q1_0 and TQ2_0 are uploaded in repack.rs's layout, unless NEAGARI_CUDA_REPACK=0
+    /// (ggml's blocks and the kernels that read them, for measuring).
+    repack: bool,
+    /// Row groups a block of the repacked formats' GEMV (gemv_int.cu `mvq_step`): `None`
+    /// picks by shape (`mv_block`), NEAGARI_CUDA_MV_GROUPS=N forces N (1: one group of
+    /// whole warps, the mapping of the other formats; for measuring).
+    mv_groups: Option<usize>,
     /// Counts kernel launches and device writes (see [`Scratch::xq_key`]).
     gen: AtomicU64,
     /// Decode-step recording (graph.rs): the mode (OFF, WARM, CAPTURE, REPLAY), launches
@@ -315,6 +386,9 @@ pub struct CudaBackend {
     step: Mutex<graph::Step>,
     /// CUDA graphs for decode steps, unless NEAGARI_CUDA_GRAPH=0.
     graphs_on: AtomicBool,
+    /// Kernels launch with programmatic stream serialization (`launch_raw`): on Hopper
+    /// and later, unless NEAGARI_CUDA_PDL=0.
+    pdl: bool,
 }
 
 /// f32 activations `[rows, cols]` in device memory; `data` may be longer than needed.
@@ -363,18 +437,23 @@ macro_rules! launch {
             // A replayed decode step: the graph launches it at the step's read.
             Ok(())
         } else {
-            let mut b = $be.stream.launch_builder($f);
-            $( b.arg($a); )*
+            // One expression: temporaries among the arguments live until the launch returns.
             // SAFETY: every pointer argument is a live device allocation of the size the
             // kernel indexes (checked by the caller), and scalars match the kernel's
             // parameter types.
-            unsafe { b.launch($cfg) }.map(|_| ()).map_err(drv)
+            unsafe { $be.launch_raw($f, $cfg, &mut [$( $crate::cuda::karg($a) ),*]) }
         }
     }};
     ($be:expr, $f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
         $be.bump();
         launch!(@keep $be, $f, $cfg $(, $a)*)
     }};
+}
+
+/// A kernel argument as the driver takes it: the address of the value (a device address is
+/// passed as its `u64`).
+fn karg<T: DeviceRepr>(a: &T) -> *mut c_void {
+    a as *const T as *mut c_void
 }
 
 // After `launch!`, which they use (macros are in scope textually).
@@ -384,6 +463,7 @@ mod graph;
 mod hybrid;
 mod matmul;
 mod norm;
+mod repack;
 
 fn cfg1(n: usize, block: u32) -> LaunchConfig {
     LaunchConfig {
@@ -477,12 +557,18 @@ impl CudaBackend {
             norm_row: std::env::var("NEAGARI_CUDA_NORM_ROW").as_deref() != Ok("0"),
             mv_int: std::env::var("NEAGARI_CUDA_MV").as_deref() != Ok("float"),
             fuse: std::env::var("NEAGARI_CUDA_FUSE").as_deref() != Ok("0"),
+            repack: std::env::var("NEAGARI_CUDA_REPACK").as_deref() != Ok("0"),
+            mv_groups: std::env::var("NEAGARI_CUDA_MV_GROUPS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|n| (1..=MVQ_WARPS * 32).contains(n)),
             gen: AtomicU64::new(0),
             mode: AtomicU8::new(graph::OFF),
             launches: AtomicUsize::new(0),
             epoch: AtomicU64::new(0),
             step: Mutex::new(graph::Step::default()),
             graphs_on: AtomicBool::new(std::env::var("NEAGARI_CUDA_GRAPH").as_deref() != Ok("0")),
+            pdl: maj >= 9 && std::env::var("NEAGARI_CUDA_PDL").as_deref() != Ok("0"),
         })
     }
 
@@ -490,6 +576,78 @@ impl CudaBackend {
     /// it; an op that writes a buffer by copying (`write`, `copy_row`) calls it itself.
     fn bump(&self) {
         self.gen.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Launches `f` on the stream. With PDL on, it launches with programmatic stream
+    /// serialization: the kernel may be scheduled before the previous one has completed
+    /// (and a recorded graph keeps that as a programmatic edge), which hides the gap
+    /// between two small kernels; each kernel waits for its predecessor itself (`gdc_wait`,
+    /// common.cuh).
+    ///
+    /// # Safety
+    /// `params` holds one pointer per kernel parameter, each to a live value of the
+    /// parameter's type; device addresses among them must be valid for what the kernel
+    /// accesses.
+    unsafe fn launch_raw(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(drv)?;
+        if !self.pdl {
+            // SAFETY: the caller's contract; function and stream are live handles of this
+            // backend's context.
+            return unsafe {
+                cudarc::driver::result::launch_kernel(
+                    f.cu_function(),
+                    cfg.grid_dim,
+                    cfg.block_dim,
+                    cfg.shared_mem_bytes,
+                    self.stream.cu_stream(),
+                    params,
+                )
+            }
+            .map_err(drv);
+        }
+        let mut value = sys::CUlaunchAttributeValue { pad: [0; 64] };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let lc = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: the caller's contract for `params`; `lc` and the attribute it points to
+        // live across the call, which copies them; function and stream are live handles
+        // of this backend's context.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &lc,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(drv)
+    }
+
+    /// Whether kernels launch with programmatic dependent launch (Hopper and later, unless
+    /// NEAGARI_CUDA_PDL=0).
+    pub fn pdl(&self) -> bool {
+        self.pdl
     }
 
     /// Compute architecture the kernels were built for (`sm_90` on Hopper).
@@ -604,7 +762,7 @@ impl Backend for CudaBackend {
             }
         };
         let k = self.fmt_kernels(t.ty)?;
-        let (bytes, row_bytes) = Self::pack_rows(t, rows, cols)?;
+        let (bytes, row_bytes) = Self::pack_rows(t, rows, cols, self.repack)?;
         let data = self
             .stream
             .clone_htod(&bytes)
@@ -926,12 +1084,7 @@ impl Backend for CudaBackend {
     }
 
     fn kv_commit(&self, kv: &mut CudaKv, new_len: usize) -> Result<()> {
-        if new_len > kv.shape.n_ctx {
-            return Err(shape_err(
-                "kv_commit",
-                format!("{new_len} > n_ctx {}", kv.shape.n_ctx),
-            ));
-        }
+        crate::check_kv_commit(new_len, kv.shape.n_ctx)?;
         kv.len = new_len;
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! a comparison (activation quantization through the kernel's own quantizer, dequantized
 //! weight rows).
 
-use neagari_backend::cpu::kernels::MatKernel;
+use neagari_backend::cpu::kernels::{kernel_for, CpuFeatures, MatKernel};
 use neagari_quant::{dequantize_row, GgmlType};
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -28,6 +28,36 @@ pub fn dequant_rows(ty: GgmlType, bytes: &[u8], k: usize) -> Vec<f32> {
     let mut out = vec![0f32; bytes.len() / rb * k];
     for (src, o) in bytes.chunks_exact(rb).zip(out.chunks_exact_mut(k)) {
         dequantize_row(ty, src, o).expect("dequantize");
+    }
+    out
+}
+
+/// Every SIMD kernel this CPU can run for `ty`: the one `kernel_for` picks, and the ones it
+/// would pick with the wider instruction sets masked off.
+pub fn simd_kernels(ty: GgmlType) -> Vec<MatKernel> {
+    let detected = CpuFeatures::detect();
+    // AVX-512 without VNNI: the VL build of the AVX2 micro-kernel where a format's own
+    // AVX-512 kernel needs VNNI (Q2_K).
+    let no_vnni = CpuFeatures {
+        avx512vnni: false,
+        ..detected
+    };
+    let no_avx512 = CpuFeatures {
+        avx512f: false,
+        avx512bw: false,
+        avx512vl: false,
+        avx512vnni: false,
+        ..detected
+    };
+    let mut out: Vec<MatKernel> = Vec::new();
+    for feats in [detected, no_vnni, no_avx512] {
+        let k = kernel_for(ty, &feats, false).expect("kernel");
+        if k.isa != "scalar" && !out.iter().any(|o| o.isa == k.isa) {
+            out.push(k);
+        }
+    }
+    if out.is_empty() {
+        eprintln!("{ty}: no SIMD kernel (for this type or on this CPU): SIMD checks skipped");
     }
     out
 }

@@ -90,6 +90,88 @@ fn delta8(neg: bool) -> i64 {
     }
 }
 
+/// The four grid rows of IQ1_S's 32-weight group `ib` of block `wb`, and its `qh` word
+/// (high index bits, scale bits 12..15, δ sign bit 15).
+#[inline(always)]
+unsafe fn iq1s_group(wb: *const u8, ib: usize) -> (__m256i, usize) {
+    // SAFETY: the caller passes a whole 50-byte block and ib < 8; indices are 11 bits.
+    unsafe {
+        let h = (wb.add(34 + 2 * ib) as *const u16).read_unaligned() as usize;
+        let idx = |l: usize| *wb.add(2 + 4 * ib + l) as usize | ((h >> (3 * l)) & 7) << 8;
+        let g = _mm256_setr_epi64x(row(idx(0)), row(idx(1)), row(idx(2)), row(idx(3)));
+        (g, h)
+    }
+}
+
+/// IQ1_M's block scale (the f16 in the top nibbles of the four scale words), divided by 8.
+#[inline(always)]
+unsafe fn iq1m_d(wb: *const u8) -> f32 {
+    // SAFETY: the caller passes a whole 56-byte block and enables F16C.
+    unsafe {
+        let sc = |i: usize| (wb.add(48 + 2 * i) as *const u16).read_unaligned();
+        let (s0, s1, s2, s3) = (sc(0), sc(1), sc(2), sc(3));
+        let d16 = (s0 >> 12) | ((s1 >> 8) & 0x00f0) | ((s2 >> 4) & 0x0f00) | (s3 & 0xf000);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(d16 as i32))) * 0.125
+    }
+}
+
+/// IQ1_M's group `ib` of block `wb`: the four grid rows, the ±1 δ' bytes, and the 6 scale
+/// bits (two 3-bit scales, one per 16 weights).
+#[inline(always)]
+unsafe fn iq1m_group(wb: *const u8, ib: usize) -> (__m256i, __m256i, usize) {
+    // SAFETY: the caller passes a whole 56-byte block, ib < 8, and enables AVX2.
+    unsafe {
+        let q0 = *wb.add(32 + 2 * ib) as usize;
+        let q1 = *wb.add(33 + 2 * ib) as usize;
+        let nib = [q0 & 15, q0 >> 4, q1 & 15, q1 >> 4];
+        let idx = |l: usize| *wb.add(4 * ib + l) as usize | (nib[l] & 7) << 8;
+        let g = _mm256_setr_epi64x(row(idx(0)), row(idx(1)), row(idx(2)), row(idx(3)));
+        // δ' bytes: entry l's sign is bit 3 + 4(l % 2) of qh byte 2ib + l / 2; each
+        // 128-bit lane takes its byte, tests the two bits per 8 bytes.
+        let dspread = _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+            1, 1, 1,
+        );
+        let dbits = _mm256_setr_epi8(
+            8, 8, 8, 8, 8, 8, 8, 8, -128, -128, -128, -128, -128, -128, -128, -128, 8, 8, 8, 8, 8,
+            8, 8, 8, -128, -128, -128, -128, -128, -128, -128, -128,
+        );
+        let qv = _mm256_set1_epi16((wb.add(32 + 2 * ib) as *const i16).read_unaligned());
+        let bit = _mm256_and_si256(_mm256_shuffle_epi8(qv, dspread), dbits);
+        let dv = _mm256_or_si256(_mm256_cmpeq_epi8(bit, dbits), _mm256_set1_epi8(1));
+        let s = (wb.add(48 + 2 * (ib / 2)) as *const u16).read_unaligned() >> (6 * (ib % 2));
+        (g, dv, s as usize)
+    }
+}
+
+/// `acc[i] += f32(sumi[i]) · (dw · d_a)`, `d_a` the f32 that starts activation block `ab[i]`.
+#[inline(always)]
+unsafe fn scale_into<const NA: usize>(
+    acc: &mut [__m256; NA],
+    sumi: &[__m256i; NA],
+    ab: &[*const u8; NA],
+    dw: f32,
+) {
+    // SAFETY: each `ab[i]` starts a Q8_K block; the caller enables AVX2/FMA.
+    unsafe {
+        for i in 0..NA {
+            let da = (ab[i] as *const f32).read_unaligned();
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[i]), _mm256_set1_ps(dw * da), acc[i]);
+        }
+    }
+}
+
+/// Writes the horizontal sum of `acc[i]` to `out + i · stride`.
+#[inline(always)]
+unsafe fn store<const NA: usize>(acc: &[__m256; NA], out: *mut f32, stride: usize) {
+    // SAFETY: the caller's tile contract makes every `out + i · stride` writable.
+    unsafe {
+        for (i, v) in acc.iter().enumerate() {
+            *out.add(i * stride) = hsum_ps(*v);
+        }
+    }
+}
+
 impl Micro for Iq1S {
     const BYTES: usize = 50;
 
@@ -113,10 +195,7 @@ impl Micro for Iq1S {
                 let dw = crate::cpu::q8_k::avx2::load_f16(wb) * 0.125;
                 let mut sumi = [_mm256_setzero_si256(); NA];
                 for ib in 0..8 {
-                    let h = (wb.add(34 + 2 * ib) as *const u16).read_unaligned() as usize;
-                    let idx =
-                        |l: usize| *wb.add(2 + 4 * ib + l) as usize | ((h >> (3 * l)) & 7) << 8;
-                    let g = _mm256_setr_epi64x(row(idx(0)), row(idx(1)), row(idx(2)), row(idx(3)));
+                    let (g, h) = iq1s_group(wb, ib);
                     let wv = weights(g, _mm256_set1_epi64x(delta8(h & 0x8000 != 0)));
                     let w_abs = _mm256_abs_epi8(wv);
                     let ls = _mm256_set1_epi16(2 * ((h >> 12) & 7) as i16 + 1);
@@ -124,18 +203,9 @@ impl Micro for Iq1S {
                         sumi[i] = dot32(sumi[i], w_abs, wv, ab[i].add(4 + 32 * ib), ls);
                     }
                 }
-                for i in 0..NA {
-                    let da = (ab[i] as *const f32).read_unaligned();
-                    acc[i] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(sumi[i]),
-                        _mm256_set1_ps(dw * da),
-                        acc[i],
-                    );
-                }
+                scale_into(&mut acc, &sumi, &ab, dw);
             }
-            for (i, v) in acc.iter().enumerate() {
-                *out.add(i * stride) = hsum_ps(*v);
-            }
+            store(&acc, out, stride);
         }
     }
 }
@@ -156,38 +226,16 @@ impl Micro for Iq1M {
         // (trait contract), so every offset below is inside block b of its row; the driver
         // enables AVX2/FMA/F16C.
         unsafe {
-            let dspread = _mm256_setr_epi8(
-                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-                1, 1, 1, 1,
-            );
-            let dbits = _mm256_setr_epi8(
-                8, 8, 8, 8, 8, 8, 8, 8, -128, -128, -128, -128, -128, -128, -128, -128, 8, 8, 8, 8,
-                8, 8, 8, 8, -128, -128, -128, -128, -128, -128, -128, -128,
-            );
             let mut acc = [_mm256_setzero_ps(); NA];
             for b in 0..nb {
                 let wb = w.add(b * Self::BYTES);
                 let ab: [*const u8; NA] = std::array::from_fn(|i| a.add(i * arb + b * 292));
-                let sc = |i: usize| (wb.add(48 + 2 * i) as *const u16).read_unaligned();
-                let (s0, s1, s2, s3) = (sc(0), sc(1), sc(2), sc(3));
-                let d16 = (s0 >> 12) | ((s1 >> 8) & 0x00f0) | ((s2 >> 4) & 0x0f00) | (s3 & 0xf000);
-                let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(d16 as i32))) * 0.125;
+                let dw = iq1m_d(wb);
                 let mut sumi = [_mm256_setzero_si256(); NA];
                 for ib in 0..8 {
-                    let q0 = *wb.add(32 + 2 * ib) as usize;
-                    let q1 = *wb.add(33 + 2 * ib) as usize;
-                    let nib = [q0 & 15, q0 >> 4, q1 & 15, q1 >> 4];
-                    let idx = |l: usize| *wb.add(4 * ib + l) as usize | (nib[l] & 7) << 8;
-                    let g = _mm256_setr_epi64x(row(idx(0)), row(idx(1)), row(idx(2)), row(idx(3)));
-                    // δ' bytes: entry l's sign is bit 3 + 4(l % 2) of qh byte 2ib + l / 2;
-                    // each 128-bit lane takes its byte, tests the two bits per 8 bytes.
-                    let qv =
-                        _mm256_set1_epi16((wb.add(32 + 2 * ib) as *const i16).read_unaligned());
-                    let bit = _mm256_and_si256(_mm256_shuffle_epi8(qv, dspread), dbits);
-                    let dv = _mm256_or_si256(_mm256_cmpeq_epi8(bit, dbits), _mm256_set1_epi8(1));
+                    let (g, dv, s) = iq1m_group(wb, ib);
                     let wv = weights(g, dv);
                     let w_abs = _mm256_abs_epi8(wv);
-                    let s = sc(ib / 2) >> (6 * (ib % 2));
                     let ls = _mm256_setr_m128i(
                         _mm_set1_epi16(2 * (s & 7) as i16 + 1),
                         _mm_set1_epi16(2 * ((s >> 3) & 7) as i16 + 1),
@@ -196,18 +244,9 @@ impl Micro for Iq1M {
                         sumi[i] = dot32(sumi[i], w_abs, wv, ab[i].add(4 + 32 * ib), ls);
                     }
                 }
-                for i in 0..NA {
-                    let da = (ab[i] as *const f32).read_unaligned();
-                    acc[i] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(sumi[i]),
-                        _mm256_set1_ps(dw * da),
-                        acc[i],
-                    );
-                }
+                scale_into(&mut acc, &sumi, &ab, dw);
             }
-            for (i, v) in acc.iter().enumerate() {
-                *out.add(i * stride) = hsum_ps(*v);
-            }
+            store(&acc, out, stride);
         }
     }
 }
@@ -255,10 +294,7 @@ impl Micro for Iq1SVnni {
                 );
                 let mut sumi = [_mm256_setzero_si256(); NA];
                 for ib in 0..8 {
-                    let h = (wb.add(34 + 2 * ib) as *const u16).read_unaligned() as usize;
-                    let idx =
-                        |l: usize| *wb.add(2 + 4 * ib + l) as usize | ((h >> (3 * l)) & 7) << 8;
-                    let g = _mm256_setr_epi64x(row(idx(0)), row(idx(1)), row(idx(2)), row(idx(3)));
+                    let (g, h) = iq1s_group(wb, ib);
                     let lsv = _mm256_loadu_si256(
                         LS_BYTES.get_unchecked((h >> 12) & 7).as_ptr() as *const __m256i
                     );
@@ -269,15 +305,11 @@ impl Micro for Iq1SVnni {
                 }
                 for i in 0..NA {
                     let sumd = _mm256_madd_epi16(load256(ab[i].add(260)), coef2);
-                    let t = _mm256_add_epi32(_mm256_slli_epi32::<3>(sumi[i]), sumd);
-                    let da = (ab[i] as *const f32).read_unaligned();
-                    acc[i] =
-                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(dw * da), acc[i]);
+                    sumi[i] = _mm256_add_epi32(_mm256_slli_epi32::<3>(sumi[i]), sumd);
                 }
+                scale_into(&mut acc, &sumi, &ab, dw);
             }
-            for (i, v) in acc.iter().enumerate() {
-                *out.add(i * stride) = hsum_ps(*v);
-            }
+            store(&acc, out, stride);
         }
     }
 }
@@ -303,35 +335,14 @@ impl Micro for Iq1MVnni {
         // indices are 11 bits, scale indices 3; the driver enables AVX2/FMA/F16C and
         // AVX-512 F/BW/VL/VNNI.
         unsafe {
-            let dspread = _mm256_setr_epi8(
-                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-                1, 1, 1, 1,
-            );
-            let dbits = _mm256_setr_epi8(
-                8, 8, 8, 8, 8, 8, 8, 8, -128, -128, -128, -128, -128, -128, -128, -128, 8, 8, 8, 8,
-                8, 8, 8, 8, -128, -128, -128, -128, -128, -128, -128, -128,
-            );
             let mut acc = [_mm256_setzero_ps(); NA];
             for b in 0..nb {
                 let wb = w.add(b * Self::BYTES);
                 let ab: [*const u8; NA] = std::array::from_fn(|i| a.add(i * arb + b * 292));
-                let sc = |i: usize| (wb.add(48 + 2 * i) as *const u16).read_unaligned();
-                let (s0, s1, s2, s3) = (sc(0), sc(1), sc(2), sc(3));
-                let d16 = (s0 >> 12) | ((s1 >> 8) & 0x00f0) | ((s2 >> 4) & 0x0f00) | (s3 & 0xf000);
-                let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(d16 as i32))) * 0.125;
+                let dw = iq1m_d(wb);
                 let mut sumi = [_mm256_setzero_si256(); NA];
                 for ib in 0..8 {
-                    let q0 = *wb.add(32 + 2 * ib) as usize;
-                    let q1 = *wb.add(33 + 2 * ib) as usize;
-                    let nib = [q0 & 15, q0 >> 4, q1 & 15, q1 >> 4];
-                    let idx = |l: usize| *wb.add(4 * ib + l) as usize | (nib[l] & 7) << 8;
-                    let g = _mm256_setr_epi64x(row(idx(0)), row(idx(1)), row(idx(2)), row(idx(3)));
-                    // δ' bytes as in `Iq1M`.
-                    let qv =
-                        _mm256_set1_epi16((wb.add(32 + 2 * ib) as *const i16).read_unaligned());
-                    let bit = _mm256_and_si256(_mm256_shuffle_epi8(qv, dspread), dbits);
-                    let dv = _mm256_or_si256(_mm256_cmpeq_epi8(bit, dbits), _mm256_set1_epi8(1));
-                    let s = (sc(ib / 2) >> (6 * (ib % 2))) as usize;
+                    let (g, dv, s) = iq1m_group(wb, ib);
                     let (sa, sb) = (s & 7, (s >> 3) & 7);
                     let ls1 = _mm256_setr_m128i(
                         _mm_loadu_si128(LS_BYTES.get_unchecked(sa).as_ptr() as *const __m128i),
@@ -347,18 +358,9 @@ impl Micro for Iq1MVnni {
                         sumi[i] = _mm256_dpbusd_epi32(sumi[i], ls1, _mm256_sign_epi8(av, dv));
                     }
                 }
-                for i in 0..NA {
-                    let da = (ab[i] as *const f32).read_unaligned();
-                    acc[i] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(sumi[i]),
-                        _mm256_set1_ps(dw * da),
-                        acc[i],
-                    );
-                }
+                scale_into(&mut acc, &sumi, &ab, dw);
             }
-            for (i, v) in acc.iter().enumerate() {
-                *out.add(i * stride) = hsum_ps(*v);
-            }
+            store(&acc, out, stride);
         }
     }
 }

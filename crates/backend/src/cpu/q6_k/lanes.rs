@@ -19,25 +19,14 @@
 
 #![allow(clippy::needless_range_loop)]
 
-use crate::cpu::avx512_lanes::{transpose8, transpose_idx};
+use crate::cpu::avx512_lanes::{transpose8, transpose_idx, PANEL, ROWS, Z, ZERO};
 use crate::cpu::q8_k::tiles::Rows;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-/// Weight rows per tile (zmm lanes).
-const ROWS: usize = 16;
-/// Activation rows per panel.
-const PANEL: usize = 256;
 /// Bytes of a Q6_K block, of a Q8_K block.
 const WB: usize = 210;
 const AB: usize = 292;
-
-/// 64 bytes, aligned for `vmovdqa64`.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Z([u8; 64]);
-
-const ZERO: Z = Z([0; 64]);
 
 /// A decoded block of a 16-row weight tile.
 #[derive(Clone, Copy)]

@@ -450,6 +450,39 @@ pub(crate) mod testdata {
         w
     }
 
+    /// The K-quant VNNI drivers' test: `vnni` against the AVX-512VL driver whose order the
+    /// Gemma test pins to llama.cpp's, every output bit-identical, on fresh random blocks
+    /// of `bytes` (f16 fields at `f16_at`) for tile, panel and remainder edges.
+    pub(crate) fn vnni_matches_avx512vl(
+        bytes: usize,
+        f16_at: &[usize],
+        seed: u64,
+        avx512vl: crate::cpu::kernels::GemmFn,
+        vnni: crate::cpu::kernels::GemmFn,
+    ) {
+        use rand::SeedableRng;
+        let mut rng = StdRng::seed_from_u64(seed);
+        for (nb, nw, na) in [
+            (1, 16, 8),
+            (4, 40, 13),
+            (8, 7, 9),
+            (2, 33, 300),
+            (3, 16, 515),
+        ] {
+            let w = weights(bytes, f16_at, nb, nw, &mut rng);
+            let a = acts(nb, na, &mut rng);
+            let stride = nw + 3;
+            let (mut want, mut got) = (vec![0f32; na * stride], vec![0f32; na * stride]);
+            let k = 256 * nb;
+            avx512vl(k, &w, nw, &a, na, &mut want, stride);
+            vnni(k, &w, nw, &a, na, &mut got, stride);
+            for (i, (x, y)) in want.iter().zip(&got).enumerate() {
+                assert_eq!(x.to_bits(), y.to_bits(), "nb {nb} nw {nw} na {na} at {i}");
+            }
+            assert!(want.iter().filter(|x| **x != 0.0).count() >= na * nw / 2);
+        }
+    }
+
     /// Tuning only (the K-quant lanes drivers' ignored speed tests): `avx512vl` against
     /// `lanes` called in weight-row chunks as the matmul tasks call it, at Gemma 3 270M's
     /// ffn_down and attn_output shapes, one thread; prints G mul-add/s of each.

@@ -10,6 +10,7 @@
 // One warp per 32-value unit; grid (ceil(units / 4), nr), 128 threads.
 extern "C" __global__ void quant_q8_1(const float* __restrict__ x, i8* __restrict__ xq,
                                       float2* __restrict__ xds, int cols, int units) {
+    gdc_wait();
     const int lane = threadIdx.x & 31;
     const int u = blockIdx.x * 4 + (threadIdx.x >> 5);
     const int r = blockIdx.y;
@@ -22,60 +23,139 @@ extern "C" __global__ void quant_q8_1(const float* __restrict__ x, i8* __restric
 // Up to 8 warps a block; the host picks as many as the row's units fill (mv_warps).
 #define MVQ_WARPS 8
 
-// A block of 1–8 warps computes R consecutive weight rows for nr ≤ NR activation rows.
-// Threads take units round-robin; the activation unit is loaded once (two 16-byte loads per
-// row) and serves the R weight rows, each weight unit is unpacked once and serves every
-// activation row. The block reduces at the end.
+// Activation unit u of rows 0..NR−1 (zeros past nr): two 16-byte loads a row.
+template <int NR>
+__device__ __forceinline__ void load_xq(const i8* __restrict__ xq, const float2* __restrict__ xds,
+                                        int units, int u, int nr, int (&x)[NR][8],
+                                        float2 (&ds)[NR]) {
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        if (r < nr) {
+            const int4* p = (const int4*)(xq + ((i64)r * units + u) * 32);
+            const int4 a = __ldg(p), b = __ldg(p + 1);
+            x[r][0] = a.x; x[r][1] = a.y; x[r][2] = a.z; x[r][3] = a.w;
+            x[r][4] = b.x; x[r][5] = b.y; x[r][6] = b.z; x[r][7] = b.w;
+            ds[r] = __ldg(xds + (i64)r * units + u);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++) x[r][k] = 0;
+            ds[r] = make_float2(0.f, 0.f);
+        }
+    }
+}
+
+// F::STEP, the units a thread takes at once: 1 unless the struct says (vecdot.cuh's
+// repacked formats).
+template <class F, class = void>
+struct step_of {
+    static constexpr int v = 1;
+};
+template <class F>
+struct step_of<F, decltype((void)F::STEP)> {
+    static constexpr int v = F::STEP;
+};
+
+// The repacked formats (F::STEP units a thread step, vecdot.cuh): a block is G = blockDim.y
+// groups of T = blockDim.x threads; group g computes weight rows (blk·G + g)·R .. +R, its
+// threads take steps round-robin (the host makes T the row's step count where it is at most
+// 256, so each thread loads 16 or 32 bytes of each of its R rows once and no lane idles:
+// a 5120-wide Q1_0 row is 40 steps, which one warp-rounded group would run at 40 of 64
+// lanes). The R rows' steps are loaded first, then each unit's activation serves them.
+// Sums go through shared memory; one thread per output adds its group's T parts in order
+// (the same order for any G and R, so `matmul_multi` and `matmul_rows` equal the single
+// matmul bit for bit).
 template <class F, int NR, int R>
-__device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
+__device__ __forceinline__ void mvq_step(const u8* __restrict__ W, const i8* __restrict__ xq,
                                          const float2* __restrict__ xds, float* __restrict__ y,
                                          int rows, int units, i64 row_bytes, int nr, int blk) {
-    const int tid = threadIdx.x, nthr = blockDim.x;
-    const int lane = tid & 31, warp = tid >> 5;
-    const int row0 = blk * R;
+    constexpr int S = F::STEP;
+    const int T = blockDim.x, G = blockDim.y;
+    const int tid = threadIdx.y * T + threadIdx.x, nthr = T * G;
+    const int row0 = (blk * G + (int)threadIdx.y) * R;
     float acc[R][NR];
 #pragma unroll
     for (int q = 0; q < R; q++)
 #pragma unroll
         for (int r = 0; r < NR; r++) acc[q][r] = 0.f;
-    for (int u = tid; u < units; u += nthr) {
-        int x[NR][8];
-        float2 ds[NR];
-#pragma unroll
-        for (int r = 0; r < NR; r++) {
-            if (r < nr) {
-                const int4* p = (const int4*)(xq + ((i64)r * units + u) * 32);
-                const int4 a = __ldg(p), b = __ldg(p + 1);
-                x[r][0] = a.x; x[r][1] = a.y; x[r][2] = a.z; x[r][3] = a.w;
-                x[r][4] = b.x; x[r][5] = b.y; x[r][6] = b.z; x[r][7] = b.w;
-                ds[r] = __ldg(xds + (i64)r * units + u);
-            } else {
-#pragma unroll
-                for (int k = 0; k < 8; k++) x[r][k] = 0;
-                ds[r] = make_float2(0.f, 0.f);
-            }
-        }
-        // Rows past the end re-read the last row (their sums are dropped): no branch, so
-        // the R rows' loads can all be issued before the first is used.
+    const int steps = units / S;  // the host keeps rows whole steps
+    for (int s = threadIdx.x; s < steps; s += T) {
+        typename F::W w[R];
+        // Rows past the end re-read the last row (their sums are dropped).
 #pragma unroll
         for (int q = 0; q < R; q++)
-            F::template dot<NR>(W + (i64)min(row0 + q, rows - 1) * row_bytes, u, x, ds, acc[q]);
+            w[q] = F::load(W + (i64)min(row0 + q, rows - 1) * row_bytes, s);
+#pragma unroll
+        for (int j = 0; j < S; j++) {
+            int x[NR][8];
+            float2 ds[NR];
+            load_xq<NR>(xq, xds, units, s * S + j, nr, x, ds);
+#pragma unroll
+            for (int q = 0; q < R; q++) F::template dot<NR>(w[q], j, x, ds, acc[q]);
+        }
     }
-    __shared__ float red[R * NR][MVQ_WARPS];
+    __shared__ float part[R * NR][MVQ_WARPS * 32 + 1];  // +1: the adds below read a column
 #pragma unroll
     for (int q = 0; q < R; q++)
 #pragma unroll
-        for (int r = 0; r < NR; r++) {
-            const float s = warp_sum(acc[q][r]);
-            if (lane == 0) red[q * NR + r][warp] = s;
-        }
+        for (int r = 0; r < NR; r++) part[q * NR + r][tid] = acc[q][r];
     __syncthreads();
-    if (tid < R * NR) {
-        const int q = tid / NR, r = tid % NR;
-        if (r < nr && row0 + q < rows) {
-            float s = 0.f;
-            for (int k = 0; k < (nthr >> 5); k++) s += red[tid][k];
-            y[(i64)r * rows + row0 + q] = s;
+    for (int o = tid; o < G * R * NR; o += nthr) {
+        const int g = o / (R * NR), qr = o % (R * NR);
+        const int q = qr / NR, r = qr % NR, row = (blk * G + g) * R + q;
+        if (r < nr && row < rows) {
+            float v = 0.f;
+            for (int i = 0; i < T; i++) v += part[qr][g * T + i];
+            y[(i64)r * rows + row] = v;
+        }
+    }
+}
+
+// A block of 1–8 warps computes R consecutive weight rows for nr ≤ NR activation rows.
+// Threads take units round-robin; the activation unit is loaded once (two 16-byte loads per
+// row) and serves the R weight rows, each weight unit is unpacked once and serves every
+// activation row. The block reduces at the end. Formats with a STEP go to `mvq_step`.
+template <class F, int NR, int R>
+__device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
+                                         const float2* __restrict__ xds, float* __restrict__ y,
+                                         int rows, int units, i64 row_bytes, int nr, int blk) {
+    if constexpr (step_of<F>::v > 1) {
+        mvq_step<F, NR, R>(W, xq, xds, y, rows, units, row_bytes, nr, blk);
+    } else {
+        const int tid = threadIdx.x, nthr = blockDim.x;
+        const int lane = tid & 31, warp = tid >> 5;
+        const int row0 = blk * R;
+        float acc[R][NR];
+#pragma unroll
+        for (int q = 0; q < R; q++)
+#pragma unroll
+            for (int r = 0; r < NR; r++) acc[q][r] = 0.f;
+        for (int u = tid; u < units; u += nthr) {
+            int x[NR][8];
+            float2 ds[NR];
+            load_xq<NR>(xq, xds, units, u, nr, x, ds);
+            // Rows past the end re-read the last row (their sums are dropped): no branch,
+            // so the R rows' loads can all be issued before the first is used.
+#pragma unroll
+            for (int q = 0; q < R; q++)
+                F::template dot<NR>(W + (i64)min(row0 + q, rows - 1) * row_bytes, u, x, ds,
+                                    acc[q]);
+        }
+        __shared__ float red[R * NR][MVQ_WARPS];
+#pragma unroll
+        for (int q = 0; q < R; q++)
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                const float s = warp_sum(acc[q][r]);
+                if (lane == 0) red[q * NR + r][warp] = s;
+            }
+        __syncthreads();
+        if (tid < R * NR) {
+            const int q = tid / NR, r = tid % NR;
+            if (r < nr && row0 + q < rows) {
+                float s = 0.f;
+                for (int k = 0; k < (nthr >> 5); k++) s += red[tid][k];
+                y[(i64)r * rows + row0 + q] = s;
+            }
         }
     }
 }
@@ -85,6 +165,7 @@ __device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, const i8* __r
     extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32)                             \
         NAME(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units,     \
              i64 row_bytes, int nr) {                                                        \
+        gdc_wait();                                                                          \
         mvq_impl<FMTQ, NR, R>(W, xq, xds, y, rows, units, row_bytes, nr, blockIdx.x);        \
     }
 MVQ(mvq1, 1, 2)
@@ -104,6 +185,7 @@ MVQ(mvq1x1, 1, 1)
         NAME(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0, float* y1,    \
              float* y2, float* y3, int n0, int n1, int n2, int n3, int b1, int b2, int b3,    \
              const i8* xq, const float2* xds, int units, i64 row_bytes, int nr) {            \
+        gdc_wait();                                                                          \
         int b = blockIdx.x;                                                                  \
         const u8* W = w0;                                                                    \
         float* y = y0;                                                                       \
@@ -132,43 +214,72 @@ __device__ __forceinline__ float glu_act_mul(float v, float u, int act) {
     return h2f(f2h(0.5f * xh * (1.0f + t))) * u;
 }
 
-// mvqgN: a gated MLP's gate and up GEMVs and its GLU in one launch: block b computes its R
-// rows of both matrices (mvq_impl twice; the thread that wrote row (q, r) of each applies
-// g = act(g)·u), so no GLU launch follows. With oq set (rows a multiple of 32), the q8_1 of
-// g for the down projection too: the last block to finish a 32-row unit (cnt[unit] counts
-// its 32 / R blocks, then goes back to 0) quantizes it. oq is not the xq being read.
+// q8_1 of one 32-value unit by one thread: q8_1_warp's values (max, rounding and integer
+// sum do not depend on the order), for blocks whose threads do not make whole warps.
+// The values come from other blocks: volatile loads (not L1), all issued before the first
+// is used.
+__device__ __forceinline__ void q8_1_serial(const volatile float* p, i8* xq, float2* xds,
+                                            i64 unit) {
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) v[i] = p[i];
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+    const float d = amax / 127.f;
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        const int q = amax == 0.f ? 0 : (int)rintf(v[i] / d);
+        xq[unit * 32 + i] = (i8)q;
+        sum += q;
+    }
+    xds[unit] = make_float2(d, d * (float)sum);
+}
+
+// mvqgN: a gated MLP's gate and up GEMVs and its GLU in one launch: block b computes its
+// rows of both matrices (mvq_impl twice; the thread that wrote an output of each applies
+// g = act(g)·u to it), so no GLU launch follows. A block holds RB = R·blockDim.y rows (the
+// repacked formats' row groups; 1 group otherwise). With oq set (rows a multiple of 32, RB
+// a power of two), the q8_1 of g for the down projection too: a block of ≥ 32 rows
+// quantizes its own units; below, the last block to finish a unit (cnt[unit] counts its
+// 32 / RB blocks, then goes back to 0) does. oq is not the xq being read.
 template <int NR, int R>
 __device__ __forceinline__ void mvqg_impl(const u8* Wg, const u8* Wu, const i8* xq,
                                           const float2* xds, float* g, float* u, int rows,
                                           int units, i64 row_bytes, int nr, int act, i8* oq,
                                           float2* ods, u32* cnt) {
-    const int tid = threadIdx.x, blk = blockIdx.x;
-    const int row0 = blk * R;
+    const int blk = blockIdx.x, G = blockDim.y;
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x, nthr = blockDim.x * G;
     mvq_impl<FMTQ, NR, R>(Wg, xq, xds, g, rows, units, row_bytes, nr, blk);
     __syncthreads();  // mvq_impl's reduction scratch is reused
     mvq_impl<FMTQ, NR, R>(Wu, xq, xds, u, rows, units, row_bytes, nr, blk);
-    if (tid < R * NR) {
-        const int q = tid / NR, r = tid % NR;
-        if (r < nr && row0 + q < rows) {
-            const i64 o = (i64)r * rows + row0 + q;
-            g[o] = glu_act_mul(g[o], u[o], act);
+    // The outputs this thread wrote (mvq_impl's and mvq_step's mapping).
+    for (int o = tid; o < G * R * NR; o += nthr) {
+        const int q = o % (R * NR) / NR, r = o % NR, row = (blk * G + o / (R * NR)) * R + q;
+        if (r < nr && row < rows) {
+            const i64 i = (i64)r * rows + row;
+            g[i] = glu_act_mul(g[i], u[i], act);
         }
     }
     if (!oq) return;
+    const int rb = R * G;
     __shared__ int last;
     __threadfence();
     __syncthreads();
-    const int unit = row0 >> 5;
-    if (tid == 0) last = atomicAdd(cnt + unit, 1u) == (u32)(32 / R) - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const int lane = tid & 31;
-    const volatile float* gv = g;
-    for (int r = tid >> 5; r < nr; r += blockDim.x >> 5)
-        q8_1_warp(gv[(i64)r * rows + unit * 32 + lane], oq, ods, (i64)r * (rows >> 5) + unit,
-                  lane);
-    if (tid == 0) cnt[unit] = 0;
+    if (rb < 32) {
+        if (tid == 0) last = atomicAdd(cnt + blk * rb / 32, 1u) == (u32)(32 / rb) - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+    }
+    // This block's units (the one it completed, or its own), for every activation row.
+    const int u0 = blk * rb / 32, nu = min(max(rb / 32, 1), rows / 32 - u0);
+    for (int jb = tid; jb < nu * nr; jb += nthr) {
+        const int r = jb / nu, un = u0 + jb % nu;
+        q8_1_serial(g + (i64)r * rows + un * 32, oq, ods, (i64)r * (rows / 32) + un);
+    }
+    if (rb < 32 && tid == 0) cnt[u0] = 0;
 }
 
 #define MVQG(NAME, NR, R)                                                                    \
@@ -176,6 +287,7 @@ __device__ __forceinline__ void mvqg_impl(const u8* Wg, const u8* Wu, const i8* 
         NAME(const u8* wg, const u8* wu, const i8* xq, const float2* xds, float* g, float* u, \
              int rows, int units, i64 row_bytes, int nr, int act, i8* oq, float2* ods,        \
              u32* cnt) {                                                                     \
+        gdc_wait();                                                                          \
         mvqg_impl<NR, R>(wg, wu, xq, xds, g, u, rows, units, row_bytes, nr, act, oq, ods,     \
                          cnt);                                                               \
     }

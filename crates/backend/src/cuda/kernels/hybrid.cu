@@ -16,6 +16,7 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : lo
 // tap first. One thread per channel walks the rows, the window in registers.
 extern "C" __global__ void ssm_conv(float* x, float* win, const float* w, int rows, int ch,
                                     int k) {
+    gdc_wait();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= ch) return;
     const int hist = k - 1;
@@ -87,6 +88,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     gated_delta(const float* qkv, const float* alpha, const float* beta, const float* a_neg,
                 const float* dt_bias, float* state, float* out, int n, int nk, int nv, int dk,
                 int dv, int tiled) {
+    gdc_wait();
     const int h = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nw = blockDim.x >> 5;
@@ -157,6 +159,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 // x = x · rsqrt(mean(x²) + eps) · w · silu(z) over groups of g values; one block per group.
 extern "C" __global__ void rms_norm_gated(float* x, const float* w, const float* z, int g,
                                           float eps) {
+    gdc_wait();
     const i64 base = (i64)blockIdx.x * g;
     __shared__ float red1[32];
     float ss = 0.f;
@@ -174,6 +177,7 @@ extern "C" __global__ void rms_norm_gated(float* x, const float* w, const float*
 // holds whole 32-value units) for the GEMV that reads it next.
 extern "C" __global__ void rms_norm_gated_q(float* x, const float* w, const float* z, int g,
                                             float eps, i8* xq, float2* xds) {
+    gdc_wait();
     const i64 base = (i64)blockIdx.x * g;
     __shared__ float red1[32];
     float ss = 0.f;
@@ -191,6 +195,7 @@ extern "C" __global__ void rms_norm_gated_q(float* x, const float* w, const floa
 }
 
 extern "C" __global__ void mul_sigmoid(float* x, const float* g, i64 n) {
+    gdc_wait();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= sigmoid_f(g[i]);
 }
@@ -198,6 +203,7 @@ extern "C" __global__ void mul_sigmoid(float* x, const float* g, i64 n) {
 // dst[r, b·width + i] = src[r, col0 + b·stride + i]; one thread per dst value.
 extern "C" __global__ void copy_cols(const float* src, float* dst, int rows, int src_cols,
                                      int col0, int width, int stride, int n_blocks) {
+    gdc_wait();
     const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     const int dc = n_blocks * width;
     if (t >= (i64)rows * dc) return;
@@ -209,6 +215,7 @@ extern "C" __global__ void copy_cols(const float* src, float* dst, int rows, int
 // dst[i, :] = src[ids[i], :]; one thread per dst value.
 extern "C" __global__ void gather_rows(const float* src, const u32* ids, float* dst, int n,
                                        int cols) {
+    gdc_wait();
     const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (i64)n * cols) return;
     const int i = (int)(t / cols), c = (int)(t % cols);
@@ -219,6 +226,7 @@ extern "C" __global__ void gather_rows(const float* src, const u32* ids, float* 
 // so repeated ids add up without races.
 extern "C" __global__ void scatter_add_rows(float* dst, const u32* ids, const float* scale,
                                             const float* src, int n, int cols) {
+    gdc_wait();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     for (int i = 0; i < n; i++) dst[(i64)ids[i] * cols + c] += scale[i] * src[(i64)i * cols + c];
@@ -239,6 +247,7 @@ extern "C" __global__ void __launch_bounds__(1024)
                const float* beta, const float* a_neg, const float* dt_bias, float* state,
                float* out, int nk, int nv, int dk, int dv, int tiled, const float* nwt,
                const float* z, float eps, i8* xq, float2* xds, u32* cnt) {
+    gdc_wait();
     const int h = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nw = blockDim.x >> 5;

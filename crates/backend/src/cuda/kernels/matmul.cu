@@ -116,6 +116,7 @@ __device__ __forceinline__ void mv_impl(const u8* __restrict__ W, const float* _
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32)                               \
         NAME(const u8* W, const float* x, float* y, int rows, int cols, i64 row_bytes,        \
              int nr) {                                                                        \
+        gdc_wait();                                                                           \
         mv_impl<FMT, NR, R>(W, x, y, rows, cols, row_bytes, nr);                              \
     }
 MV(mv1, 1, 2)
@@ -129,6 +130,7 @@ MV(mv1x4, 1, 4)
 // out[i, :] = W[ids[i], :] * scale. Grid: (ids, ceil(units / 128)).
 extern "C" __global__ void embed(const u8* W, const u32* ids, float* out, int cols,
                                  i64 row_bytes, float scale) {
+    gdc_wait();
     const int i = blockIdx.x;
     const int u = blockIdx.y * blockDim.x + threadIdx.x;
     if (u * 32 >= cols) return;
@@ -144,6 +146,7 @@ extern "C" __global__ void embed(const u8* W, const u32* ids, float* out, int co
 // contiguous (the unit is decoded four times; the ALU has room, the stores had not).
 extern "C" __global__ void dequant_f16(const u8* W, u16* dst, int rows, int units,
                                        i64 row_bytes) {
+    gdc_wait();
     const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (i64)rows * units * 4) return;
     const i64 tu = t >> 2;

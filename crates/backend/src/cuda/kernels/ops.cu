@@ -72,22 +72,26 @@ __device__ __forceinline__ void rms_norm_impl(const float* x, const float* w, fl
 
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int g,
                                     float eps) {
+    gdc_wait();
     rms_norm_impl<false>(x, w, out, g, eps, nullptr, nullptr);
 }
 
 extern "C" __global__ void rms_norm_q(const float* x, const float* w, float* out, int g,
                                       float eps, i8* xq, float2* xds) {
+    gdc_wait();
     rms_norm_impl<true>(x, w, out, g, eps, xq, xds);
 }
 
 // x += y, then out = rms_norm(x) (and its q8_1 with Q): one block per row of g values.
 extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float* out,
                                         int g, float eps) {
+    gdc_wait();
     rms_norm_impl<false, true>(x, w, out, g, eps, nullptr, nullptr, y, x);
 }
 
 extern "C" __global__ void add_rms_norm_q(float* x, const float* y, const float* w, float* out,
                                           int g, float eps, i8* xq, float2* xds) {
+    gdc_wait();
     rms_norm_impl<true, true>(x, w, out, g, eps, xq, xds, y, x);
 }
 
@@ -159,11 +163,13 @@ __device__ __forceinline__ void norm_add_norm_impl(float* x, float* y, const flo
 // failed to launch: too many resources requested).
 extern "C" __global__ void __launch_bounds__(1024) norm_add_norm(float* x, float* y, const float* wy, const float* w,
                                          float* out, int g, float eps) {
+    gdc_wait();
     norm_add_norm_impl<false>(x, y, wy, w, out, g, eps, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(1024) norm_add_norm_q(float* x, float* y, const float* wy, const float* w,
                                            float* out, int g, float eps, i8* xq, float2* xds) {
+    gdc_wait();
     norm_add_norm_impl<true>(x, y, wy, w, out, g, eps, xq, xds);
 }
 
@@ -184,6 +190,7 @@ __device__ __forceinline__ double warp_sum_d(double v) {
 extern "C" __global__ void add_rms_norm_row(float* x, const float* y, const float* w, float* out,
                                             int g, float eps, i8* xq, float2* xds,
                                             double* part, u32* bar) {
+    gdc_wait();
     const int nb = gridDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     float v = 0.f, wi = 0.f;
@@ -230,16 +237,19 @@ extern "C" __global__ void add_rms_norm_row(float* x, const float* y, const floa
 }
 
 extern "C" __global__ void add(float* x, const float* y, i64 n) {
+    gdc_wait();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
 
 extern "C" __global__ void add_bias(float* x, const float* b, int cols, i64 n) {
+    gdc_wait();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += b[i % cols];
 }
 
 extern "C" __global__ void softcap(float* x, float cap, i64 n) {
+    gdc_wait();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
@@ -255,11 +265,13 @@ __device__ __forceinline__ float gelu_mul(float v, float u) {
 }
 
 extern "C" __global__ void glu_silu(float* g, const float* u, i64 n) {
+    gdc_wait();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) g[i] = silu_mul(g[i], u[i]);
 }
 
 extern "C" __global__ void glu_gelu(float* g, const float* u, i64 n) {
+    gdc_wait();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) g[i] = gelu_mul(g[i], u[i]);
 }
@@ -267,6 +279,7 @@ extern "C" __global__ void glu_gelu(float* g, const float* u, i64 n) {
 // The same, also writing the product as q8_1 (n a multiple of 32, so a warp is all in or
 // all out).
 extern "C" __global__ void glu_silu_q(float* g, const float* u, i64 n, i8* xq, float2* xds) {
+    gdc_wait();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float r = silu_mul(g[i], u[i]);
@@ -275,6 +288,7 @@ extern "C" __global__ void glu_silu_q(float* g, const float* u, i64 n, i8* xq, f
 }
 
 extern "C" __global__ void glu_gelu_q(float* g, const float* u, i64 n, i8* xq, float2* xds) {
+    gdc_wait();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float r = gelu_mul(g[i], u[i]);
@@ -284,6 +298,7 @@ extern "C" __global__ void glu_gelu_q(float* g, const float* u, i64 n, i8* xq, f
 
 // x [rows, cols] f32 → dst [rows, kp] f16, zero past cols.
 extern "C" __global__ void to_f16(const float* x, u16* dst, int rows, int cols, int kp) {
+    gdc_wait();
     const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (i64)rows * kp) return;
     const int r = (int)(t / kp), c = (int)(t % kp);
@@ -297,6 +312,7 @@ extern "C" __global__ void rope(float* x, int cols, int head_dim, int dims, int 
                                 float theta_scale, float freq_scale, float ext_factor,
                                 float attn_factor, float c0, float c1, float mscale_yarn,
                                 const float* ff, const int* posp) {
+    gdc_wait();
     if (posp) pos0 = *posp;
     const int r = blockIdx.x;
     const int half = dims / 2;
@@ -330,6 +346,7 @@ extern "C" __global__ void rope(float* x, int cols, int head_dim, int dims, int 
 // ([nkv, n_ctx, hd] each).
 extern "C" __global__ void kv_store(const float* k, const float* v, u16* kc, u16* vc, int rows,
                                     int nkv, int hd, int n_ctx, int pos0, const int* posp) {
+    gdc_wait();
     if (posp) pos0 = *posp;
     const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     const i64 n = (i64)rows * nkv * hd;
@@ -353,6 +370,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention(const float* q, const u16* kc, const u16* vc, float* out, float* part, int nh,
               int nkv, int hd, int n_ctx, int pos0, float scale, int window, float softcap,
               int nsplit, const int* posp) {
+    gdc_wait();
     if (posp) pos0 = *posp;
     const int h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -434,6 +452,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 // Merge the nsplit partials of each (row, head). Grid: (nh, rows).
 extern "C" __global__ void att_combine(const float* part, float* out, int nh, int hd,
                                        int nsplit) {
+    gdc_wait();
     const int h = blockIdx.x, r = blockIdx.y;
     const float* pp = part + ((i64)r * nh + h) * nsplit * (hd + 2);
     float M = NEG_INF;
@@ -477,6 +496,7 @@ __device__ __forceinline__ u64 amax_key(float v, int i) {
 // merges its pick into keys[row] (zeroed before) with an atomic max. One block per row took
 // 105 µs on a 248,320-wide row (ncu, H200).
 extern "C" __global__ void argmax_rows(const float* x, int cols, int chunk, u64* keys) {
+    gdc_wait();
     __shared__ float sv[32];
     __shared__ int si[32];
     const float* row = x + (i64)blockIdx.y * cols;
@@ -526,6 +546,7 @@ extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* wq, con
                                         float ext_factor, float attn_q, float attn_k, float c0,
                                         float c1, float mscale_yarn, const float* ff,
                                         const int* posp) {
+    gdc_wait();
     if (posp) pos0 = *posp;
     const int r = blockIdx.x, hh = blockIdx.y, tid = threadIdx.x;
     const bool isq = hh < nh;

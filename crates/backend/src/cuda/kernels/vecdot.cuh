@@ -298,3 +298,91 @@ struct Q_TQ2_0 {
             acc[r] += d * (ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) - ds[r].y);
     }
 };
+
+// The repacked Q1_0 / TQ2_0 (cuda/repack.rs; lowbit.cu's rp_body / rp_scale). A thread takes
+// a step of STEP = 4 units (128 weights) of a weight row: `load(row, s)` reads the step's
+// bytes with 16-byte loads into a `W`, then `dot<NR>(w, j, x, ds, acc)` dots its unit j with
+// the activation unit 4s + j (the same x, ds, acc as the one-unit `dot` above). gemv_int.cu
+// loads the R weight rows' steps first, then walks the units.
+
+// dp4a with unsigned weight bytes (0..255) and signed activation bytes.
+__device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
+    int r;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// Word j of v (j is a constant once the caller's loop is unrolled).
+__device__ __forceinline__ u32 word4(const uint4& v, int j) {
+    return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+// Q1_0: a step is one block (16 bytes of bits and its scale). Weight 4k + i of unit j is
+// bit 8i + k of word j, so (word << (7 − k)) & 0x80808080 is 128·bit in byte i, lined up
+// with the activation's word k; only left shifts, which the compiler may run as
+// multiplies on the FMA pipe beside the ALU's ands. s = 128·Σ_{bit set} x, and
+// Σ ±x = 2·Σ_{bit set} x − Σ x = (s >> 6) − Σ x (s is a multiple of 128).
+struct Q_Q1_0R {
+    static constexpr int STEP = 4;
+    struct W {
+        uint4 q;
+        float d;
+    };
+    static __device__ __forceinline__ W load(const u8* row, int s) {
+        W w;
+        w.q = *(const uint4*)rp_body<16>(row, s);
+        w.d = rp_scale<16>(row, s);
+        return w;
+    }
+    template <int NR>
+    static __device__ __forceinline__ void dot(const W& w, int j, const int (&x)[NR][8],
+                                               const float2 (&ds)[NR], float (&acc)[NR]) {
+        const u32 v = word4(w.q, j);
+        int s[NR];
+#pragma unroll
+        for (int r = 0; r < NR; r++) s[r] = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const u32 m = (v << (7 - k)) & 0x80808080u;
+#pragma unroll
+            for (int r = 0; r < NR; r++) s[r] = dp4a_us(m, x[r][k], s[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++) acc[r] += w.d * (ds[r].x * (float)(s[r] >> 6) - ds[r].y);
+    }
+};
+
+// TQ2_0: a step is half a block (32 bytes: units 4c .. 4c+3 share them, unit l takes bits
+// 2l of every byte). (word << (6 − 2l)) & 0xC0C0C0C0 is 64·code per byte; weights are
+// (code − 1)·d, so the dot is d·(dx·Σcode·q − dx·Σq).
+struct Q_TQ2_0R {
+    static constexpr int STEP = 4;
+    struct W {
+        uint4 a, b;
+        float d;
+    };
+    static __device__ __forceinline__ W load(const u8* row, int s) {
+        W w;
+        const uint4* p = (const uint4*)(rp_body<64>(row, s >> 1) + 32 * (s & 1));
+        w.a = p[0];
+        w.b = p[1];
+        w.d = rp_scale<64>(row, s >> 1);
+        return w;
+    }
+    template <int NR>
+    static __device__ __forceinline__ void dot(const W& w, int l, const int (&x)[NR][8],
+                                               const float2 (&ds)[NR], float (&acc)[NR]) {
+        const u32 q[8] = {w.a.x, w.a.y, w.a.z, w.a.w, w.b.x, w.b.y, w.b.z, w.b.w};
+        int s[NR];
+#pragma unroll
+        for (int r = 0; r < NR; r++) s[r] = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const u32 m = (q[k] << (6 - 2 * l)) & 0xC0C0C0C0u;
+#pragma unroll
+            for (int r = 0; r < NR; r++) s[r] = dp4a_us(m, x[r][k], s[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++) acc[r] += w.d * (ds[r].x * (float)(s[r] >> 6) - ds[r].y);
+    }
+};

@@ -1,0 +1,320 @@
+//! The GPU layout of the 1- and 2-bit formats Q1_0 and TQ2_0, made at upload.
+//!
+//! ggml's blocks are 18 (Q1_0) and 66 (TQ2_0) bytes, so a row is only 2-byte aligned and a
+//! GEMV thread took its bits with several 2-byte loads per 32 weights (ncu: 0.85–1.4 TB/s
+//! on the H200, against 2–3 TB/s for Q4_K's 16-byte loads). Here each row is cut into
+//! groups of 8 blocks; a group is 16 bytes holding the blocks' f16 scales (block `i` of the
+//! group at bytes `2i`, zero-padded), then the blocks' bodies of `BODY` bytes, so every body
+//! starts 16-byte aligned and a thread takes a whole body (or half of one) in 16-byte
+//! loads. The last group of a row holds the `nb mod 8` remaining blocks (same 16-byte
+//! header), so a row is `16 · ceil(nb / 8) + BODY · nb` bytes: at most 14 bytes a row more
+//! than ggml's (`mat_bytes` counts them). Rows stay contiguous and in order, so a range of
+//! rows (an expert's, `matmul_rows`) is still one slice.
+//!
+//! Bodies:
+//! - Q1_0 (128 weights, `BODY` 16): four little-endian 32-bit words, word `w` for weights
+//!   `32w .. 32w + 31`; weight `32w + 4k + j` (`k` 0..7, `j` 0..3) is bit `8j + k` of the
+//!   word (ggml: bit `i` of the word is weight `32w + i`). So `(word << (7 − k)) &
+//!   0x80808080` holds weights `4k .. 4k + 3` at bit 7 of bytes 0..3, lined up with the
+//!   q8_1 activation's word `k` for one `dp4a` (kernels/vecdot.cuh, `Q_Q1_0R`).
+//! - TQ2_0 (256 weights, `BODY` 64): ggml's `qs[64]` unchanged (its codes are already in
+//!   `dp4a` order: byte `32c + m`, bits `2l`, is weight `128c + 32l + m`).
+//!
+//! The kernels that read it: kernels/lowbit.cu (`F_Q1_0R`, `F_TQ2_0R`: the f32 GEMV, the
+//! embedding, the f16 dequantizer for prefill) and kernels/vecdot.cuh (`Q_Q1_0R`,
+//! `Q_TQ2_0R`: the integer GEMV). NEAGARI_CUDA_REPACK=0 keeps ggml's layout and the old
+//! kernels (for measuring).
+
+use neagari_quant::GgmlType;
+
+/// Blocks a group: the 16-byte scale header holds 8 f16.
+const GROUP: usize = 8;
+
+/// The repacked shape of a format: ggml's block bytes, the offset of its f16 scale in the
+/// block, where its body starts and how long it is.
+#[derive(Clone, Copy)]
+struct Shape {
+    block: usize,
+    scale_at: usize,
+    body_at: usize,
+    body: usize,
+    /// Q1_0: the bits of each 32-bit word are reordered (module docs).
+    permute: bool,
+}
+
+fn shape(ty: GgmlType) -> Option<Shape> {
+    match ty {
+        GgmlType::Q1_0 => Some(Shape {
+            block: 18,
+            scale_at: 0,
+            body_at: 2,
+            body: 16,
+            permute: true,
+        }),
+        GgmlType::TQ2_0 => Some(Shape {
+            block: 66,
+            scale_at: 64,
+            body_at: 0,
+            body: 64,
+            permute: false,
+        }),
+        _ => None,
+    }
+}
+
+/// Whether the format has a repacked GPU layout.
+pub(super) fn repacked(ty: GgmlType) -> bool {
+    shape(ty).is_some()
+}
+
+/// Bytes of a repacked row of `nb` blocks.
+fn row_bytes_of(s: Shape, nb: usize) -> usize {
+    16 * nb.div_ceil(GROUP) + s.body * nb
+}
+
+/// `LUT[v]`: the bits of byte 0 of a ggml word at their repacked places (bit `t` is weight
+/// `t`, `k = t / 4`, `j = t % 4`, to bit `8j + k`). Byte `b` of the word (weights `8b + t`,
+/// `k = 2b + t / 4`) lands 2b bits higher.
+const fn spread_lut() -> [u32; 256] {
+    let mut lut = [0u32; 256];
+    let mut v = 0;
+    while v < 256 {
+        let mut t = 0;
+        while t < 8 {
+            if (v >> t) & 1 != 0 {
+                lut[v] |= 1 << (8 * (t % 4) + t / 4);
+            }
+            t += 1;
+        }
+        v += 1;
+    }
+    lut
+}
+
+static SPREAD: [u32; 256] = spread_lut();
+
+/// A Q1_0 word (ggml's bit order) in the repacked order.
+fn permute_word(w: u32) -> u32 {
+    let b = w.to_le_bytes();
+    SPREAD[b[0] as usize]
+        | (SPREAD[b[1] as usize] << 2)
+        | (SPREAD[b[2] as usize] << 4)
+        | (SPREAD[b[3] as usize] << 6)
+}
+
+/// The inverse of [`permute_word`].
+#[cfg(test)]
+fn unpermute_word(w: u32) -> u32 {
+    let mut o = 0u32;
+    for i in 0..32 {
+        let (k, j) = (i / 4, i % 4);
+        o |= ((w >> (8 * j + k)) & 1) << i;
+    }
+    o
+}
+
+/// Repacks one row of `nb` ggml blocks (`src`) into `dst` (its repacked bytes, zeroed).
+fn repack_row(s: Shape, src: &[u8], dst: &mut [u8]) {
+    for (b, blk) in src.chunks_exact(s.block).enumerate() {
+        let g = (b / GROUP) * (16 + GROUP * s.body);
+        let i = b % GROUP;
+        dst[g + 2 * i..g + 2 * i + 2].copy_from_slice(&blk[s.scale_at..s.scale_at + 2]);
+        let body = &blk[s.body_at..s.body_at + s.body];
+        let out = &mut dst[g + 16 + s.body * i..g + 16 + s.body * (i + 1)];
+        if s.permute {
+            for (o, w) in out.chunks_exact_mut(4).zip(body.chunks_exact(4)) {
+                let v = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                o.copy_from_slice(&permute_word(v).to_le_bytes());
+            }
+        } else {
+            out.copy_from_slice(body);
+        }
+    }
+}
+
+/// `rows` rows of ggml blocks (`src`, `row_in` bytes each) in the repacked layout, and its
+/// row size; `None` for a format without one. Large matrices are split over threads (a
+/// 27B-shaped Q1_0 file is 3.8 GB of words to permute).
+pub(super) fn repack_rows(
+    ty: GgmlType,
+    src: &[u8],
+    rows: usize,
+    row_in: usize,
+) -> Option<(Vec<u8>, usize)> {
+    let s = shape(ty)?;
+    let nb = row_in / s.block;
+    let rb = row_bytes_of(s, nb);
+    let mut out = vec![0u8; rb * rows];
+    if rows == 0 || rb == 0 {
+        return Some((out, rb));
+    }
+    let threads = if src.len() < (16 << 20) {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(16))
+    };
+    let per = rows.div_ceil(threads);
+    std::thread::scope(|sc| {
+        for (dst, srcs) in out.chunks_mut(per * rb).zip(src.chunks(per * row_in)) {
+            sc.spawn(move || {
+                for (d, r) in dst.chunks_exact_mut(rb).zip(srcs.chunks_exact(row_in)) {
+                    repack_row(s, r, d);
+                }
+            });
+        }
+    });
+    Some((out, rb))
+}
+
+/// The inverse of [`repack_rows`]: ggml's bytes of `rows` repacked rows of `cols` weights.
+#[cfg(test)]
+fn unpack_rows(ty: GgmlType, src: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    let s = shape(ty).expect("a repacked format");
+    let row_in = ty.row_bytes(cols).expect("whole blocks");
+    let nb = row_in / s.block;
+    let rb = row_bytes_of(s, nb);
+    let mut out = vec![0u8; row_in * rows];
+    for (d, r) in out.chunks_exact_mut(row_in).zip(src.chunks_exact(rb)) {
+        for (b, blk) in d.chunks_exact_mut(s.block).enumerate() {
+            let g = (b / GROUP) * (16 + GROUP * s.body);
+            let i = b % GROUP;
+            blk[s.scale_at..s.scale_at + 2].copy_from_slice(&r[g + 2 * i..g + 2 * i + 2]);
+            let body = &r[g + 16 + s.body * i..g + 16 + s.body * (i + 1)];
+            let o = &mut blk[s.body_at..s.body_at + s.body];
+            for (o, w) in o.chunks_exact_mut(4).zip(body.chunks_exact(4)) {
+                let v = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                let v = if s.permute { unpermute_word(v) } else { v };
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use neagari_quant::dequantize_row;
+
+    /// Deterministic bytes (xorshift), with f16 scales kept finite.
+    fn random_rows(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let s = shape(ty).unwrap();
+        let mut x = seed;
+        let mut bytes: Vec<u8> = (0..rows * ty.row_bytes(cols).unwrap())
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect();
+        for blk in bytes.chunks_exact_mut(s.block) {
+            // An f16 in [2^-8, 2^7): exponent bits 7..21.
+            blk[s.scale_at + 1] = 0x1C + (blk[s.scale_at + 1] % 0x1C);
+        }
+        bytes
+    }
+
+    /// The weights of repacked rows read the way the kernels' decoders read them
+    /// (kernels/lowbit.cu `F_Q1_0R::unit`, `F_TQ2_0R::unit`).
+    fn decode_repacked(ty: GgmlType, src: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+        let s = shape(ty).unwrap();
+        let rb = row_bytes_of(s, cols / (if ty == GgmlType::Q1_0 { 128 } else { 256 }));
+        let mut out = vec![0f32; rows * cols];
+        let stride = 16 + GROUP * s.body;
+        for r in 0..rows {
+            let row = &src[r * rb..(r + 1) * rb];
+            for n in 0..cols {
+                let (b, e) = match ty {
+                    GgmlType::Q1_0 => (n / 128, n % 128),
+                    _ => (n / 256, n % 256),
+                };
+                let (g, i) = (b >> 3, b & 7);
+                let d = half::f16::from_le_bytes([
+                    row[g * stride + 2 * i],
+                    row[g * stride + 2 * i + 1],
+                ])
+                .to_f32();
+                let body = &row[g * stride + 16 + s.body * i..];
+                let word = |at: usize| {
+                    u32::from_le_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]])
+                };
+                out[r * cols + n] = if ty == GgmlType::Q1_0 {
+                    let (w, m) = (e / 32, e % 32);
+                    let bit = (word(4 * w) >> (8 * (m % 4) + m / 4)) & 1;
+                    if bit != 0 {
+                        d
+                    } else {
+                        -d
+                    }
+                } else {
+                    // Weight 128c + 32l + m: word (32c + m) / 4, byte m % 4, bits 2l.
+                    let (c, l, m) = (e / 128, (e % 128) / 32, e % 32);
+                    let code = (word(32 * c + 4 * (m / 4)) >> (8 * (m % 4) + 2 * l)) & 3;
+                    (code as i32 - 1) as f32 * d
+                };
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn repack_round_trips_and_decodes_like_ggml() {
+        for ty in [GgmlType::Q1_0, GgmlType::TQ2_0] {
+            let block = if ty == GgmlType::Q1_0 { 128 } else { 256 };
+            // Whole groups, ragged last groups, a single block, a row under one group.
+            for (rows, nb) in [(3usize, 8usize), (5, 13), (2, 1), (4, 6), (7, 40), (1, 17)] {
+                let cols = nb * block;
+                let row_in = ty.row_bytes(cols).unwrap();
+                let src = random_rows(ty, rows, cols, (rows * 1000 + nb) as u64);
+                let (rp, rb) = repack_rows(ty, &src, rows, row_in).unwrap();
+                assert_eq!(rb % 16, 0, "{ty} rows stay 16-byte aligned");
+                assert_eq!(rp.len(), rb * rows);
+                assert!(rb - row_in <= 14, "{ty}: {rb} bytes for {row_in}");
+                assert_eq!(unpack_rows(ty, &rp, rows, cols), src, "{ty} {rows}x{cols}");
+                let mut want = vec![0f32; rows * cols];
+                for r in 0..rows {
+                    dequantize_row(
+                        ty,
+                        &src[r * row_in..(r + 1) * row_in],
+                        &mut want[r * cols..(r + 1) * cols],
+                    )
+                    .unwrap();
+                }
+                let got = decode_repacked(ty, &rp, rows, cols);
+                assert!(got == want, "{ty} {rows}x{cols}: decoded weights differ");
+            }
+        }
+    }
+
+    #[test]
+    fn permutation_lines_weights_up_with_activation_words() {
+        // Every single-bit word: weight i = 4k + j must sit at bit 8j + k, so that
+        // (word << (7 − k)) & 0x80808080 has it at bit 7 of byte j.
+        for i in 0..32 {
+            let p = permute_word(1 << i);
+            let (k, j) = (i / 4, i % 4);
+            assert_eq!(p, 1 << (8 * j + k), "weight {i}");
+            assert_eq!((p << (7 - k)) & 0x8080_8080, 0x80 << (8 * j));
+            assert_eq!(unpermute_word(p), 1 << i);
+        }
+    }
+
+    #[test]
+    fn large_matrices_split_over_threads_the_same() {
+        // 16 MiB and more goes to several threads; the split must not change a byte.
+        let ty = GgmlType::Q1_0;
+        let (rows, cols) = (1000usize, 128 * 944);
+        let row_in = ty.row_bytes(cols).unwrap();
+        let src = random_rows(ty, rows, cols, 7);
+        assert!(src.len() >= 16 << 20);
+        let (rp, rb) = repack_rows(ty, &src, rows, row_in).unwrap();
+        let s = shape(ty).unwrap();
+        let mut one = vec![0u8; rb];
+        for r in [0, 1, 499, 500, 998, 999] {
+            one.fill(0);
+            repack_row(s, &src[r * row_in..(r + 1) * row_in], &mut one);
+            assert!(one[..] == rp[r * rb..(r + 1) * rb], "row {r}");
+        }
+    }
+}
