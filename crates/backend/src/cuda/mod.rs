@@ -218,7 +218,7 @@ pub fn nvrtc_present() -> bool {
 }
 
 /// The PTX NVRTC makes for `arch` without a GPU, for tests that inspect it: the float-op
-/// and hybrid modules for `None`, else the module of weight format `ty`.
+/// and hybrid modules for `None`, else the modules of weight format `ty` (both layouts).
 pub fn module_ptx(arch: &str, ty: Option<GgmlType>) -> Result<Vec<String>> {
     let Some(ty) = ty else {
         return Ok(vec![
@@ -226,13 +226,18 @@ pub fn module_ptx(arch: &str, ty: Option<GgmlType>) -> Result<Vec<String>> {
             compile("hybrid", arch, "", hybrid::HYBRID)?,
         ]);
     };
-    let st = fmt_struct(ty).ok_or(BackendError::NoKernel {
-        op: "matmul",
-        device: "cuda",
-        ty,
-    })?;
-    let (name, defines, src) = fmt_module(st, ty);
-    Ok(vec![compile(&name, arch, &defines, &src)?])
+    // Both layouts of the formats that are repacked at upload.
+    let mut out = Vec::new();
+    for repack in [false, true] {
+        let (st, q) = fmt_structs(ty, repack).ok_or(BackendError::NoKernel {
+            op: "matmul",
+            device: "cuda",
+            ty,
+        })?;
+        let (name, defines, src) = fmt_module(&st, q.as_deref());
+        out.push(compile(&name, arch, &defines, &src)?);
+    }
+    Ok(out)
 }
 
 /// Compiles every kernel module for `arch` (e.g. `sm_90`) without a GPU: NVRTC alone
