@@ -697,6 +697,66 @@ fn fused_multi_matmul_and_add_norm() {
     }
 }
 
+/// `matmul_multi` equals the separate matmuls bit for bit, within the integer GEMV's bar of
+/// the exact product; mixed formats fall back.
+fn multi_matches_single(g: &CudaBackend, c: &CpuBackend, r: &mut StdRng) {
+    let cols = 768;
+    for ty in [
+        GgmlType::Q1_0,
+        GgmlType::TQ2_0,
+        GgmlType::Q4_K,
+        GgmlType::Q8_0,
+    ] {
+        // Five matrices (two launches), one of 48 rows and one of 3.
+        let shapes = [300usize, 48, 3, 129, 1000];
+        let mats: Vec<(HostTensor, Vec<f32>)> = shapes
+            .iter()
+            .map(|&rows| random_mat(r, ty, rows, cols))
+            .collect();
+        let dm: Vec<_> = mats.iter().map(|(t, _)| g.load_mat(t).unwrap()).collect();
+        for n in [1usize, 2, 3, 8] {
+            let x = randv(r, n * cols, 1.0);
+            let xb = upload(g, &x, n, cols);
+            let mut outs: Vec<_> = shapes.iter().map(|_| g.buf(1, 1).unwrap()).collect();
+            {
+                let ws: Vec<_> = dm.iter().collect();
+                let mut os: Vec<_> = outs.iter_mut().collect();
+                g.matmul_multi(&ws, &xb, &mut os).unwrap();
+            }
+            for (i, m) in dm.iter().enumerate() {
+                let mut one = g.buf(1, 1).unwrap();
+                g.matmul(m, &xb, &mut one).unwrap();
+                let (a, b) = (download(g, &outs[i]), download(g, &one));
+                assert_eq!(g.buf_shape(&outs[i]), (n, shapes[i]));
+                assert!(a == b, "{ty} matrix {i}, {n} rows: multi ≠ single");
+                // The integer GEMV's bar: twice the CPU's error on the same product (at
+                // least 1.2e-2: a 3-row product's error is noise).
+                let want = exact_product(&mats[i].1, &x, shapes[i], cols);
+                let cm = c.load_mat(&mats[i].0).unwrap();
+                let mut co = c.buf(1, 1).unwrap();
+                c.matmul(&cm, &upload(c, &x, n, cols), &mut co).unwrap();
+                let bar = (2.0 * rel(&download(c, &co), &want)).max(1.2e-2);
+                let e = rel(&a, &want);
+                assert!(
+                    e < bar,
+                    "{ty} matrix {i}, {n} rows: {e:.2e} (bar {bar:.2e})"
+                );
+            }
+        }
+    }
+    // Mixed formats: the fallback, still the separate products.
+    let (ta, da) = random_mat(r, GgmlType::Q4_K, 64, 512);
+    let (tb, db) = random_mat(r, GgmlType::Q8_0, 32, 512);
+    let x = randv(r, 512, 1.0);
+    let xb = upload(g, &x, 1, 512);
+    let (ma, mb) = (g.load_mat(&ta).unwrap(), g.load_mat(&tb).unwrap());
+    let (mut oa, mut ob) = (g.buf(1, 1).unwrap(), g.buf(1, 1).unwrap());
+    g.matmul_multi(&[&ma, &mb], &xb, &mut [&mut oa, &mut ob])
+        .unwrap();
+    assert!(rel(&download(g, &oa), &exact_product(&da, &x, 64, 512)) < 1.2e-2);
+    assert!(rel(&download(g, &ob), &exact_product(&db, &x, 32, 512)) < 1.2e-2);
+}
+
 /// Differing values of two outputs (0: the same bits).
 fn n_diff(a: &[f32], b: &[f32]) -> usize {
     assert_eq!(a.len(), b.len());
@@ -937,63 +997,4 @@ fn fused_qk_norm_rope() {
             }
         }
     }
-
-/// `matmul_multi` equals the separate matmuls bit for bit, within the integer GEMV's bar of
-/// the exact product; mixed formats fall back.
-fn multi_matches_single(g: &CudaBackend, c: &CpuBackend, r: &mut StdRng) {
-    let cols = 768;
-    for ty in [
-        GgmlType::Q1_0,
-        GgmlType::TQ2_0,
-        GgmlType::Q4_K,
-        GgmlType::Q8_0,
-    ] {
-        // Five matrices (two launches), one of 48 rows and one of 3.
-        let shapes = [300usize, 48, 3, 129, 1000];
-        let mats: Vec<(HostTensor, Vec<f32>)> = shapes
-            .iter()
-            .map(|&rows| random_mat(r, ty, rows, cols))
-            .collect();
-        let dm: Vec<_> = mats.iter().map(|(t, _)| g.load_mat(t).unwrap()).collect();
-        for n in [1usize, 2, 3, 8] {
-            let x = randv(r, n * cols, 1.0);
-            let xb = upload(g, &x, n, cols);
-            let mut outs: Vec<_> = shapes.iter().map(|_| g.buf(1, 1).unwrap()).collect();
-            {
-                let ws: Vec<_> = dm.iter().collect();
-                let mut os: Vec<_> = outs.iter_mut().collect();
-                g.matmul_multi(&ws, &xb, &mut os).unwrap();
-            }
-            for (i, m) in dm.iter().enumerate() {
-                let mut one = g.buf(1, 1).unwrap();
-                g.matmul(m, &xb, &mut one).unwrap();
-                let (a, b) = (download(g, &outs[i]), download(g, &one));
-                assert_eq!(g.buf_shape(&outs[i]), (n, shapes[i]));
-                assert!(a == b, "{ty} matrix {i}, {n} rows: multi ≠ single");
-                // The integer GEMV's bar: twice the CPU's error on the same product (at
-                // least 1.2e-2: a 3-row product's error is noise).
-                let want = exact_product(&mats[i].1, &x, shapes[i], cols);
-                let cm = c.load_mat(&mats[i].0).unwrap();
-                let mut co = c.buf(1, 1).unwrap();
-                c.matmul(&cm, &upload(c, &x, n, cols), &mut co).unwrap();
-                let bar = (2.0 * rel(&download(c, &co), &want)).max(1.2e-2);
-                let e = rel(&a, &want);
-                assert!(
-                    e < bar,
-                    "{ty} matrix {i}, {n} rows: {e:.2e} (bar {bar:.2e})"
-                );
-            }
-        }
-    }
-    // Mixed formats: the fallback, still the separate products.
-    let (ta, da) = random_mat(r, GgmlType::Q4_K, 64, 512);
-    let (tb, db) = random_mat(r, GgmlType::Q8_0, 32, 512);
-    let x = randv(r, 512, 1.0);
-    let xb = upload(g, &x, 1, 512);
-    let (ma, mb) = (g.load_mat(&ta).unwrap(), g.load_mat(&tb).unwrap());
-    let (mut oa, mut ob) = (g.buf(1, 1).unwrap(), g.buf(1, 1).unwrap());
-    g.matmul_multi(&[&ma, &mb], &xb, &mut [&mut oa, &mut ob])
-        .unwrap();
-    assert!(rel(&download(g, &oa), &exact_product(&da, &x, 64, 512)) < 1.2e-2);
-    assert!(rel(&download(g, &ob), &exact_product(&db, &x, 32, 512)) < 1.2e-2);
 }
