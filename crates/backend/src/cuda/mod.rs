@@ -48,6 +48,7 @@ const OPS: &str = include_str!("kernels/ops.cu");
 const LOWBIT: &str = include_str!("kernels/lowbit.cu");
 const VECDOT: &str = include_str!("kernels/vecdot.cuh");
 const GEMV_INT: &str = include_str!("kernels/gemv_int.cu");
+const GEMV_ROWS: &str = include_str!("kernels/gemv_rows.cu");
 
 /// Rows a GEMV kernel handles per launch (the largest `mvN`).
 const MV_MAX_ROWS: usize = 8;
@@ -62,6 +63,10 @@ const NORM_ROW_BLOCKS: usize = 64;
 const MVQ_WARPS: usize = 8;
 /// The same for mvq1, mvq2, mvq4, mvq8 (gemv_int.cu).
 const MVQ_ROWS_PER_BLOCK: [usize; 4] = [2, 2, 1, 1];
+/// Weight rows per block of the tensor-core GEMV (one m16n8k32 tile, gemv_rows.cu).
+const MVR_ROWS: usize = 16;
+/// Most warps per block of it (MVR_WARPS in gemv_rows.cu).
+const MVR_WARPS: usize = 8;
 
 fn drv<E: std::fmt::Debug>(e: E) -> BackendError {
     BackendError::Other(format!("cuda: {e:?}"))
@@ -115,15 +120,38 @@ fn int_struct(ty: GgmlType) -> Option<&'static str> {
     })
 }
 
+/// The tensor-core GEMV struct in gemv_rows.cu of a format (3–8 activation rows), if it
+/// has one: formats with one scale per 32-value unit.
+fn rows_struct(ty: GgmlType) -> Option<&'static str> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => "R_Q4_0",
+        Q4_1 => "R_Q4_1",
+        Q5_0 => "R_Q5_0",
+        Q5_1 => "R_Q5_1",
+        Q8_0 => "R_Q8_0",
+        Q4_K => "R_Q4_K",
+        Q5_K => "R_Q5_K",
+        Q1_0 => "R_Q1_0",
+        TQ2_0 => "R_TQ2_0",
+        _ => return None,
+    })
+}
+
 /// Module name, defines and source of a format's kernels.
 fn fmt_module(st: &str, ty: GgmlType) -> (String, String, String) {
-    match int_struct(ty) {
-        Some(q) => (
+    match (int_struct(ty), rows_struct(ty)) {
+        (Some(q), Some(r)) => (
+            format!("matmul_{st}"),
+            format!("#define FMT {st}\n#define FMTQ {q}\n#define FMTR {r}"),
+            format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}\n{VECDOT}\n{GEMV_INT}\n{GEMV_ROWS}"),
+        ),
+        (Some(q), None) => (
             format!("matmul_{st}"),
             format!("#define FMT {st}\n#define FMTQ {q}"),
             format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}\n{VECDOT}\n{GEMV_INT}"),
         ),
-        None => (
+        (None, _) => (
             format!("matmul_{st}"),
             format!("#define FMT {st}"),
             format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}"),
@@ -242,6 +270,9 @@ struct IntKernels {
     /// `mvqm*`: up to four matrices in one launch (`Backend::matmul_multi`): one activation
     /// row with 1, 2 or 4 weight rows per block, then 2, 4 and 8 activation rows.
     multi: [CudaFunction; 7],
+    /// gemv_rows.cu's `mvr` and `mvrm` (3–8 activation rows on the tensor cores), for the
+    /// formats that have them.
+    rows: Option<[CudaFunction; 2]>,
 }
 
 /// Device scratch reused across calls (grown, never shrunk).
@@ -289,6 +320,9 @@ pub struct CudaBackend {
     norm_row: bool,
     /// Quantized formats take the integer GEMV, unless NEAGARI_CUDA_MV=float (measuring).
     mv_int: bool,
+    /// 3–8 activation rows take the tensor-core GEMV (gemv_rows.cu) where the format has
+    /// one, on sm_80 and newer, unless NEAGARI_CUDA_MV_TC=0 (then `mvq8`, for measuring).
+    mvr_on: bool,
     /// Counts kernel launches and device writes (see [`Scratch::xq_key`]).
     gen: AtomicU64,
     /// Decode-step recording (graph.rs): the mode (OFF, WARM, CAPTURE, REPLAY), launches
@@ -458,6 +492,7 @@ impl CudaBackend {
                 .filter(|n| (1..=MVQ_WARPS).contains(n)),
             norm_row: std::env::var("NEAGARI_CUDA_NORM_ROW").as_deref() != Ok("0"),
             mv_int: std::env::var("NEAGARI_CUDA_MV").as_deref() != Ok("float"),
+            mvr_on: maj >= 8 && std::env::var("NEAGARI_CUDA_MV_TC").as_deref() != Ok("0"),
             gen: AtomicU64::new(0),
             mode: AtomicU8::new(graph::OFF),
             launches: AtomicUsize::new(0),
@@ -667,8 +702,8 @@ impl Backend for CudaBackend {
         self.argmax_impl(x)
     }
 
-    fn step_begin(&self, kv: &CudaKv, token: u32) -> Result<()> {
-        self.step_begin_impl(kv, token)
+    fn step_begin(&self, kv: &CudaKv, tokens: &[u32]) -> Result<()> {
+        self.step_begin_impl(kv, tokens)
     }
 
     fn step_end(&self) {
