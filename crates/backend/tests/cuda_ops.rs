@@ -742,10 +742,7 @@ fn multi_row_gemv_on_tensor_cores() {
         GgmlType::Q4_K,
         GgmlType::Q8_0,
         GgmlType::Q4_0,
-        GgmlType::Q4_1,
         GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q5_K,
     ] {
         let block = if ty.row_bytes(32).is_some() { 32 } else { 256 };
         for (rows, cols) in [

@@ -169,8 +169,8 @@ impl CudaBackend {
             .filter(|_| self.mvr_on && (3..=MV_MAX_ROWS).contains(&nr))
     }
 
-    /// Warps per block of the tensor-core GEMV: a warp takes one 32-value unit a step, so
-    /// one per 32 units, at most MVR_WARPS (8): 5 for 5120-wide rows, 8 for 17,408.
+    /// Warps per block of the tensor-core GEMV: one per 32 units (a warp takes 4 units a
+    /// step, so 8 steps), at most MVR_WARPS (8): 5 for 5120-wide rows, 8 for 17,408.
     pub(super) fn mvr_warps(&self, units: usize) -> usize {
         self.mv_warps
             .unwrap_or_else(|| units.div_ceil(32))

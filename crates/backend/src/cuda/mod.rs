@@ -126,12 +126,9 @@ fn rows_struct(ty: GgmlType) -> Option<&'static str> {
     use GgmlType::*;
     Some(match ty {
         Q4_0 => "R_Q4_0",
-        Q4_1 => "R_Q4_1",
         Q5_0 => "R_Q5_0",
-        Q5_1 => "R_Q5_1",
         Q8_0 => "R_Q8_0",
         Q4_K => "R_Q4_K",
-        Q5_K => "R_Q5_K",
         Q1_0 => "R_Q1_0",
         TQ2_0 => "R_TQ2_0",
         _ => return None,

@@ -16,126 +16,125 @@
 // word 2t + 1: a thread loads 8 contiguous activation bytes and unpacks two contiguous
 // words of each of its rows.
 //
-// A format struct `R_<fmt>` gives `unit(row, u, t, w0, w1)`: words 2t and 2t + 1 of unit u
-// (four signed bytes each, the activation words' order), returning (A_w, B_w). Formats with
-// scales per 16 values (Q2_K, Q3_K, Q6_K) have none and stay on `mvq8`. Tested against the
-// CPU backend and the exact product in tests/cuda_ops.rs (`multi_row_gemv_on_tensor_cores`).
+// A format struct `R_<fmt>` below gives words 2t and 2t + 1 of a unit and its (A_w, B_w).
+// Formats with scales per 16 values (Q2_K, Q3_K, Q6_K) have none and stay on `mvq8`, as
+// do Q4_1, Q5_1, Q5_K for now. Tested against the CPU backend and the exact product in
+// tests/cuda_ops.rs (`multi_row_gemv_on_tensor_cores`).
 //
 // Shapes as gemv_int.cu: xq [nr, units·32] i8, xds [nr, units] float2, y [nr, rows] f32.
 
+// Format structs: `load(row, u, t)` reads what thread t needs of unit u into a `Raw`
+// (loads only, so a warp issues every load of a step before its first use stalls it),
+// `unpack(raw, u, t, w0, w1)` makes words 2t and 2t + 1 of the unit (four signed bytes each,
+// the activation words' order) and returns (A_w, B_w).
+
 struct R_Q4_0 {
-    static __device__ __forceinline__ float2 unit(const u8* row, int u, int t, int& w0, int& w1) {
+    struct Raw { u32 d, v0, v1; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
         const u8* b = row + (i64)u * 18;
-        const float d = h2f(ld16(b));
         // Words 0..3 are the low nibbles of qs' words, 4..7 the high ones.
         const u8* q = b + 2 + 8 * (t & 1);
+        return Raw{ld16(b), ld32_2(q), ld32_2(q + 4)};
+    }
+    static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
         const int sh = (t >> 1) * 4;
-        w0 = (ld32_2(q) >> sh) & 0x0F0F0F0F;
-        w1 = (ld32_2(q + 4) >> sh) & 0x0F0F0F0F;
+        w0 = (r.v0 >> sh) & 0x0F0F0F0F;
+        w1 = (r.v1 >> sh) & 0x0F0F0F0F;
+        const float d = h2f((u16)r.d);
         return make_float2(d, -8.f * d);
     }
 };
 
-struct R_Q4_1 {
-    static __device__ __forceinline__ float2 unit(const u8* row, int u, int t, int& w0, int& w1) {
-        const u8* b = row + (i64)u * 20;
-        const u8* q = b + 4 + 8 * (t & 1);
-        const int sh = (t >> 1) * 4;
-        w0 = (ld32_4(q) >> sh) & 0x0F0F0F0F;
-        w1 = (ld32_4(q + 4) >> sh) & 0x0F0F0F0F;
-        return make_float2(h2f(ld16(b)), h2f(ld16(b + 2)));
-    }
-};
-
 struct R_Q5_0 {
-    static __device__ __forceinline__ float2 unit(const u8* row, int u, int t, int& w0, int& w1) {
+    struct Raw { u32 d, qh, v0, v1; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
         const u8* b = row + (i64)u * 22;
-        const float d = h2f(ld16(b));
-        const u32 qh = ld32_2(b + 2);
         const u8* q = b + 6 + 8 * (t & 1);
+        return Raw{ld16(b), ld32_2(b + 2), ld32_2(q), ld32_2(q + 4)};
+    }
+    static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
         const int sh = (t >> 1) * 4;
         // Word k holds weights 4k..4k+3: their fifth bits are qh's bits 4k..4k+3.
-        w0 = ((ld32_2(q) >> sh) & 0x0F0F0F0F) | spread4(qh >> (8 * t), 4);
-        w1 = ((ld32_2(q + 4) >> sh) & 0x0F0F0F0F) | spread4(qh >> (8 * t + 4), 4);
+        w0 = ((r.v0 >> sh) & 0x0F0F0F0F) | spread4(r.qh >> (8 * t), 4);
+        w1 = ((r.v1 >> sh) & 0x0F0F0F0F) | spread4(r.qh >> (8 * t + 4), 4);
+        const float d = h2f((u16)r.d);
         return make_float2(d, -16.f * d);
     }
 };
 
-struct R_Q5_1 {
-    static __device__ __forceinline__ float2 unit(const u8* row, int u, int t, int& w0, int& w1) {
-        const u8* b = row + (i64)u * 24;
-        const u32 qh = ld32_4(b + 4);
-        const u8* q = b + 8 + 8 * (t & 1);
-        const int sh = (t >> 1) * 4;
-        w0 = ((ld32_4(q) >> sh) & 0x0F0F0F0F) | spread4(qh >> (8 * t), 4);
-        w1 = ((ld32_4(q + 4) >> sh) & 0x0F0F0F0F) | spread4(qh >> (8 * t + 4), 4);
-        return make_float2(h2f(ld16(b)), h2f(ld16(b + 2)));
-    }
-};
-
 struct R_Q8_0 {
-    static __device__ __forceinline__ float2 unit(const u8* row, int u, int t, int& w0, int& w1) {
+    struct Raw { u32 d, v0, v1; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
         const u8* b = row + (i64)u * 34;
-        w0 = (int)ld32_2(b + 2 + 8 * t);
-        w1 = (int)ld32_2(b + 6 + 8 * t);
-        return make_float2(h2f(ld16(b)), 0.f);
+        return Raw{ld16(b), ld32_2(b + 2 + 8 * t), ld32_2(b + 6 + 8 * t)};
+    }
+    static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
+        w0 = (int)r.v0;
+        w1 = (int)r.v1;
+        return make_float2(h2f((u16)r.d), 0.f);
     }
 };
 
 struct R_Q4_K {
-    static __device__ __forceinline__ float2 unit(const u8* row, int u, int t, int& w0, int& w1) {
+    // The super-block's d and dmin, its 12 scale bytes, the thread's 8 bytes of qs.
+    struct Raw { u32 dm, s0, s1, s2; uint2 q; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
         const u8* b = row + (i64)(u >> 3) * 144;
         const int s = u & 7;
-        int sc, m;
-        scale_min_k4(s, b + 4, sc, m);
-        // 8-byte aligned: super-blocks are 9·16 bytes and qs starts at byte 16.
-        const uint2 v = *(const uint2*)(b + 16 + 32 * (s >> 1) + 8 * t);
-        const int sh = (s & 1) * 4;
-        w0 = (v.x >> sh) & 0x0F0F0F0F;
-        w1 = (v.y >> sh) & 0x0F0F0F0F;
-        return make_float2(h2f(ld16(b)) * (float)sc, -h2f(ld16(b + 2)) * (float)m);
+        // Aligned: super-blocks are 9·16 bytes, scales at 4, qs at 16.
+        const u32* w = (const u32*)b;
+        return Raw{w[0], w[1], w[2], w[3], *(const uint2*)(b + 16 + 32 * (s >> 1) + 8 * t)};
     }
-};
-
-struct R_Q5_K {
-    static __device__ __forceinline__ float2 unit(const u8* row, int u, int t, int& w0, int& w1) {
-        const u8* b = row + (i64)(u >> 3) * 176;
+    static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
         const int s = u & 7;
-        int sc, m;
-        scale_min_k4(s, b + 4, sc, m);
-        // 8-byte aligned: super-blocks are 11·16 bytes, qh at 16, ql at 48.
-        const uint2 l = *(const uint2*)(b + 48 + 32 * (s >> 1) + 8 * t);
-        const uint2 h = *(const uint2*)(b + 16 + 8 * t);
         const int sh = (s & 1) * 4;
-        w0 = ((l.x >> sh) & 0x0F0F0F0F) | (((h.x >> s) & 0x01010101) << 4);
-        w1 = ((l.y >> sh) & 0x0F0F0F0F) | (((h.y >> s) & 0x01010101) << 4);
-        return make_float2(h2f(ld16(b)) * (float)sc, -h2f(ld16(b + 2)) * (float)m);
+        w0 = (r.q.x >> sh) & 0x0F0F0F0F;
+        w1 = (r.q.y >> sh) & 0x0F0F0F0F;
+        // dequant.cuh's scale_min_k4 on the scale bytes held in s0 (0..3), s1 (4..7),
+        // s2 (8..11), without indexing registers.
+        const int bb = (s & 3) * 8;
+        const u32 b0 = (r.s0 >> bb) & 0xFF, b1 = (r.s1 >> bb) & 0xFF, b2 = (r.s2 >> bb) & 0xFF;
+        int sc, m;
+        if (s < 4) {
+            sc = b0 & 63;
+            m = b1 & 63;
+        } else {
+            sc = (b2 & 0xF) | ((b0 >> 6) << 4);
+            m = (b2 >> 4) | ((b1 >> 6) << 4);
+        }
+        return make_float2(h2f((u16)r.dm) * (float)sc, -h2f((u16)(r.dm >> 16)) * (float)m);
     }
 };
 
 struct R_Q1_0 {
-    static __device__ __forceinline__ float2 unit(const u8* row, int u, int t, int& w0, int& w1) {
+    struct Raw { u32 d, bits; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
         const u8* b = row + (i64)(u >> 2) * 18;
-        const float d = h2f(ld16(b));
-        // Byte t of the unit's 32 sign bits holds words 2t and 2t + 1 (a nibble each);
-        // bit i of a nibble to bit 8i as vecdot.cuh's Q_Q1_0. Σ ±x = 2·Σ_{bit set} x − Σ x.
-        const u32 bits = b[2 + 4 * (u & 3) + t];
-        w0 = ((bits & 0xFu) * 0x00204081u) & 0x01010101u;
-        w1 = ((bits >> 4) * 0x00204081u) & 0x01010101u;
+        // Byte t of the unit's 32 sign bits holds words 2t and 2t + 1 (a nibble each).
+        return Raw{ld16(b), b[2 + 4 * (u & 3) + t]};
+    }
+    static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
+        // Bit i of a nibble to bit 8i as vecdot.cuh's Q_Q1_0. Σ ±x = 2·Σ_{bit set} x − Σ x.
+        w0 = ((r.bits & 0xFu) * 0x00204081u) & 0x01010101u;
+        w1 = ((r.bits >> 4) * 0x00204081u) & 0x01010101u;
+        const float d = h2f((u16)r.d);
         return make_float2(2.f * d, -d);
     }
 };
 
 struct R_TQ2_0 {
-    static __device__ __forceinline__ float2 unit(const u8* row, int u, int t, int& w0, int& w1) {
+    struct Raw { u32 d, v0, v1; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
         const u8* b = row + (i64)(u >> 3) * 66;
-        const int s = u & 7;
-        const float d = h2f(ld16(b + 64));
-        const u8* q = b + 32 * (s >> 2) + 8 * t;
-        const int sh = 2 * (s & 3);
+        const u8* q = b + 32 * ((u & 7) >> 2) + 8 * t;
+        return Raw{ld16(b + 64), ld32_2(q), ld32_2(q + 4)};
+    }
+    static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
+        const int sh = 2 * (u & 3);
         // Codes 0..2 for −1..1: the −1 goes through d·Σq.
-        w0 = (ld32_2(q) >> sh) & 0x03030303;
-        w1 = (ld32_2(q + 4) >> sh) & 0x03030303;
+        w0 = (r.v0 >> sh) & 0x03030303;
+        w1 = (r.v1 >> sh) & 0x03030303;
+        const float d = h2f((u16)r.d);
         return make_float2(d, -d);
     }
 };
@@ -143,6 +142,8 @@ struct R_TQ2_0 {
 // Up to 8 warps a block split the units of the block's 16 weight rows (the host picks as
 // many as the units fill, `mvr_warps`); they meet in shared memory at the end.
 #define MVR_WARPS 8
+// Units a warp takes a step (mvr_impl).
+#define MVR_UNITS 4
 
 __device__ __forceinline__ void mma_s8(int (&c)[4], const int (&a)[4], int b0, int b1) {
 #if __CUDA_ARCH__ >= 800
@@ -175,20 +176,40 @@ __device__ __forceinline__ void mvr_impl(const u8* __restrict__ W, const i8* __r
     const float2* s0 = xds + (i64)min(c0, nr - 1) * units;
     const float2* s1 = xds + (i64)min(c1, nr - 1) * units;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 2
-    for (int u = warp; u < units; u += nw) {
-        int a[4];
-        const float2 fa = F::unit(wa, u, t, a[0], a[2]);
-        const float2 fb = F::unit(wb, u, t, a[1], a[3]);
-        int2 x = __ldg(xr + (i64)u * 4);
-        if (!xin) x = make_int2(0, 0);
-        const float2 e0 = __ldg(s0 + u), e1 = __ldg(s1 + u);
-        int c[4] = {0, 0, 0, 0};
-        mma_s8(c, a, x.x, x.y);
-        acc[0] += fa.x * e0.x * (float)c[0] + fa.y * e0.y;
-        acc[1] += fa.x * e1.x * (float)c[1] + fa.y * e1.y;
-        acc[2] += fb.x * e0.x * (float)c[2] + fb.y * e0.y;
-        acc[3] += fb.x * e1.x * (float)c[3] + fb.y * e1.y;
+    // MVR_UNITS consecutive units a warp a step, every load issued before the first is
+    // used: a unit of 16 rows is only 72 weight bytes in Q1_0, too few to wait for alone.
+    for (int u0 = warp * MVR_UNITS; u0 < units; u0 += nw * MVR_UNITS) {
+        typename F::Raw ra[MVR_UNITS], rb[MVR_UNITS];
+        float2 e0[MVR_UNITS], e1[MVR_UNITS];
+        int2 x[MVR_UNITS];
+#pragma unroll
+        for (int j = 0; j < MVR_UNITS; j++) {
+            // Past the row's end: the last unit again, its sums scaled by 0 below (no
+            // branch between the loads).
+            const int u = min(u0 + j, units - 1);
+            ra[j] = F::load(wa, u, t);
+            rb[j] = F::load(wb, u, t);
+            x[j] = __ldg(xr + (i64)u * 4);
+            e0[j] = __ldg(s0 + u);
+            e1[j] = __ldg(s1 + u);
+        }
+#pragma unroll
+        for (int j = 0; j < MVR_UNITS; j++) {
+            const int u = min(u0 + j, units - 1);
+            const float keep = u0 + j < units ? 1.f : 0.f;
+            int a[4];
+            const float2 fa = F::unpack(ra[j], u, t, a[0], a[2]);
+            const float2 fb = F::unpack(rb[j], u, t, a[1], a[3]);
+            const int2 xv = xin ? x[j] : make_int2(0, 0);
+            int c[4] = {0, 0, 0, 0};
+            mma_s8(c, a, xv.x, xv.y);
+            const float2 g0 = make_float2(e0[j].x * keep, e0[j].y * keep);
+            const float2 g1 = make_float2(e1[j].x * keep, e1[j].y * keep);
+            acc[0] += fa.x * g0.x * (float)c[0] + fa.y * g0.y;
+            acc[1] += fa.x * g1.x * (float)c[1] + fa.y * g1.y;
+            acc[2] += fb.x * g0.x * (float)c[2] + fb.y * g0.y;
+            acc[3] += fb.x * g1.x * (float)c[3] + fb.y * g1.y;
+        }
     }
     __shared__ float red[MVR_WARPS][4][32];
 #pragma unroll
