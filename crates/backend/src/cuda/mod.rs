@@ -132,7 +132,8 @@ fn int_struct(ty: GgmlType) -> Option<&'static str> {
 }
 
 /// The tensor-core GEMV struct in gemv_rows.cu of a format (3–8 activation rows), if it
-/// has one: formats with one scale per 32-value unit, in ggml's block layout.
+/// has one: formats with one scale per 32-value unit (ggml's layout; an `R` suffix for
+/// repack.rs's).
 fn rows_struct(ty: GgmlType) -> Option<&'static str> {
     use GgmlType::*;
     Some(match ty {
@@ -147,12 +148,11 @@ fn rows_struct(ty: GgmlType) -> Option<&'static str> {
 }
 
 /// Kernel struct names of a format: decoder, integer dot, tensor-core rows. Those of
-/// repack.rs's layout (an `R` suffix) when `repack` and the format has one; the
-/// tensor-core kernel reads ggml's layout only.
+/// repack.rs's layout (an `R` suffix) when `repack` and the format has one.
 struct FmtNames {
     st: String,
     q: Option<String>,
-    rows: Option<&'static str>,
+    rows: Option<String>,
 }
 
 fn fmt_structs(ty: GgmlType, repack: bool) -> Option<FmtNames> {
@@ -162,14 +162,14 @@ fn fmt_structs(ty: GgmlType, repack: bool) -> Option<FmtNames> {
     Some(FmtNames {
         st: format!("{st}{r}"),
         q: int_struct(ty).map(|q| format!("{q}{r}")),
-        rows: rows_struct(ty).filter(|_| !repacked),
+        rows: rows_struct(ty).map(|q| format!("{q}{r}")),
     })
 }
 
 /// Module name, defines and source of a format's kernels.
 fn fmt_module(n: &FmtNames) -> (String, String, String) {
     let st = &n.st;
-    match (n.q.as_deref(), n.rows) {
+    match (n.q.as_deref(), n.rows.as_deref()) {
         (Some(q), Some(r)) => (
             format!("matmul_{st}"),
             format!("#define FMT {st}\n#define FMTQ {q}\n#define FMTR {r}"),

@@ -139,6 +139,42 @@ struct R_TQ2_0 {
     }
 };
 
+// The repacked layouts (repack.rs; lowbit.cu's rp_body / rp_scale find a block's body and
+// f16 scale in its 8-block group).
+struct R_Q1_0R {
+    struct Raw { u32 d, word; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
+        const int b = u >> 2;
+        // The unit is word u % 4 of the body; weight 4k + j sits at bit 8j + k.
+        const u8* g = row + (i64)(b >> 3) * (16 + 8 * 16);
+        return Raw{ld16(g + 2 * (b & 7)), *(const u32*)(rp_body<16>(row, b) + 4 * (u & 3))};
+    }
+    static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
+        // Activation word k is weights 4k..4k+3: bits k, 8 + k, 16 + k, 24 + k.
+        w0 = (r.word >> (2 * t)) & 0x01010101u;
+        w1 = (r.word >> (2 * t + 1)) & 0x01010101u;
+        const float d = h2f((u16)r.d);
+        return make_float2(2.f * d, -d);
+    }
+};
+
+struct R_TQ2_0R {
+    struct Raw { u32 d; uint2 v; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
+        const int b = u >> 3;
+        const u8* g = row + (i64)(b >> 3) * (16 + 8 * 64);
+        const u8* q = rp_body<64>(row, b) + 32 * ((u & 7) >> 2) + 8 * t;
+        return Raw{ld16(g + 2 * (b & 7)), *(const uint2*)q};
+    }
+    static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
+        const int sh = 2 * (u & 3);
+        w0 = (r.v.x >> sh) & 0x03030303;
+        w1 = (r.v.y >> sh) & 0x03030303;
+        const float d = h2f((u16)r.d);
+        return make_float2(d, -d);
+    }
+};
+
 // Up to 8 warps a block split the units of the block's 16 weight rows (the host picks as
 // many as the units fill, `mvr_warps`); they meet in shared memory at the end.
 #define MVR_WARPS 8
