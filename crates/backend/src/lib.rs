@@ -436,11 +436,12 @@ pub trait Backend: Send + Sync + 'static {
         Ok(host.chunks(cols.max(1)).map(argmax_host).collect())
     }
 
-    /// Brackets a one-token decode step (`token` at position `kv_len(kv)`): between
-    /// `step_begin` and `step_end` the model's calls are the same every step, so a device
-    /// backend may record them once and replay the recording (CUDA graphs). The defaults do
-    /// nothing. `step_end` is called whether the step succeeded or not.
-    fn step_begin(&self, _kv: &Self::Kv, _token: u32) -> Result<()> {
+    /// Brackets a decode step: `tokens` (one, or a few: the verify forward of a speculative
+    /// block) at positions from `kv_len(kv)`. Between `step_begin` and `step_end` the
+    /// model's calls are the same every step of that many tokens, so a device backend may
+    /// record them once and replay the recording (CUDA graphs). The defaults do nothing.
+    /// `step_end` is called whether the step succeeded or not.
+    fn step_begin(&self, _kv: &Self::Kv, _tokens: &[u32]) -> Result<()> {
         Ok(())
     }
     fn step_end(&self) {}

@@ -757,6 +757,89 @@ fn multi_matches_single(g: &CudaBackend, c: &CpuBackend, r: &mut StdRng) {
     assert!(rel(&download(g, &ob), &exact_product(&db, &x, 32, 512)) < 1.2e-2);
 }
 
+/// The tensor-core GEMV of 3–8 activation rows (gemv_rows.cu) on every format that has
+/// one, 2–8 rows, ragged shapes (rows not a multiple of its 16, a few units per warp and
+/// many): within the integer GEMV's bar (twice the CPU's error on the same product) of the
+/// exact product, close to the dp4a GEMV it replaces (`NEAGARI_CUDA_MV_TC=0`), and
+/// `matmul_multi` equal to the single matmuls bit for bit.
+#[test]
+fn multi_row_gemv_on_tensor_cores() {
+    let Some(g) = gpu() else { return };
+    std::env::set_var("NEAGARI_CUDA_MV_TC", "0");
+    let off = CudaBackend::new(0).expect("open GPU 0");
+    std::env::remove_var("NEAGARI_CUDA_MV_TC");
+    let c = cpu();
+    let mut r = rng();
+    for ty in [
+        GgmlType::Q1_0,
+        GgmlType::TQ2_0,
+        GgmlType::Q4_K,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+    ] {
+        let block = if ty.row_bytes(32).is_some() { 32 } else { 256 };
+        for (rows, cols) in [
+            (5, block),
+            (37, block * 3),
+            (130, block * 20),
+            (16, block * 7),
+        ] {
+            let (t, deq) = random_mat(&mut r, ty, rows, cols);
+            let (m, mo, mc) = (
+                g.load_mat(&t).unwrap(),
+                off.load_mat(&t).unwrap(),
+                c.load_mat(&t).unwrap(),
+            );
+            let (t2, _) = random_mat(&mut r, ty, 21, cols);
+            let m2 = g.load_mat(&t2).unwrap();
+            for n in 2..=8usize {
+                let x = randv(&mut r, n * cols, 1.0);
+                let want = exact_product(&deq, &x, rows, cols);
+                let mut out = g.buf(1, 1).unwrap();
+                g.matmul(&m, &upload(&g, &x, n, cols), &mut out).unwrap();
+                assert_eq!(g.buf_shape(&out), (n, rows));
+                let got = download(&g, &out);
+                let mut oo = off.buf(1, 1).unwrap();
+                off.matmul(&mo, &upload(&off, &x, n, cols), &mut oo)
+                    .unwrap();
+                let dp4a = download(&off, &oo);
+                let mut co = c.buf(1, 1).unwrap();
+                c.matmul(&mc, &upload(&c, &x, n, cols), &mut co).unwrap();
+                let ce = rel(&download(&c, &co), &want);
+                let (e, eo) = (rel(&got, &want), rel(&got, &dp4a));
+                eprintln!(
+                    "{ty} {rows}x{cols}, {n} rows: tensor cores {e:.2e}, dp4a {:.2e}, CPU \
+                     {ce:.2e}; tensor cores vs dp4a {eo:.2e}",
+                    rel(&dp4a, &want)
+                );
+                let bar = (2.0 * ce).max(1.2e-2);
+                assert!(
+                    e < bar,
+                    "{ty} {rows}x{cols}, {n} rows: {e:.2e} (bar {bar:.2e})"
+                );
+                // The same integer dots, summed in another order.
+                assert!(eo < 1e-4, "{ty} {rows}x{cols}, {n} rows: vs dp4a {eo:.2e}");
+                // Two matrices in one launch: the single products exactly.
+                let xb = upload(&g, &x, n, cols);
+                let (mut a, mut b) = (g.buf(1, 1).unwrap(), g.buf(1, 1).unwrap());
+                g.matmul_multi(&[&m, &m2], &xb, &mut [&mut a, &mut b])
+                    .unwrap();
+                let mut b1 = g.buf(1, 1).unwrap();
+                g.matmul(&m2, &xb, &mut b1).unwrap();
+                assert!(
+                    download(&g, &a) == got,
+                    "{ty} {rows}x{cols}, {n} rows: multi"
+                );
+                assert!(
+                    download(&g, &b) == download(&g, &b1),
+                    "{ty} {rows}x{cols}, {n} rows: multi, second matrix"
+                );
+            }
+        }
+    }
+}
+
 /// Differing values of two outputs (0: the same bits).
 fn n_diff(a: &[f32], b: &[f32]) -> usize {
     assert_eq!(a.len(), b.len());

@@ -171,7 +171,7 @@ impl<B: Backend> Session<B> {
         be: &B,
         token: u32,
     ) -> Result<Vec<f32>, ModelError> {
-        be.step_begin(&self.kv, token)?;
+        be.step_begin(&self.kv, &[token])?;
         let logits = model.forward(be, &mut self.kv, &[token], false);
         be.step_end();
         let logits = logits?;
@@ -188,12 +188,39 @@ impl<B: Backend> Session<B> {
         be: &B,
         token: u32,
     ) -> Result<u32, ModelError> {
-        be.step_begin(&self.kv, token)?;
+        be.step_begin(&self.kv, &[token])?;
         let id = model.forward_greedy(be, &mut self.kv, &[token]);
         be.step_end();
         let id = id?;
         self.tokens.push(token);
         Ok(id)
+    }
+
+    /// Runs a few `tokens` (a speculative block: the last accepted token and the drafts) as
+    /// one decode step and returns the greedy pick after each: pick `i` is what
+    /// `decode_greedy` of `tokens[..=i]` one at a time would return, up to the rounding of
+    /// a multi-row product. A device backend records and replays the step like a one-token
+    /// step (up to 8 tokens on CUDA); a rejected draft is undone with `restore` or
+    /// `truncate`.
+    pub fn verify_greedy(
+        &mut self,
+        model: &dyn CausalLm<B>,
+        be: &B,
+        tokens: &[u32],
+    ) -> Result<Vec<u32>, ModelError> {
+        if self.tokens.len() + tokens.len() > self.n_ctx {
+            return Err(ModelError::ContextFull {
+                tokens: tokens.len(),
+                pos: self.tokens.len(),
+                n_ctx: self.n_ctx,
+            });
+        }
+        be.step_begin(&self.kv, tokens)?;
+        let ids = model.forward_greedy_all(be, &mut self.kv, tokens);
+        be.step_end();
+        let ids = ids?;
+        self.tokens.extend_from_slice(tokens);
+        Ok(ids)
     }
 
     /// Runs `tokens` and returns the logits of every one (`[n, n_vocab]`): perplexity and

@@ -305,3 +305,106 @@ fn graph_replayed_hybrid_decode_equals_eager_decode() {
 fn c_want(c: &Case, p: usize) -> Vec<f32> {
     c.want[p * c.n_vocab..].to_vec()
 }
+
+/// Multi-token decode steps (the verify forward of a speculative block: 8 and 3 tokens)
+/// replayed from CUDA graphs give the logits of the same forwards run one launch at a time,
+/// bit for bit, from a restored snapshot of the recurrent state, two 8-token blocks at
+/// different positions of one 64-position class sharing a recording; `verify_greedy` picks
+/// each row's argmax of those logits, and where the top two logits of a one-token step are
+/// apart by more than rounding, the one-token step picks the same token.
+#[test]
+fn graph_replayed_multi_token_steps_equal_eager() {
+    use neagari_backend::Backend;
+    for name in ["qwen35_dense", "qwen35_moe", "qwen3next_moe", "qwen3_moe"] {
+        let Some(g) = case(name) else { return };
+        let Some(e) = case(name) else { return };
+        e.be.set_graphs(false);
+        let p = 40;
+        let blocks = [(p, 8usize), (p + 8, 3), (p + 11, 8)];
+        let rounds = 5;
+        let run = |c: &Case| -> Vec<Vec<f32>> {
+            let m = c.model.as_ref();
+            let mut kv = m.new_kv(&c.be, 256, KvType::F16).unwrap();
+            // The f32 GEMV (8 rows a batch): no f16 rounding before the steps.
+            for chunk in c.ids[..p].chunks(8) {
+                m.forward(&c.be, &mut kv, chunk, false).unwrap();
+            }
+            let snap = c.be.kv_snapshot(&kv).unwrap();
+            let mut out = Vec::new();
+            for _ in 0..rounds {
+                c.be.kv_restore(&mut kv, &snap).unwrap();
+                for &(s, n) in &blocks {
+                    let toks = &c.ids[s..s + n];
+                    c.be.step_begin(&kv, toks).unwrap();
+                    let l = m.forward(&c.be, &mut kv, toks, true);
+                    c.be.step_end();
+                    out.push(l.unwrap());
+                }
+            }
+            out
+        };
+        let (c0, r0) = g.be.graph_stats();
+        let lg = run(&g);
+        let (c1, r1) = g.be.graph_stats();
+        let le = run(&e);
+        assert_eq!(
+            e.be.graph_stats(),
+            (0, 0),
+            "{name}: graphs off yet recorded"
+        );
+        assert!(c1 > c0, "{name}: nothing captured");
+        // Two keys (8 and 3 tokens): a warm round or two and a capture, then replays.
+        assert!(
+            r1 - r0 >= 2 * blocks.len() as u64,
+            "{name}: {} replays of {} steps",
+            r1 - r0,
+            lg.len()
+        );
+        for (i, (a, b)) in lg.iter().zip(&le).enumerate() {
+            let d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(a == b, "{name}: step {i}: graph logits differ by {d}");
+        }
+        let v = g.n_vocab;
+        let d = rel_err(&lg[0], &c_want(&g, p)[..8 * v]);
+        assert!(d < REL_TOL, "{name}: 8-token step vs transformers {d}");
+
+        // verify_greedy (recorded after its first runs) against the argmax of those
+        // logits, and the one-token greedy steps where their pick is clear.
+        let m = g.model.as_ref();
+        let mut s = session(&g);
+        s.prefill(m, &g.be, &g.ids[..p], 8, |_, _| true).unwrap();
+        let cp = s.checkpoint(&g.be).unwrap();
+        let block = &g.ids[p..p + 8];
+        let want: Vec<u32> = lg[0].chunks(v).map(neagari_backend::argmax_host).collect();
+        for k in 0..4 {
+            s.restore(&g.be, &cp).unwrap();
+            let picks = s.verify_greedy(m, &g.be, block).unwrap();
+            assert_eq!(picks, want, "{name}: verify_greedy, run {k}");
+        }
+        s.restore(&g.be, &cp).unwrap();
+        let mut clear = 0;
+        for (i, &t) in block.iter().enumerate() {
+            let l = s.decode(m, &g.be, t).unwrap();
+            let mut top = l.clone();
+            top.sort_by(|a, b| b.total_cmp(a));
+            let scale = top[0].abs().max(1.0);
+            if top[0] - top[1] > 1e-3 * scale {
+                clear += 1;
+                assert_eq!(
+                    neagari_backend::argmax_host(&l),
+                    want[i],
+                    "{name}: position {}: one-token step and 8-token step pick apart",
+                    p + i
+                );
+            }
+        }
+        let (c2, r2) = g.be.graph_stats();
+        note(&format!(
+            "{name}: multi-token steps = eager over {} steps; verify_greedy = one-token \
+             steps at {clear}/8 clear positions; {} captures, {} replays in all",
+            lg.len(),
+            c2 - c0,
+            r2 - r0
+        ));
+    }
+}

@@ -330,3 +330,43 @@ fn qwen35_follow_up_turn_resumes_from_the_prompt_checkpoint() {
     let keep = s.reuse_prefix(&c.be, &p3).unwrap();
     assert_eq!(keep, p3.len() - 1);
 }
+
+/// `Session::verify_greedy` (the check of a speculative block): 8 tokens from a
+/// checkpoint give each row's argmax of `forward_all` over the same rows (the same ops, so
+/// exactly), the session then holds them, and where transformers' top two logits are
+/// apart by more than the bar, its pick.
+#[test]
+fn verify_greedy_picks_every_row() {
+    for name in ["qwen35_dense", "qwen35_moe"] {
+        let c = case(name);
+        let m = c.model.as_ref();
+        let v = c.n_vocab;
+        let p = 40;
+        let mut s = session(&c);
+        s.prefill(m, &c.be, &c.ids[..p], 32, |_, _| true).unwrap();
+        let cp = s.checkpoint(&c.be).unwrap();
+        let block = &c.ids[p..p + 8];
+        let all = s.forward_all(m, &c.be, block).unwrap();
+        let want: Vec<u32> = all.chunks(v).map(common::argmax).collect();
+        s.restore(&c.be, &cp).unwrap();
+        let picks = s.verify_greedy(m, &c.be, block).unwrap();
+        assert_eq!(picks, want, "{name}");
+        assert_eq!(
+            s.tokens(),
+            &c.ids[..p + 8],
+            "{name}: tokens after the block"
+        );
+        let scale = c.want.iter().fold(0f32, |a, x| a.max(x.abs()));
+        for (i, row) in c.want[p * v..(p + 8) * v].chunks(v).enumerate() {
+            let mut top = row.to_vec();
+            top.sort_by(|a, b| b.total_cmp(a));
+            if top[0] - top[1] > 2.0 * REL_TOL * scale {
+                assert_eq!(
+                    picks[i],
+                    common::argmax(row),
+                    "{name}: row {i} vs transformers"
+                );
+            }
+        }
+    }
+}

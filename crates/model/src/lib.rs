@@ -87,6 +87,18 @@ pub trait CausalLm<B: Backend>: Send + Sync {
         let logits = self.forward(be, kv, tokens, false)?;
         Ok(neagari_backend::argmax_host(&logits))
     }
+
+    /// Runs `tokens` and returns the greedy pick of every token's logits (the check of a
+    /// speculative block's drafts). Families that override it pick on the device, as
+    /// `forward_greedy`.
+    fn forward_greedy_all(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<Vec<u32>> {
+        let logits = self.forward(be, kv, tokens, true)?;
+        let n_vocab = self.info().n_vocab.max(1);
+        Ok(logits
+            .chunks(n_vocab)
+            .map(neagari_backend::argmax_host)
+            .collect())
+    }
 }
 
 /// Loads the architecture named by the file.
@@ -137,6 +149,27 @@ pub(crate) fn output_argmax<B: Backend>(
             "argmax returned no row".into(),
         ))
     })
+}
+
+/// `output_argmax` of every row of `x` (`[n, H]`): one pick per row.
+pub(crate) fn output_argmax_rows<B: Backend>(
+    be: &B,
+    x: &B::Buf,
+    norm: &B::Vector,
+    eps: f32,
+    head: &B::Mat,
+    n_vocab: usize,
+    softcap: Option<f32>,
+) -> Result<Vec<u32>> {
+    let (n, h) = be.buf_shape(x);
+    let mut xn = be.buf(n, h)?; // [n, H]
+    be.rms_norm(x, norm, eps, &mut xn)?;
+    let mut logits = be.buf(n, n_vocab)?; // [n, vocab]
+    be.matmul(head, &xn, &mut logits)?;
+    if let Some(cap) = softcap {
+        be.softcap(&mut logits, cap)?;
+    }
+    Ok(be.argmax(&logits)?)
 }
 
 /// The output head shared by the families: the final RMSNorm and the vocabulary projection

@@ -6,7 +6,10 @@
 use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, Rope};
 
 use crate::source::{ModelSource, SourceExt};
-use crate::{check_room, output_argmax, output_logits, CausalLm, ModelError, ModelInfo, Result};
+use crate::{
+    check_room, output_argmax, output_argmax_rows, output_logits, CausalLm, ModelError, ModelInfo,
+    Result,
+};
 
 /// Hyper-parameters, from `{arch}.*` metadata.
 #[derive(Clone, Debug)]
@@ -229,6 +232,20 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
         let x = self.hidden(be, kv, tokens)?;
         let c = &self.cfg;
         output_argmax(
+            be,
+            &x,
+            &self.output_norm,
+            c.eps,
+            self.output.as_ref().unwrap_or(&self.tok_embd),
+            c.n_vocab,
+            None,
+        )
+    }
+
+    fn forward_greedy_all(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<Vec<u32>> {
+        let x = self.hidden(be, kv, tokens)?;
+        let c = &self.cfg;
+        output_argmax_rows(
             be,
             &x,
             &self.output_norm,

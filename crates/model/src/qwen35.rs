@@ -20,7 +20,10 @@ use neagari_backend::{
 };
 
 use crate::source::{ModelSource, SourceExt};
-use crate::{check_room, output_argmax, output_logits, CausalLm, ModelError, ModelInfo, Result};
+use crate::{
+    check_room, output_argmax, output_argmax_rows, output_logits, CausalLm, ModelError, ModelInfo,
+    Result,
+};
 
 /// Gated DeltaNet geometry.
 #[derive(Clone, Debug)]
@@ -863,6 +866,20 @@ impl<B: Backend> CausalLm<B> for Qwen35<B> {
         let c = &self.cfg;
         let x = self.hidden(be, kv, tokens)?;
         output_argmax(
+            be,
+            &x,
+            &self.output_norm,
+            c.eps,
+            self.output.as_ref().unwrap_or(&self.tok_embd),
+            c.n_vocab,
+            None,
+        )
+    }
+
+    fn forward_greedy_all(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<Vec<u32>> {
+        let c = &self.cfg;
+        let x = self.hidden(be, kv, tokens)?;
+        output_argmax_rows(
             be,
             &x,
             &self.output_norm,

@@ -146,14 +146,20 @@ fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
         }
     }
     if args.verify > 0 {
-        let (fwd, step) = time_verify(&l, args.verify, vocab, reps)?;
+        let v = time_verify(&l, args.verify, vocab, reps)?;
+        let n = args.verify;
         println!(
-            "verify{}: {}-token forward {:.3} ms, one-token step {:.3} ms, ratio {:.2}",
-            args.verify,
-            args.verify,
-            fwd * 1e3,
-            step * 1e3,
-            fwd / step
+            "verify{n}: {n}-token forward {:.3} ms, one-token step {:.3} ms, ratio {:.2}",
+            v.fwd * 1e3,
+            v.step * 1e3,
+            v.fwd / v.step
+        );
+        println!(
+            "verify{n} greedy (a decode step of {n} tokens, every row's pick): {:.3} ms, \
+             one-token greedy step {:.3} ms, ratio {:.2}",
+            v.fwd_greedy * 1e3,
+            v.step_greedy * 1e3,
+            v.fwd_greedy / v.step_greedy
         );
     }
     let peak = crate::load::peak_rss_bytes();
@@ -238,47 +244,73 @@ fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Median seconds of an `n`-token forward (last row's logits read back) and of a one-token
-/// decode step (logits read back) at the same position after 64 tokens, each from a
-/// checkpoint it is restored to (so hybrid caches work); two untimed rounds first.
+/// Medians of `time_verify` (seconds).
+struct Verify {
+    /// An `n`-token forward as a prefill (last row's logits read back).
+    fwd: f64,
+    /// A one-token decode step (logits read back).
+    step: f64,
+    /// `Session::verify_greedy` of `n` tokens (one decode step, every row's greedy pick).
+    fwd_greedy: f64,
+    /// A one-token `decode_greedy` step.
+    step_greedy: f64,
+}
+
+/// Medians of an `n`-token forward and of a one-token decode step at the same position
+/// after 64 tokens, each from a checkpoint it is restored to (so hybrid caches work): the
+/// forward as a prefill (last row's logits back) and as `verify_greedy` (a recorded step,
+/// every row's pick back), the step with its logits and with the greedy pick; four untimed
+/// rounds first (recorded steps warm up, then are captured).
 fn time_verify<B: DeviceBackend>(
     l: &Loaded<B>,
     n: usize,
     vocab: usize,
     reps: usize,
-) -> Result<(f64, f64)> {
+) -> Result<Verify> {
     let mut sess = l.session(64 + n + 1)?;
     let toks = random_tokens(64 + n, vocab, 300);
     sess.prefill(l.model.as_ref(), &l.be, &toks[..64], l.n_batch, |_, _| true)?;
     let cp = sess.checkpoint(&l.be)?;
-    let (mut fwd, mut step) = (Vec::new(), Vec::new());
-    for round in 0..reps.max(3) * 4 + 2 {
-        let t = Instant::now();
-        sess.prefill(
-            l.model.as_ref(),
-            &l.be,
-            &toks[64..64 + n],
-            l.n_batch.max(n),
-            |_, _| true,
-        )?;
-        l.be.sync()?;
-        let tf = t.elapsed().as_secs_f64();
-        sess.restore(&l.be, &cp)?;
-        let t = Instant::now();
-        sess.decode(l.model.as_ref(), &l.be, toks[64])?;
-        l.be.sync()?;
-        let ts = t.elapsed().as_secs_f64();
-        sess.restore(&l.be, &cp)?;
-        if round >= 2 {
-            fwd.push(tf);
-            step.push(ts);
+    let mut t = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    let m = l.model.as_ref();
+    for round in 0..reps.max(3) * 4 + 4 {
+        let mut times = [0f64; 4];
+        for (i, time) in times.iter_mut().enumerate() {
+            let start = Instant::now();
+            match i {
+                0 => {
+                    sess.prefill(m, &l.be, &toks[64..64 + n], l.n_batch.max(n), |_, _| true)?;
+                }
+                1 => {
+                    sess.decode(m, &l.be, toks[64])?;
+                }
+                2 => {
+                    sess.verify_greedy(m, &l.be, &toks[64..64 + n])?;
+                }
+                _ => {
+                    sess.decode_greedy(m, &l.be, toks[64])?;
+                }
+            }
+            l.be.sync()?;
+            *time = start.elapsed().as_secs_f64();
+            sess.restore(&l.be, &cp)?;
+        }
+        if round >= 4 {
+            for (v, x) in t.iter_mut().zip(times) {
+                v.push(x);
+            }
         }
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    Ok((median(&mut fwd), median(&mut step)))
+    Ok(Verify {
+        fwd: median(&mut t[0]),
+        step: median(&mut t[1]),
+        fwd_greedy: median(&mut t[2]),
+        step_greedy: median(&mut t[3]),
+    })
 }
 
 /// Streams a 512 MiB buffer with every thread of the pool and returns bytes per second

@@ -43,8 +43,10 @@ impl CudaBackend {
             && gate.ty == up.ty
             && (gate.rows, gate.cols, gate.row_bytes) == (up.rows, up.cols, up.row_bytes)
             && gate.cols == x.cols;
+        // Where the separate GEMV runs on the tensor cores (3–8 rows of a format that has
+        // that kernel), the separate ops: the same bits, and that kernel's speed.
         let k = match (&gate.k.int, fused) {
-            (Some(k), true) => k,
+            (Some(k), true) if self.mvr_kernels(k, n).is_none() => k,
             _ => {
                 self.matmul_multi_op(&[gate, up], x, &mut [&mut *g, &mut *u])?;
                 return self.glu(g, u, act);

@@ -1,10 +1,11 @@
-//! CUDA graph replay of the one-token decode step, and the greedy argmax on the device.
+//! CUDA graph replay of decode steps, and the greedy argmax on the device.
 //!
-//! The engine brackets a decode step with `Backend::step_begin` / `step_end`. Inside it the
-//! backend runs in one of three modes:
+//! The engine brackets a decode step with `Backend::step_begin` / `step_end`: one token, or
+//! up to 8 (`MV_MAX_ROWS`: the verify forward of a speculative block, which stays on the
+//! GEMV kernels). Inside it the backend runs in one of three modes:
 //! - `Warm`: ops run as usual, but the step's activation buffers come from an arena (the
 //!   i-th buffer the step asks for is always arena slot i, so it has the same address every
-//!   step), the token id and the position are uploaded at `step_begin` into device memory
+//!   step), the token ids and the position are uploaded at `step_begin` into device memory
 //!   that `embed`, `rope`, `kv_store` and `attention` read, and scratch that must grow grows.
 //! - `Capture`: the next step with the same key is recorded by stream capture; the graph is
 //!   instantiated and launched when the model reads its result (`read`, or `argmax`, which
@@ -13,12 +14,15 @@
 //!   launch and copy (only the host-side shape bookkeeping runs, which checks that the step
 //!   makes as many launches as the recording).
 //!
-//! The key is (the KV cache's id, the attention split class of the position, the scratch
-//! epoch). Attention splits the visible positions into a number of blocks that depends on
-//! the position; in a step it is computed from the lowest position of the 64-position class
-//! instead, so it is constant across the class (the kernel divides the actual positions,
-//! read from device memory, among that many blocks). A new class, a new cache or grown
-//! scratch (the epoch) makes a new key: one warm step, one capture, then replays.
+//! The key is (the KV cache's id, the attention split class of the step's last position,
+//! the scratch epoch, the number of tokens). Attention splits the visible positions into a
+//! number of blocks that depends on the position; in a step it is computed from the lowest
+//! position of the 64-position class instead, so it is constant across the class (the
+//! kernel divides the actual positions, read from device memory, among that many blocks).
+//! A new class, a new cache, a new token count or grown scratch (the epoch) makes a new
+//! key: one warm step, one capture, then replays. Up to `GRAPHS` recordings are kept (the
+//! newest), so a speculative loop that alternates one-token steps and 8-token verifies
+//! replays both.
 //! Caches with recurrent state (`rec_alloc`) are recorded too: their conv windows and
 //! delta-rule states live at fixed device addresses for the cache's life (a restore copies
 //! into them, a truncate to 0 clears them in place), so a graph that updates them in place
@@ -43,14 +47,21 @@ pub(super) const WARM: u8 = 1;
 pub(super) const CAPTURE: u8 = 2;
 pub(super) const REPLAY: u8 = 3;
 
+/// Recorded steps kept (the oldest is dropped).
+const GRAPHS: usize = 8;
+
+/// Most tokens a recorded step holds (the GEMV's rows; more go through cuBLAS, whose
+/// scratch may grow inside the step).
+pub(super) const STEP_MAX_TOKENS: usize = super::MV_MAX_ROWS;
+
 /// A new cache's `CudaKv::id`.
 pub(super) fn next_kv_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// (KV cache id, position class, scratch epoch).
-type Key = (u64, usize, u64);
+/// (KV cache id, position class of the last token, scratch epoch, tokens).
+type Key = (u64, usize, u64, usize);
 
 /// A recorded step. cudarc's graph holds raw driver handles and is not `Send`.
 pub(super) struct Recorded(CudaGraph);
@@ -64,19 +75,21 @@ unsafe impl Send for Recorded {}
 #[derive(Default)]
 pub(super) struct Step {
     key: Option<Key>,
-    /// Key of the last warm step that reached its read: the next step with it captures.
-    warm: Option<Key>,
-    /// The recorded step, its key and how many launches it holds.
-    graph: Option<(Key, Recorded, usize)>,
+    /// Keys of the last warm steps that reached their read: the next step with one captures.
+    warm: Vec<Key>,
+    /// The recorded steps, oldest first: key, graph and how many launches it holds.
+    graphs: Vec<(Key, Recorded, usize)>,
     /// Arena slots lent in step order; `next` is the next slot to lend.
     arena: Vec<CudaSlice<f32>>,
     next: usize,
     /// Slots replaced by larger ones: kept (not freed) while the backend lives, since a
     /// buffer lent from them may still be alive.
     retired: Vec<CudaSlice<f32>>,
-    /// `[pos, token]`: the step's position, read by rope / kv_store / attention, and its
-    /// token id, read by embed.
+    /// `[pos, token 0, token 1, ..]`: the step's position, read by rope / kv_store /
+    /// attention, and its token ids, read by embed (`STEP_MAX_TOKENS + 1` values).
     pos: Option<CudaSlice<i32>>,
+    /// Tokens of the step under way.
+    n_tokens: usize,
     /// The read of this step happened (a warm step may then be captured next time).
     finished: bool,
     /// Graphs captured and replayed (for tests and measurements).
@@ -122,13 +135,22 @@ impl CudaBackend {
     }
 
     /// Device address of the step's position when a step is on, else 0 (kernels then take
-    /// the position argument). The step's token id follows it (4 bytes on).
+    /// the position argument). The step's token ids follow it (4 bytes on).
     pub(super) fn step_posp(&self) -> u64 {
         if self.step_mode() == OFF {
             return 0;
         }
         let st = self.step.lock().unwrap_or_else(|e| e.into_inner());
         st.pos.as_ref().map_or(0, |p| self.dptr(p))
+    }
+
+    /// Tokens of the step under way (0 when no step is on).
+    pub(super) fn step_tokens(&self) -> usize {
+        if self.step_mode() == OFF {
+            return 0;
+        }
+        let st = self.step.lock().unwrap_or_else(|e| e.into_inner());
+        st.n_tokens
     }
 
     /// The last position attention's split count is computed from: the lowest of the
@@ -169,39 +191,53 @@ impl CudaBackend {
         Ok((alias, true))
     }
 
-    pub(super) fn step_begin_impl(&self, kv: &CudaKv, token: u32) -> Result<()> {
+    /// Step mode for `tokens` at the cache's end. Steps of more than `STEP_MAX_TOKENS`
+    /// tokens run as usual (no arena, no recording).
+    pub(super) fn step_begin_impl(&self, kv: &CudaKv, tokens: &[u32]) -> Result<()> {
         self.step_end_impl();
-        if !self.graphs_on.load(Ordering::Relaxed) {
+        let n = tokens.len();
+        if !self.graphs_on.load(Ordering::Relaxed) || n == 0 || n > STEP_MAX_TOKENS {
             return Ok(());
         }
         let pos = kv.len;
         let mut st = self.step.lock().unwrap_or_else(|e| e.into_inner());
         if st.pos.is_none() {
-            st.pos = Some(self.stream.alloc_zeros::<i32>(2).map_err(drv)?);
+            st.pos = Some(
+                self.stream
+                    .alloc_zeros::<i32>(STEP_MAX_TOKENS + 1)
+                    .map_err(drv)?,
+            );
         }
-        // One upload a step: [position, token id].
+        // One upload a step: [position, token ids].
         if let Some(p) = st.pos.as_mut() {
+            let mut up = [0i32; STEP_MAX_TOKENS + 1];
+            up[0] = pos as i32;
+            for (u, &t) in up[1..].iter_mut().zip(tokens) {
+                *u = t as i32;
+            }
             self.stream
-                .memcpy_htod(&[pos as i32, token as i32][..], p)
+                .memcpy_htod(&up[..n + 1], &mut p.slice_mut(0..n + 1))
                 .map_err(drv)?;
         }
         let key = (
             kv.id,
-            (pos + 1) / POS_CLASS,
+            (pos + n) / POS_CLASS,
             self.epoch.load(Ordering::Relaxed),
+            n,
         );
         st.key = Some(key);
+        st.n_tokens = n;
         st.next = 0;
         st.finished = false;
         self.launches.store(0, Ordering::Relaxed);
-        let mode = if let Some((_, g, _)) = st.graph.as_ref().filter(|g| g.0 == key) {
+        let mode = if let Some((_, g, _)) = st.graphs.iter().find(|g| g.0 == key) {
             // Launched now, not at the read: the graph depends on nothing the step's host
             // code does (only on the upload above), so the GPU runs it while the host walks
             // the model's ops to check the step is the recorded one.
             g.0.launch().map_err(drv)?;
             REPLAY
-        } else if st.warm == Some(key) {
-            st.graph = None;
+        } else if st.warm.contains(&key) {
+            st.warm.retain(|k| *k != key);
             self.stream
                 .begin_capture(
                     cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
@@ -235,7 +271,7 @@ impl CudaBackend {
                     Ok(Some(g)) => g,
                     failed => {
                         // This step's work is lost; later steps run without graphs.
-                        st.warm = None;
+                        st.warm.clear();
                         self.graphs_on.store(false, Ordering::Relaxed);
                         return Err(BackendError::Other(format!(
                             "cuda graph: capture failed ({:?}); graphs are off from now on",
@@ -246,15 +282,20 @@ impl CudaBackend {
                 g.launch().map_err(drv)?;
                 st.captures += 1;
                 if let Some(key) = st.key {
-                    st.graph = Some((key, Recorded(g), n));
+                    st.graphs.retain(|g| g.0 != key);
+                    if st.graphs.len() >= GRAPHS {
+                        st.graphs.remove(0);
+                    }
+                    st.graphs.push((key, Recorded(g), n));
                 }
             }
             REPLAY => {
-                let recorded = st.graph.as_ref().map(|g| g.2);
+                let key = st.key;
+                let recorded = st.graphs.iter().find(|g| Some(g.0) == key).map(|g| g.2);
                 if recorded != Some(n) {
                     // A model whose step differs from its recording (a bug): the graph ran
                     // already, so this step's result is wrong; drop it and report.
-                    st.graph = None;
+                    st.graphs.retain(|g| Some(g.0) != key);
                     return Err(BackendError::Other(format!(
                         "cuda graph: the step made {n} launches, the recording {recorded:?}"
                     )));
@@ -279,14 +320,26 @@ impl CudaBackend {
             let _ = self
                 .stream
                 .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
-            st.warm = None;
+            if let Some(key) = st.key {
+                st.warm.retain(|k| *k != key);
+            }
         }
-        if st.finished && st.graph.as_ref().map(|g| g.0) != st.key {
+        let recorded = st.graphs.iter().any(|g| Some(g.0) == st.key);
+        if st.finished && !recorded {
             // A warm step: the next one with the same key (same epoch: nothing grew) captures.
-            st.warm = st.key.filter(|k| k.2 == self.epoch.load(Ordering::Relaxed));
+            let epoch = self.epoch.load(Ordering::Relaxed);
+            if let Some(key) = st.key.filter(|k| k.2 == epoch) {
+                if !st.warm.contains(&key) {
+                    if st.warm.len() >= GRAPHS {
+                        st.warm.remove(0);
+                    }
+                    st.warm.push(key);
+                }
+            }
         }
         if mode == REPLAY && !st.finished {
-            st.graph = None;
+            let key = st.key;
+            st.graphs.retain(|g| Some(g.0) != key);
         }
         st.key = None;
         st.finished = false;

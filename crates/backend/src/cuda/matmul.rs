@@ -12,12 +12,12 @@ impl CudaBackend {
         if let Some(k) = fm.get(&ty) {
             return Ok(k.clone());
         }
-        let (st, q) = fmt_structs(ty, self.repack).ok_or(BackendError::NoKernel {
+        let names = fmt_structs(ty, self.repack).ok_or(BackendError::NoKernel {
             op: "matmul",
             device: "cuda",
             ty,
         })?;
-        let (name, defines, src) = fmt_module(&st, q.as_deref());
+        let (name, defines, src) = fmt_module(&names);
         let ptx = compile(&name, &self.arch, &defines, &src)?;
         let m = self
             .ctx
@@ -29,7 +29,7 @@ impl CudaBackend {
             mv1x4: f("mv1x4")?,
             embed: f("embed")?,
             dequant_f16: f("dequant_f16")?,
-            int: match int_struct(ty) {
+            int: match names.q {
                 Some(_) => Some(IntKernels {
                     step: if self.repack && repack::repacked(ty) {
                         4
@@ -59,6 +59,10 @@ impl CudaBackend {
                         f("mvqg4")?,
                         f("mvqg8")?,
                     ],
+                    rows: match names.rows {
+                        Some(_) => Some([f("mvr")?, f("mvrm")?]),
+                        None => None,
+                    },
                 }),
                 None => None,
             },
@@ -207,6 +211,27 @@ impl CudaBackend {
         (steps.max(1), g.clamp(1, fit))
     }
 
+    /// The tensor-core GEMV (`mvr`, `mvrm` of gemv_rows.cu) for `nr` activation rows, where
+    /// it runs: 3–8 rows (one or two rows are fewer dp4a than a tensor-core tile wastes),
+    /// a format that has it, sm_80 or newer, not turned off (NEAGARI_CUDA_MV_TC=0).
+    pub(super) fn mvr_kernels<'a>(
+        &self,
+        k: &'a IntKernels,
+        nr: usize,
+    ) -> Option<&'a [CudaFunction; 2]> {
+        k.rows
+            .as_ref()
+            .filter(|_| self.mvr_on && (3..=MV_MAX_ROWS).contains(&nr))
+    }
+
+    /// Warps per block of the tensor-core GEMV: one per 32 units (a warp takes 4 units a
+    /// step, so 8 steps), at most MVR_WARPS (8): 5 for 5120-wide rows, 8 for 17,408.
+    pub(super) fn mvr_warps(&self, units: usize) -> usize {
+        self.mv_warps
+            .unwrap_or_else(|| units.div_ceil(32))
+            .clamp(1, MVR_WARPS)
+    }
+
     /// Weight rows per block of the one-row integer GEMV. Four from 4096-wide rows (fewer x
     /// loads per weight row), two below, but fewer while that leaves under four blocks per
     /// SM: Llama 3 8B's k/v (1024 × 4096) in 256 blocks ran at 10% of the DRAM peak (ncu,
@@ -251,18 +276,26 @@ impl CudaBackend {
         // The activation rows' share of the launch picks the kernel; one weight row per
         // block from 4 activation rows, as `mvq4` / `mvq8`.
         let total: usize = ws.iter().map(|w| w.rows).sum();
-        let (func, r) = match n {
-            1 => match self.mv_per_block(total, cols, ws[0].row_bytes) {
-                1 => (&k.multi[0], 1),
-                2 => (&k.multi[1], 2),
-                8 => (&k.multi[6], 8),
-                _ => (&k.multi[2], 4),
-            },
-            2 => (&k.multi[3], 2),
-            3 | 4 => (&k.multi[4], 1),
-            _ => (&k.multi[5], 1),
+        let tc = self.mvr_kernels(k, n);
+        let (func, r) = if let Some(f) = tc {
+            (&f[1], MVR_ROWS)
+        } else {
+            match n {
+                1 => match self.mv_per_block(total, cols, ws[0].row_bytes) {
+                    1 => (&k.multi[0], 1),
+                    2 => (&k.multi[1], 2),
+                    8 => (&k.multi[6], 8),
+                    _ => (&k.multi[2], 4),
+                },
+                2 => (&k.multi[3], 2),
+                3 | 4 => (&k.multi[4], 1),
+                _ => (&k.multi[5], 1),
+            }
         };
-        let (bx, by) = self.mv_block(k, units, total, r);
+        let (bx, by) = match tc {
+            Some(_) => (self.mvr_warps(units) * 32, 1),
+            None => self.mv_block(k, units, total, r),
+        };
         let (units_i, rb, nr_i) = (units as i32, ws[0].row_bytes as i64, n as i32);
         let ops: Vec<u64> = outs.iter().map(|o| self.dptr(&o.data)).collect();
         for c in 0..ws.len().div_ceil(4) {
@@ -331,7 +364,10 @@ impl CudaBackend {
             // two below, but fewer while that leaves under four blocks per SM: Llama 3 8B's
             // k/v (1024 × 4096) in 256 blocks ran at 10% of the DRAM peak (ncu, H200).
             let per_block = self.mv_per_block(w.rows, w.cols, w.row_bytes);
-            let (func, rows_per_block) = if which == 0 && per_block == 8 {
+            let tc = self.mvr_kernels(k, nr);
+            let (func, rows_per_block) = if let Some(f) = tc {
+                (&f[0], MVR_ROWS)
+            } else if which == 0 && per_block == 8 {
                 (&k.mv1x8, 8)
             } else if which == 0 && per_block == 4 {
                 (&k.mv1x4, 4)
@@ -340,7 +376,10 @@ impl CudaBackend {
             } else {
                 (&k.mv[which], MVQ_ROWS_PER_BLOCK[which])
             };
-            let (bx, by) = self.mv_block(k, units, w.rows, rows_per_block);
+            let (bx, by) = match tc {
+                Some(_) => (self.mvr_warps(units) * 32, 1),
+                None => self.mv_block(k, units, w.rows, rows_per_block),
+            };
             let cfg = LaunchConfig {
                 grid_dim: (w.rows.div_ceil(rows_per_block * by) as u32, 1, 1),
                 block_dim: (bx as u32, by as u32, 1),
@@ -547,15 +586,19 @@ impl CudaBackend {
             return Ok(());
         }
         let in_step = self.step_mode() != graph::OFF;
-        if in_step && ids.len() != 1 {
+        if in_step && ids.len() != self.step_tokens() {
             return Err(shape_err(
                 "embed",
-                format!("{} ids in a one-token decode step", ids.len()),
+                format!(
+                    "{} ids in a decode step of {} tokens",
+                    ids.len(),
+                    self.step_tokens()
+                ),
             ));
         }
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let idp = if in_step {
-            // `step_begin` uploaded the token after the position.
+            // `step_begin` uploaded the tokens after the position.
             self.step_posp() + 4
         } else {
             if sc.ids.as_ref().is_none_or(|s| s.len() < ids.len()) {

@@ -61,6 +61,7 @@ const OPS: &str = include_str!("kernels/ops.cu");
 const LOWBIT: &str = include_str!("kernels/lowbit.cu");
 const VECDOT: &str = include_str!("kernels/vecdot.cuh");
 const GEMV_INT: &str = include_str!("kernels/gemv_int.cu");
+const GEMV_ROWS: &str = include_str!("kernels/gemv_rows.cu");
 
 /// Rows a GEMV kernel handles per launch (the largest `mvN`).
 const MV_MAX_ROWS: usize = 8;
@@ -75,6 +76,10 @@ const NORM_ROW_BLOCKS: usize = 64;
 const MVQ_WARPS: usize = 8;
 /// The same for mvq1, mvq2, mvq4, mvq8 (gemv_int.cu).
 const MVQ_ROWS_PER_BLOCK: [usize; 4] = [2, 2, 1, 1];
+/// Weight rows per block of the tensor-core GEMV (one m16n8k32 tile, gemv_rows.cu).
+const MVR_ROWS: usize = 16;
+/// Most warps per block of it (MVR_WARPS in gemv_rows.cu).
+const MVR_WARPS: usize = 8;
 
 fn drv<E: std::fmt::Debug>(e: E) -> BackendError {
     BackendError::Other(format!("cuda: {e:?}"))
@@ -128,30 +133,56 @@ fn int_struct(ty: GgmlType) -> Option<&'static str> {
     })
 }
 
-/// Kernel struct names of a format (decoder, integer dot): those of repack.rs's layout
-/// (an `R` suffix) when `repack` and the format has one.
-fn fmt_structs(ty: GgmlType, repack: bool) -> Option<(String, Option<String>)> {
-    let r = if repack && repack::repacked(ty) {
-        "R"
-    } else {
-        ""
-    };
+/// The tensor-core GEMV struct in gemv_rows.cu of a format (3–8 activation rows), if it
+/// has one: formats with one scale per 32-value unit (ggml's layout; an `R` suffix for
+/// repack.rs's).
+fn rows_struct(ty: GgmlType) -> Option<&'static str> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => "R_Q4_0",
+        Q5_0 => "R_Q5_0",
+        Q8_0 => "R_Q8_0",
+        Q4_K => "R_Q4_K",
+        Q1_0 => "R_Q1_0",
+        TQ2_0 => "R_TQ2_0",
+        _ => return None,
+    })
+}
+
+/// Kernel struct names of a format: decoder, integer dot, tensor-core rows. Those of
+/// repack.rs's layout (an `R` suffix) when `repack` and the format has one.
+struct FmtNames {
+    st: String,
+    q: Option<String>,
+    rows: Option<String>,
+}
+
+fn fmt_structs(ty: GgmlType, repack: bool) -> Option<FmtNames> {
+    let repacked = repack && repack::repacked(ty);
+    let r = if repacked { "R" } else { "" };
     let st = fmt_struct(ty)?;
-    Some((
-        format!("{st}{r}"),
-        int_struct(ty).map(|q| format!("{q}{r}")),
-    ))
+    Some(FmtNames {
+        st: format!("{st}{r}"),
+        q: int_struct(ty).map(|q| format!("{q}{r}")),
+        rows: rows_struct(ty).map(|q| format!("{q}{r}")),
+    })
 }
 
 /// Module name, defines and source of a format's kernels.
-fn fmt_module(st: &str, int: Option<&str>) -> (String, String, String) {
-    match int {
-        Some(q) => (
+fn fmt_module(n: &FmtNames) -> (String, String, String) {
+    let st = &n.st;
+    match (n.q.as_deref(), n.rows.as_deref()) {
+        (Some(q), Some(r)) => (
+            format!("matmul_{st}"),
+            format!("#define FMT {st}\n#define FMTQ {q}\n#define FMTR {r}"),
+            format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}\n{VECDOT}\n{GEMV_INT}\n{GEMV_ROWS}"),
+        ),
+        (Some(q), None) => (
             format!("matmul_{st}"),
             format!("#define FMT {st}\n#define FMTQ {q}"),
             format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}\n{VECDOT}\n{GEMV_INT}"),
         ),
-        None => (
+        (None, _) => (
             format!("matmul_{st}"),
             format!("#define FMT {st}"),
             format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}"),
@@ -229,12 +260,12 @@ pub fn module_ptx(arch: &str, ty: Option<GgmlType>) -> Result<Vec<String>> {
     // Both layouts of the formats that are repacked at upload.
     let mut out = Vec::new();
     for repack in [false, true] {
-        let (st, q) = fmt_structs(ty, repack).ok_or(BackendError::NoKernel {
+        let names = fmt_structs(ty, repack).ok_or(BackendError::NoKernel {
             op: "matmul",
             device: "cuda",
             ty,
         })?;
-        let (name, defines, src) = fmt_module(&st, q.as_deref());
+        let (name, defines, src) = fmt_module(&names);
         out.push(compile(&name, arch, &defines, &src)?);
     }
     Ok(out)
@@ -251,12 +282,12 @@ pub fn compile_all(arch: &str) -> Result<()> {
         TQ2_0,
     ] {
         for repack in [false, true] {
-            let (st, q) = fmt_structs(ty, repack).ok_or(BackendError::NoKernel {
+            let names = fmt_structs(ty, repack).ok_or(BackendError::NoKernel {
                 op: "matmul",
                 device: "cuda",
                 ty,
             })?;
-            let (name, defines, src) = fmt_module(&st, q.as_deref());
+            let (name, defines, src) = fmt_module(&names);
             compile(&name, arch, &defines, &src)?;
         }
     }
@@ -317,6 +348,9 @@ struct IntKernels {
     /// `mvqg*`: gate and up with their GLU (`Backend::matmul_glu`): one activation row
     /// with 1, 2, 4 or 8 weight rows per block, then 2, 4 and 8 activation rows.
     glu: [CudaFunction; 7],
+    /// gemv_rows.cu's `mvr` and `mvrm` (3–8 activation rows on the tensor cores), for the
+    /// formats that have them.
+    rows: Option<[CudaFunction; 2]>,
 }
 
 /// Device scratch reused across calls (grown, never shrunk).
@@ -381,6 +415,9 @@ pub struct CudaBackend {
     /// picks by shape (`mv_block`), NEAGARI_CUDA_MV_GROUPS=N forces N (1: one group of
     /// whole warps, the mapping of the other formats; for measuring).
     mv_groups: Option<usize>,
+    /// 3–8 activation rows take the tensor-core GEMV (gemv_rows.cu) where the format has
+    /// one, on sm_80 and newer, unless NEAGARI_CUDA_MV_TC=0 (then `mvq8`, for measuring).
+    mvr_on: bool,
     /// Counts kernel launches and device writes (see [`Scratch::xq_key`]).
     gen: AtomicU64,
     /// Decode-step recording (graph.rs): the mode (OFF, WARM, CAPTURE, REPLAY), launches
@@ -567,6 +604,7 @@ impl CudaBackend {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .filter(|n| (1..=MVQ_WARPS * 32).contains(n)),
+            mvr_on: maj >= 8 && std::env::var("NEAGARI_CUDA_MV_TC").as_deref() != Ok("0"),
             gen: AtomicU64::new(0),
             mode: AtomicU8::new(graph::OFF),
             launches: AtomicUsize::new(0),
@@ -849,8 +887,8 @@ impl Backend for CudaBackend {
         self.argmax_impl(x)
     }
 
-    fn step_begin(&self, kv: &CudaKv, token: u32) -> Result<()> {
-        self.step_begin_impl(kv, token)
+    fn step_begin(&self, kv: &CudaKv, tokens: &[u32]) -> Result<()> {
+        self.step_begin_impl(kv, tokens)
     }
 
     fn step_end(&self) {

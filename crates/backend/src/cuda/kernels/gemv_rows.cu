@@ -1,0 +1,287 @@
+// Integer GEMV of 3–8 activation rows on the tensor cores (sm_80+): the verify forward of
+// a speculative block, where `mvq8` (gemv_int.cu) re-read the eight rows' q8_1 activations
+// for every weight row and spent 64 dp4a per 32 weights.
+//
+// One `mma.sync.m16n8k32` (s8 × s8 → s32) per 32-weight unit and 16 weight rows: the
+// weights are the A side (16 rows × the unit's 32 values), the activation rows the n = 8
+// side, so each weight byte is read and unpacked once for all eight rows and each
+// activation word is loaded once per 16 weight rows. The unit's integer dots then take the
+// unit's scales in f32, as `mvq_impl` does: acc += A_w · d_x · Σ w·q + B_w · d_x·Σq, with
+// (A_w, B_w) from the format struct below (the same arithmetic as vecdot.cuh's `dot`).
+//
+// Fragments (PTX ISA, m16n8k32 .s8): thread (g = lane / 4, t = lane % 4) holds A of rows
+// g and g + 8 at k-slots 4t.. and 16 + 4t.., B of column g at the same slots, and C of rows
+// g, g + 8 and columns 2t, 2t + 1. The sum over k does not care which weight sits in which
+// slot as long as A and B agree, so slot group t holds the unit's word 2t and group 4 + t
+// word 2t + 1: a thread loads 8 contiguous activation bytes and unpacks two contiguous
+// words of each of its rows.
+//
+// A format struct `R_<fmt>` below gives words 2t and 2t + 1 of a unit and its (A_w, B_w).
+// Formats with scales per 16 values (Q2_K, Q3_K, Q6_K) have none and stay on `mvq8`, as
+// do Q4_1, Q5_1, Q5_K for now. Tested against the CPU backend and the exact product in
+// tests/cuda_ops.rs (`multi_row_gemv_on_tensor_cores`).
+//
+// Shapes as gemv_int.cu: xq [nr, units·32] i8, xds [nr, units] float2, y [nr, rows] f32.
+
+// Format structs: `load(row, u, t)` reads what thread t needs of unit u into a `Raw`
+// (loads only, so a warp issues every load of a step before its first use stalls it),
+// `unpack(raw, u, t, w0, w1)` makes words 2t and 2t + 1 of the unit (four signed bytes each,
+// the activation words' order) and returns (A_w, B_w).
+
+struct R_Q4_0 {
+    struct Raw { u32 d, v0, v1; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
+        const u8* b = row + (i64)u * 18;
+        // Words 0..3 are the low nibbles of qs' words, 4..7 the high ones.
+        const u8* q = b + 2 + 8 * (t & 1);
+        return Raw{ld16(b), ld32_2(q), ld32_2(q + 4)};
+    }
+    static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
+        const int sh = (t >> 1) * 4;
+        w0 = (r.v0 >> sh) & 0x0F0F0F0F;
+        w1 = (r.v1 >> sh) & 0x0F0F0F0F;
+        const float d = h2f((u16)r.d);
+        return make_float2(d, -8.f * d);
+    }
+};
+
+struct R_Q5_0 {
+    struct Raw { u32 d, qh, v0, v1; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
+        const u8* b = row + (i64)u * 22;
+        const u8* q = b + 6 + 8 * (t & 1);
+        return Raw{ld16(b), ld32_2(b + 2), ld32_2(q), ld32_2(q + 4)};
+    }
+    static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
+        const int sh = (t >> 1) * 4;
+        // Word k holds weights 4k..4k+3: their fifth bits are qh's bits 4k..4k+3.
+        w0 = ((r.v0 >> sh) & 0x0F0F0F0F) | spread4(r.qh >> (8 * t), 4);
+        w1 = ((r.v1 >> sh) & 0x0F0F0F0F) | spread4(r.qh >> (8 * t + 4), 4);
+        const float d = h2f((u16)r.d);
+        return make_float2(d, -16.f * d);
+    }
+};
+
+struct R_Q8_0 {
+    struct Raw { u32 d, v0, v1; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
+        const u8* b = row + (i64)u * 34;
+        return Raw{ld16(b), ld32_2(b + 2 + 8 * t), ld32_2(b + 6 + 8 * t)};
+    }
+    static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
+        w0 = (int)r.v0;
+        w1 = (int)r.v1;
+        return make_float2(h2f((u16)r.d), 0.f);
+    }
+};
+
+struct R_Q4_K {
+    // The super-block's d and dmin, its 12 scale bytes, the thread's 8 bytes of qs.
+    struct Raw { u32 dm, s0, s1, s2; uint2 q; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
+        const u8* b = row + (i64)(u >> 3) * 144;
+        const int s = u & 7;
+        // Aligned: super-blocks are 9·16 bytes, scales at 4, qs at 16.
+        const u32* w = (const u32*)b;
+        return Raw{w[0], w[1], w[2], w[3], *(const uint2*)(b + 16 + 32 * (s >> 1) + 8 * t)};
+    }
+    static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
+        const int s = u & 7;
+        const int sh = (s & 1) * 4;
+        w0 = (r.q.x >> sh) & 0x0F0F0F0F;
+        w1 = (r.q.y >> sh) & 0x0F0F0F0F;
+        // dequant.cuh's scale_min_k4 on the scale bytes held in s0 (0..3), s1 (4..7),
+        // s2 (8..11), without indexing registers.
+        const int bb = (s & 3) * 8;
+        const u32 b0 = (r.s0 >> bb) & 0xFF, b1 = (r.s1 >> bb) & 0xFF, b2 = (r.s2 >> bb) & 0xFF;
+        int sc, m;
+        if (s < 4) {
+            sc = b0 & 63;
+            m = b1 & 63;
+        } else {
+            sc = (b2 & 0xF) | ((b0 >> 6) << 4);
+            m = (b2 >> 4) | ((b1 >> 6) << 4);
+        }
+        return make_float2(h2f((u16)r.dm) * (float)sc, -h2f((u16)(r.dm >> 16)) * (float)m);
+    }
+};
+
+struct R_Q1_0 {
+    struct Raw { u32 d, bits; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
+        const u8* b = row + (i64)(u >> 2) * 18;
+        // Byte t of the unit's 32 sign bits holds words 2t and 2t + 1 (a nibble each).
+        return Raw{ld16(b), b[2 + 4 * (u & 3) + t]};
+    }
+    static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
+        // Bit i of a nibble to bit 8i as vecdot.cuh's Q_Q1_0. Σ ±x = 2·Σ_{bit set} x − Σ x.
+        w0 = ((r.bits & 0xFu) * 0x00204081u) & 0x01010101u;
+        w1 = ((r.bits >> 4) * 0x00204081u) & 0x01010101u;
+        const float d = h2f((u16)r.d);
+        return make_float2(2.f * d, -d);
+    }
+};
+
+struct R_TQ2_0 {
+    struct Raw { u32 d, v0, v1; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
+        const u8* b = row + (i64)(u >> 3) * 66;
+        const u8* q = b + 32 * ((u & 7) >> 2) + 8 * t;
+        return Raw{ld16(b + 64), ld32_2(q), ld32_2(q + 4)};
+    }
+    static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
+        const int sh = 2 * (u & 3);
+        // Codes 0..2 for −1..1: the −1 goes through d·Σq.
+        w0 = (r.v0 >> sh) & 0x03030303;
+        w1 = (r.v1 >> sh) & 0x03030303;
+        const float d = h2f((u16)r.d);
+        return make_float2(d, -d);
+    }
+};
+
+// The repacked layouts (repack.rs; lowbit.cu's rp_body / rp_scale find a block's body and
+// f16 scale in its 8-block group).
+struct R_Q1_0R {
+    struct Raw { u32 d, word; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
+        const int b = u >> 2;
+        // The unit is word u % 4 of the body; weight 4k + j sits at bit 8j + k.
+        const u8* g = row + (i64)(b >> 3) * (16 + 8 * 16);
+        return Raw{ld16(g + 2 * (b & 7)), *(const u32*)(rp_body<16>(row, b) + 4 * (u & 3))};
+    }
+    static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
+        // Activation word k is weights 4k..4k+3: bits k, 8 + k, 16 + k, 24 + k.
+        w0 = (r.word >> (2 * t)) & 0x01010101u;
+        w1 = (r.word >> (2 * t + 1)) & 0x01010101u;
+        const float d = h2f((u16)r.d);
+        return make_float2(2.f * d, -d);
+    }
+};
+
+struct R_TQ2_0R {
+    struct Raw { u32 d; uint2 v; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
+        const int b = u >> 3;
+        const u8* g = row + (i64)(b >> 3) * (16 + 8 * 64);
+        const u8* q = rp_body<64>(row, b) + 32 * ((u & 7) >> 2) + 8 * t;
+        return Raw{ld16(g + 2 * (b & 7)), *(const uint2*)q};
+    }
+    static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
+        const int sh = 2 * (u & 3);
+        w0 = (r.v.x >> sh) & 0x03030303;
+        w1 = (r.v.y >> sh) & 0x03030303;
+        const float d = h2f((u16)r.d);
+        return make_float2(d, -d);
+    }
+};
+
+// Up to 8 warps a block split the units of the block's 16 weight rows (the host picks as
+// many as the units fill, `mvr_warps`); they meet in shared memory at the end.
+#define MVR_WARPS 8
+// Units a warp takes a step (mvr_impl).
+#define MVR_UNITS 4
+
+__device__ __forceinline__ void mma_s8(int (&c)[4], const int (&a)[4], int b0, int b1) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    // The host runs these kernels only on sm_80 and newer (mvr_on).
+    __trap();
+#endif
+}
+
+// Weight rows 16·blk .. 16·blk + 15 for nr ≤ 8 activation rows.
+template <class F>
+__device__ __forceinline__ void mvr_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
+                                         const float2* __restrict__ xds, float* __restrict__ y,
+                                         int rows, int units, i64 row_bytes, int nr, int blk) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int r0 = blk * 16 + g, r1 = r0 + 8;
+    // Rows past the end re-read the last row (their sums are dropped).
+    const u8* wa = W + (i64)min(r0, rows - 1) * row_bytes;
+    const u8* wb = W + (i64)min(r1, rows - 1) * row_bytes;
+    // This thread's activation words (row g) and the scales of its output columns.
+    const bool xin = g < nr;
+    const int2* xr = (const int2*)(xq + (i64)(xin ? g : 0) * units * 32) + t;
+    const int c0 = 2 * t, c1 = 2 * t + 1;
+    const float2* s0 = xds + (i64)min(c0, nr - 1) * units;
+    const float2* s1 = xds + (i64)min(c1, nr - 1) * units;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    // MVR_UNITS consecutive units a warp a step, every load issued before the first is
+    // used: a unit of 16 rows is only 72 weight bytes in Q1_0, too few to wait for alone.
+    for (int u0 = warp * MVR_UNITS; u0 < units; u0 += nw * MVR_UNITS) {
+        typename F::Raw ra[MVR_UNITS], rb[MVR_UNITS];
+        float2 e0[MVR_UNITS], e1[MVR_UNITS];
+        int2 x[MVR_UNITS];
+#pragma unroll
+        for (int j = 0; j < MVR_UNITS; j++) {
+            // Past the row's end: the last unit again, its sums scaled by 0 below (no
+            // branch between the loads).
+            const int u = min(u0 + j, units - 1);
+            ra[j] = F::load(wa, u, t);
+            rb[j] = F::load(wb, u, t);
+            x[j] = __ldg(xr + (i64)u * 4);
+            e0[j] = __ldg(s0 + u);
+            e1[j] = __ldg(s1 + u);
+        }
+#pragma unroll
+        for (int j = 0; j < MVR_UNITS; j++) {
+            const int u = min(u0 + j, units - 1);
+            const float keep = u0 + j < units ? 1.f : 0.f;
+            int a[4];
+            const float2 fa = F::unpack(ra[j], u, t, a[0], a[2]);
+            const float2 fb = F::unpack(rb[j], u, t, a[1], a[3]);
+            const int2 xv = xin ? x[j] : make_int2(0, 0);
+            int c[4] = {0, 0, 0, 0};
+            mma_s8(c, a, xv.x, xv.y);
+            const float2 g0 = make_float2(e0[j].x * keep, e0[j].y * keep);
+            const float2 g1 = make_float2(e1[j].x * keep, e1[j].y * keep);
+            acc[0] += fa.x * g0.x * (float)c[0] + fa.y * g0.y;
+            acc[1] += fa.x * g1.x * (float)c[1] + fa.y * g1.y;
+            acc[2] += fb.x * g0.x * (float)c[2] + fb.y * g0.y;
+            acc[3] += fb.x * g1.x * (float)c[3] + fb.y * g1.y;
+        }
+    }
+    __shared__ float red[MVR_WARPS][4][32];
+#pragma unroll
+    for (int i = 0; i < 4; i++) red[warp][i][lane] = acc[i];
+    __syncthreads();
+    if (warp == 0) {
+        // Summed in warp order: the result does not depend on timing.
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float s = 0.f;
+            for (int w = 0; w < nw; w++) s += red[w][i][lane];
+            const int r = i < 2 ? r0 : r1, c = (i & 1) ? c1 : c0;
+            if (r < rows && c < nr) y[(i64)c * rows + r] = s;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
+    mvr(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units,
+        i64 row_bytes, int nr) {
+    gdc_wait();
+    mvr_impl<FMTR>(W, xq, xds, y, rows, units, row_bytes, nr, blockIdx.x);
+}
+
+// The same over up to four matrices of one format and width (`mvqm*`'s block ranges).
+extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
+    mvrm(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0, float* y1,
+         float* y2, float* y3, int n0, int n1, int n2, int n3, int b1, int b2, int b3,
+         const i8* xq, const float2* xds, int units, i64 row_bytes, int nr) {
+    gdc_wait();
+    int b = blockIdx.x;
+    const u8* W = w0;
+    float* y = y0;
+    int rows = n0;
+    if (b >= b3) { b -= b3; W = w3; y = y3; rows = n3; }
+    else if (b >= b2) { b -= b2; W = w2; y = y2; rows = n2; }
+    else if (b >= b1) { b -= b1; W = w1; y = y1; rows = n1; }
+    mvr_impl<FMTR>(W, xq, xds, y, rows, units, row_bytes, nr, b);
+}
