@@ -6,6 +6,12 @@
 
 use super::*;
 
+/// The largest gate matrix (rows × cols) whose GLU is fused into its GEMV. Fusing pays
+/// where launches dominate (Gemma 3 270M, 2048 × 640: tg128 827 → 880 tok/s on the H200);
+/// on the 27B's 17,408 × 5,120 the fused kernel (121 registers, gate then up in one
+/// thread) streamed 0.98 TB/s against `matmul_multi`'s ~1.0 and the step lost 5%.
+const GLU_FUSE_MAX: usize = 1 << 22;
+
 impl CudaBackend {
     /// A second q8_1 area (see [`Scratch::xq_alt`]) for up to `MV_MAX_ROWS` rows of
     /// `units`, grown if needed: the addresses of its codes and pairs for `rows` rows.
@@ -42,7 +48,8 @@ impl CudaBackend {
             && (1..=MV_MAX_ROWS).contains(&n)
             && gate.ty == up.ty
             && (gate.rows, gate.cols, gate.row_bytes) == (up.rows, up.cols, up.row_bytes)
-            && gate.cols == x.cols;
+            && gate.cols == x.cols
+            && gate.rows * gate.cols <= GLU_FUSE_MAX;
         // Where the separate GEMV runs on the tensor cores (3–8 rows of a format that has
         // that kernel), the separate ops: the same bits, and that kernel's speed.
         let k = match (&gate.k.int, fused) {
