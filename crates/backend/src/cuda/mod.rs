@@ -233,12 +233,14 @@ fn compile(name: &str, arch: &str, defines: &str, src: &str) -> Result<String> {
 
 /// NEAGARI_CUDA_PDL=early: a kernel lets the next one launch as soon as all its blocks
 /// have passed their wait, not when they exit (`gdc_wait` in common.cuh; for measuring:
-/// faster on the 27B hybrid, slower on the Gemma 270M shape).
+/// faster on the 27B hybrid, slower on the Gemma 270M shape). NEAGARI_CUDA_PDL=prefetch:
+/// early, and the GEMVs' blocks ask L2 for their weight rows before they wait
+/// (`gdc_prefetch`), so the weights stream while the kernel before them runs.
 fn gdc_define() -> &'static str {
-    if std::env::var("NEAGARI_CUDA_PDL").as_deref() == Ok("early") {
-        "#define GDC_EARLY\n"
-    } else {
-        ""
+    match std::env::var("NEAGARI_CUDA_PDL").as_deref() {
+        Ok("early") => "#define GDC_EARLY\n",
+        Ok("prefetch") => "#define GDC_EARLY\n#define GDC_PREFETCH\n",
+        _ => "",
     }
 }
 

@@ -65,6 +65,17 @@ __device__ __forceinline__ void q8_1_warp(float v, i8* xq, float2* xds, i64 unit
 // wait for each other (add_rms_norm_row) cannot be starved by its dependents. Measured
 // (tg128, H200): Gemma 3 270M shape 765 → 836 tok/s with the signal at exit, 805 early;
 // 27B Q1_0 193 → 198 at exit, 201 early.
+// With GDC_PREFETCH, a block asks L2 for `bytes` at `p` (its weight rows: they do not
+// depend on the previous kernel, so this may run before gdc_wait()), a 128-byte line a
+// thread at a time; a no-op otherwise.
+__device__ __forceinline__ void gdc_prefetch(const u8* p, i64 bytes) {
+#if defined(GDC_PREFETCH) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int nthr = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    for (i64 o = (i64)tid * 128; o < bytes; o += (i64)nthr * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+#endif
+}
+
 __device__ __forceinline__ void gdc_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -20,6 +20,17 @@ extern "C" __global__ void quant_q8_1(const float* __restrict__ x, i8* __restric
     q8_1_warp(v, xq, xds, (i64)r * units + u, lane);
 }
 
+// With GDC_PREFETCH (NEAGARI_CUDA_PDL=prefetch), block `blk` asks L2 for its weight rows
+// (R a group, blockDim.y groups, as mvq_step and mvq_impl assign them) before it waits for
+// the previous kernel: the launch arithmetic above it reads no memory.
+__device__ __forceinline__ void gdc_prefetch_rows(const u8* W, int rows, i64 row_bytes, int R,
+                                                  int blk) {
+#ifdef GDC_PREFETCH
+    const int per = R * (int)blockDim.y, first = blk * per;
+    if (first < rows) gdc_prefetch(W + (i64)first * row_bytes, (i64)min(per, rows - first) * row_bytes);
+#endif
+}
+
 // Up to 8 warps a block; the host picks as many as the row's units fill (mv_warps).
 #define MVQ_WARPS 8
 
@@ -165,6 +176,7 @@ __device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, const i8* __r
     extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32)                             \
         NAME(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units,     \
              i64 row_bytes, int nr) {                                                        \
+        gdc_prefetch_rows(W, rows, row_bytes, R, blockIdx.x);                                \
         gdc_wait();                                                                          \
         mvq_impl<FMTQ, NR, R>(W, xq, xds, y, rows, units, row_bytes, nr, blockIdx.x);        \
     }
@@ -185,7 +197,6 @@ MVQ(mvq1x1, 1, 1)
         NAME(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0, float* y1,    \
              float* y2, float* y3, int n0, int n1, int n2, int n3, int b1, int b2, int b3,    \
              const i8* xq, const float2* xds, int units, i64 row_bytes, int nr) {            \
-        gdc_wait();                                                                          \
         int b = blockIdx.x;                                                                  \
         const u8* W = w0;                                                                    \
         float* y = y0;                                                                       \
@@ -193,6 +204,8 @@ MVQ(mvq1x1, 1, 1)
         if (b >= b3) { b -= b3; W = w3; y = y3; rows = n3; }                                 \
         else if (b >= b2) { b -= b2; W = w2; y = y2; rows = n2; }                            \
         else if (b >= b1) { b -= b1; W = w1; y = y1; rows = n1; }                            \
+        gdc_prefetch_rows(W, rows, row_bytes, R, b);                                         \
+        gdc_wait();                                                                          \
         mvq_impl<FMTQ, NR, R>(W, xq, xds, y, rows, units, row_bytes, nr, b);                 \
     }
 MVQM(mvqm1x1, 1, 1)
