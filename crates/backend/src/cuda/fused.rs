@@ -76,7 +76,7 @@ impl CudaBackend {
         };
         // Each block does its rows of both matrices: rows per block as for one matrix.
         let (func, r) = match n {
-            1 => match self.mv_per_block(rows, cols, gate.row_bytes) {
+            1 => match self.mv_per_block(rows, cols, gate.row_bytes, k.step) {
                 1 => (&k.glu[0], 1),
                 2 => (&k.glu[1], 2),
                 8 => (&k.glu[3], 8),

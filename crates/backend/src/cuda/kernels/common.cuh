@@ -59,13 +59,13 @@ __device__ __forceinline__ void q8_1_warp(float v, i8* xq, float2* xds, i64 unit
 // writes are visible; it is a no-op for a kernel launched without the attribute. Since
 // every kernel waits, the order is transitive, as without PDL.
 // The next kernel may launch once every block of this one has exited, or, with GDC_EARLY
-// (NEAGARI_CUDA_PDL=early), once every block has passed its wait: its blocks then wait on
-// free SMs while this kernel runs. A grid's dependents launch only once all its blocks
+// (the default; NEAGARI_CUDA_PDL=exit turns it off), once every block has passed its wait:
+// its blocks then wait on free SMs while this kernel runs. A grid's dependents launch only once all its blocks
 // have signalled (or exited), so all of them are resident by then: a kernel whose blocks
 // wait for each other (add_rms_norm_row) cannot be starved by its dependents. Measured
 // (tg128, H200): Gemma 3 270M shape 765 → 836 tok/s with the signal at exit, 805 early;
 // 27B Q1_0 193 → 198 at exit, 201 early.
-// With GDC_PREFETCH, a block asks L2 for `bytes` at `p` (its weight rows: they do not
+// With GDC_PREFETCH (the default with GDC_EARLY), a block asks L2 for `bytes` at `p` (its weight rows: they do not
 // depend on the previous kernel, so this may run before gdc_wait()), a 128-byte line a
 // thread at a time; a no-op otherwise.
 __device__ __forceinline__ void gdc_prefetch(const u8* p, i64 bytes) {

@@ -20,7 +20,7 @@ extern "C" __global__ void quant_q8_1(const float* __restrict__ x, i8* __restric
     q8_1_warp(v, xq, xds, (i64)r * units + u, lane);
 }
 
-// With GDC_PREFETCH (NEAGARI_CUDA_PDL=prefetch), block `blk` asks L2 for its weight rows
+// With GDC_PREFETCH (the default), block `blk` asks L2 for its weight rows
 // (R a group, blockDim.y groups, as mvq_step and mvq_impl assign them) before it waits for
 // the previous kernel: the launch arithmetic above it reads no memory.
 __device__ __forceinline__ void gdc_prefetch_rows(const u8* W, int rows, i64 row_bytes, int R,
