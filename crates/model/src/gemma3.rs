@@ -7,7 +7,7 @@ use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, Rope};
 
 use crate::dump::Dump;
 use crate::source::{ModelSource, SourceExt};
-use crate::{check_room, output_argmax, output_logits, CausalLm, ModelError, ModelInfo, Result};
+use crate::{check_room, CausalLm, ModelError, ModelInfo, OutputHead, Result};
 
 /// Hyper-parameters, from `gemma3.*` metadata.
 #[derive(Clone, Debug)]
@@ -213,6 +213,19 @@ impl<B: Backend> Gemma3<B> {
     }
 }
 
+impl<B: Backend> Gemma3<B> {
+    /// The final norm and vocabulary projection (the embedding table when tied).
+    fn head(&self) -> OutputHead<'_, B> {
+        OutputHead {
+            norm: &self.output_norm,
+            eps: self.cfg.eps,
+            mat: self.output.as_ref().unwrap_or(&self.tok_embd),
+            n_vocab: self.cfg.n_vocab,
+            softcap: self.cfg.final_softcap,
+        }
+    }
+}
+
 impl<B: Backend> CausalLm<B> for Gemma3<B> {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -236,17 +249,7 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
         all_logits: bool,
     ) -> Result<Vec<f32>> {
         let (x, dump) = self.hidden(be, kv, tokens, all_logits)?;
-        let c = &self.cfg;
-        let logits = output_logits(
-            be,
-            &x,
-            &self.output_norm,
-            c.eps,
-            self.output.as_ref().unwrap_or(&self.tok_embd),
-            c.n_vocab,
-            c.final_softcap,
-            all_logits,
-        )?;
+        let logits = self.head().logits(be, &x, all_logits)?;
         if let Some(d) = &dump {
             d.put_host("result_output", None, &logits);
         }
@@ -255,16 +258,7 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
 
     fn forward_greedy(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<u32> {
         let (x, _) = self.hidden(be, kv, tokens, false)?;
-        let c = &self.cfg;
-        output_argmax(
-            be,
-            &x,
-            &self.output_norm,
-            c.eps,
-            self.output.as_ref().unwrap_or(&self.tok_embd),
-            c.n_vocab,
-            c.final_softcap,
-        )
+        self.head().argmax(be, &x)
     }
 }
 

@@ -122,87 +122,59 @@ pub(crate) fn check_room(pos: usize, tokens: usize, n_ctx: usize) -> Result<()> 
     Ok(())
 }
 
-/// The output head's greedy pick: the final RMSNorm, the vocabulary projection (optionally
-/// soft-capped) and `Backend::argmax` of the last row of `x` (`[n, H]`).
-pub(crate) fn output_argmax<B: Backend>(
-    be: &B,
-    x: &B::Buf,
-    norm: &B::Vector,
-    eps: f32,
-    head: &B::Mat,
-    n_vocab: usize,
-    softcap: Option<f32>,
-) -> Result<u32> {
-    let (n, h) = be.buf_shape(x);
-    let mut last = be.buf(1, h)?; // [1, H]
-    be.copy_row(x, n - 1, &mut last)?;
-    let mut xn = be.buf(1, h)?; // [1, H]
-    be.rms_norm(&last, norm, eps, &mut xn)?;
-    let mut logits = be.buf(1, n_vocab)?; // [1, vocab]
-    be.matmul(head, &xn, &mut logits)?;
-    if let Some(cap) = softcap {
-        be.softcap(&mut logits, cap)?;
-    }
-    let ids = be.argmax(&logits)?;
-    ids.first().copied().ok_or_else(|| {
-        ModelError::Backend(neagari_backend::BackendError::Other(
-            "argmax returned no row".into(),
-        ))
-    })
-}
-
-/// `output_argmax` of every row of `x` (`[n, H]`): one pick per row.
-pub(crate) fn output_argmax_rows<B: Backend>(
-    be: &B,
-    x: &B::Buf,
-    norm: &B::Vector,
-    eps: f32,
-    head: &B::Mat,
-    n_vocab: usize,
-    softcap: Option<f32>,
-) -> Result<Vec<u32>> {
-    let (n, h) = be.buf_shape(x);
-    let mut xn = be.buf(n, h)?; // [n, H]
-    be.rms_norm(x, norm, eps, &mut xn)?;
-    let mut logits = be.buf(n, n_vocab)?; // [n, vocab]
-    be.matmul(head, &xn, &mut logits)?;
-    if let Some(cap) = softcap {
-        be.softcap(&mut logits, cap)?;
-    }
-    Ok(be.argmax(&logits)?)
-}
-
 /// The output head shared by the families: the final RMSNorm and the vocabulary projection
-/// (optionally soft-capped) of the last row of `x` (`[n, H]`), or of every row when
-/// `all_logits`; returns the logits `[rows, n_vocab]` on the host.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn output_logits<B: Backend>(
-    be: &B,
-    x: &B::Buf,
-    norm: &B::Vector,
-    eps: f32,
-    head: &B::Mat,
-    n_vocab: usize,
-    softcap: Option<f32>,
-    all_logits: bool,
-) -> Result<Vec<f32>> {
-    let (n, h) = be.buf_shape(x);
-    let mut xn = be.buf(n, h)?; // [rows, H]
-    let rows = if all_logits {
-        be.rms_norm(x, norm, eps, &mut xn)?;
-        n
-    } else {
-        let mut last = be.buf(1, h)?; // [1, H]
-        be.copy_row(x, n - 1, &mut last)?;
-        be.rms_norm(&last, norm, eps, &mut xn)?;
-        1
-    };
-    let mut logits = be.buf(rows, n_vocab)?; // [rows, vocab]
-    be.matmul(head, &xn, &mut logits)?;
-    if let Some(cap) = softcap {
-        be.softcap(&mut logits, cap)?;
+/// (optionally soft-capped) of the residual stream `x` (`[n, H]`).
+pub(crate) struct OutputHead<'a, B: Backend> {
+    pub norm: &'a B::Vector,
+    pub eps: f32,
+    pub mat: &'a B::Mat,
+    pub n_vocab: usize,
+    pub softcap: Option<f32>,
+}
+
+impl<B: Backend> OutputHead<'_, B> {
+    /// The logits `[rows, n_vocab]` on the device: of every row of `x`, or of its last.
+    fn project(&self, be: &B, x: &B::Buf, every_row: bool) -> Result<B::Buf> {
+        let (n, h) = be.buf_shape(x);
+        let rows = if every_row { n } else { 1 };
+        let mut xn = be.buf(rows, h)?; // [rows, H]
+        if every_row {
+            be.rms_norm(x, self.norm, self.eps, &mut xn)?;
+        } else {
+            let mut last = be.buf(1, h)?; // [1, H]
+            be.copy_row(x, n - 1, &mut last)?;
+            be.rms_norm(&last, self.norm, self.eps, &mut xn)?;
+        }
+        let mut logits = be.buf(rows, self.n_vocab)?; // [rows, vocab]
+        be.matmul(self.mat, &xn, &mut logits)?;
+        if let Some(cap) = self.softcap {
+            be.softcap(&mut logits, cap)?;
+        }
+        Ok(logits)
     }
-    let mut host = vec![0f32; rows * n_vocab];
-    be.read(&logits, 0, rows, &mut host)?;
-    Ok(host)
+
+    /// The logits of the last row of `x`, or of every row when `all_logits`, on the host
+    /// (`[rows, n_vocab]`).
+    pub fn logits(&self, be: &B, x: &B::Buf, all_logits: bool) -> Result<Vec<f32>> {
+        let logits = self.project(be, x, all_logits)?;
+        let rows = be.buf_shape(&logits).0;
+        let mut host = vec![0f32; rows * self.n_vocab];
+        be.read(&logits, 0, rows, &mut host)?;
+        Ok(host)
+    }
+
+    /// The greedy pick of the last row (`Backend::argmax`: only the id comes back).
+    pub fn argmax(&self, be: &B, x: &B::Buf) -> Result<u32> {
+        let ids = be.argmax(&self.project(be, x, false)?)?;
+        ids.first().copied().ok_or_else(|| {
+            ModelError::Backend(neagari_backend::BackendError::Other(
+                "argmax returned no row".into(),
+            ))
+        })
+    }
+
+    /// The greedy pick of every row of `x`.
+    pub fn argmax_rows(&self, be: &B, x: &B::Buf) -> Result<Vec<u32>> {
+        Ok(be.argmax(&self.project(be, x, true)?)?)
+    }
 }

@@ -6,10 +6,7 @@
 use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, Rope};
 
 use crate::source::{ModelSource, SourceExt};
-use crate::{
-    check_room, output_argmax, output_argmax_rows, output_logits, CausalLm, ModelError, ModelInfo,
-    Result,
-};
+use crate::{check_room, CausalLm, ModelError, ModelInfo, OutputHead, Result};
 
 /// Hyper-parameters, from `{arch}.*` metadata.
 #[derive(Clone, Debug)]
@@ -192,6 +189,19 @@ impl<B: Backend> Llama<B> {
     }
 }
 
+impl<B: Backend> Llama<B> {
+    /// The final norm and vocabulary projection (the embedding table when tied).
+    fn head(&self) -> OutputHead<'_, B> {
+        OutputHead {
+            norm: &self.output_norm,
+            eps: self.cfg.eps,
+            mat: self.output.as_ref().unwrap_or(&self.tok_embd),
+            n_vocab: self.cfg.n_vocab,
+            softcap: None,
+        }
+    }
+}
+
 impl<B: Backend> CausalLm<B> for Llama<B> {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -215,45 +225,17 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
         all_logits: bool,
     ) -> Result<Vec<f32>> {
         let x = self.hidden(be, kv, tokens)?;
-        let c = &self.cfg;
-        output_logits(
-            be,
-            &x,
-            &self.output_norm,
-            c.eps,
-            self.output.as_ref().unwrap_or(&self.tok_embd),
-            c.n_vocab,
-            None,
-            all_logits,
-        )
+        self.head().logits(be, &x, all_logits)
     }
 
     fn forward_greedy(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<u32> {
         let x = self.hidden(be, kv, tokens)?;
-        let c = &self.cfg;
-        output_argmax(
-            be,
-            &x,
-            &self.output_norm,
-            c.eps,
-            self.output.as_ref().unwrap_or(&self.tok_embd),
-            c.n_vocab,
-            None,
-        )
+        self.head().argmax(be, &x)
     }
 
     fn forward_greedy_all(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<Vec<u32>> {
         let x = self.hidden(be, kv, tokens)?;
-        let c = &self.cfg;
-        output_argmax_rows(
-            be,
-            &x,
-            &self.output_norm,
-            c.eps,
-            self.output.as_ref().unwrap_or(&self.tok_embd),
-            c.n_vocab,
-            None,
-        )
+        self.head().argmax_rows(be, &x)
     }
 }
 

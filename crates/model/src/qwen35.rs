@@ -20,10 +20,7 @@ use neagari_backend::{
 };
 
 use crate::source::{ModelSource, SourceExt};
-use crate::{
-    check_room, output_argmax, output_argmax_rows, output_logits, CausalLm, ModelError, ModelInfo,
-    Result,
-};
+use crate::{check_room, CausalLm, ModelError, ModelInfo, OutputHead, Result};
 
 /// Gated DeltaNet geometry.
 #[derive(Clone, Debug)]
@@ -810,6 +807,19 @@ fn route(logits: &[f32], n_expert: usize, k: usize) -> Vec<(Vec<u32>, Vec<f32>)>
     out
 }
 
+impl<B: Backend> Qwen35<B> {
+    /// The final norm and vocabulary projection (the embedding table when tied).
+    fn head(&self) -> OutputHead<'_, B> {
+        OutputHead {
+            norm: &self.output_norm,
+            eps: self.cfg.eps,
+            mat: self.output.as_ref().unwrap_or(&self.tok_embd),
+            n_vocab: self.cfg.n_vocab,
+            softcap: None,
+        }
+    }
+}
+
 impl<B: Backend> CausalLm<B> for Qwen35<B> {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -848,46 +858,18 @@ impl<B: Backend> CausalLm<B> for Qwen35<B> {
         tokens: &[u32],
         all_logits: bool,
     ) -> Result<Vec<f32>> {
-        let c = &self.cfg;
         let x = self.hidden(be, kv, tokens)?;
-        output_logits(
-            be,
-            &x,
-            &self.output_norm,
-            c.eps,
-            self.output.as_ref().unwrap_or(&self.tok_embd),
-            c.n_vocab,
-            None,
-            all_logits,
-        )
+        self.head().logits(be, &x, all_logits)
     }
 
     fn forward_greedy(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<u32> {
-        let c = &self.cfg;
         let x = self.hidden(be, kv, tokens)?;
-        output_argmax(
-            be,
-            &x,
-            &self.output_norm,
-            c.eps,
-            self.output.as_ref().unwrap_or(&self.tok_embd),
-            c.n_vocab,
-            None,
-        )
+        self.head().argmax(be, &x)
     }
 
     fn forward_greedy_all(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<Vec<u32>> {
-        let c = &self.cfg;
         let x = self.hidden(be, kv, tokens)?;
-        output_argmax_rows(
-            be,
-            &x,
-            &self.output_norm,
-            c.eps,
-            self.output.as_ref().unwrap_or(&self.tok_embd),
-            c.n_vocab,
-            None,
-        )
+        self.head().argmax_rows(be, &x)
     }
 }
 
