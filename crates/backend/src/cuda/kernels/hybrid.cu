@@ -65,6 +65,33 @@ __device__ __forceinline__ float col_sum(float v, float (*red)[32], int nw) {
     return s;
 }
 
+// One delta-rule step on this thread's rows of a state column (rows warp + nw·r, r <
+// GD_RPT): with the L2-normed k (ks·ik) and q (qs·iq), δ = β·(v − decay·Σ_i s_i k_i), then
+// s ← decay·s + k·δ; returns the column's output Σ_i q_i s_i (both sums over the block).
+__device__ __forceinline__ float delta_rule_step(float (&s)[GD_RPT], const float* ks,
+                                                 const float* qs, float ik, float iq,
+                                                 float decay, float bt, float v,
+                                                 float (*red)[32], int nw, int warp, int dk) {
+    float p = 0.f;
+#pragma unroll
+    for (int r = 0; r < GD_RPT; r++) {
+        const int i = warp + nw * r;
+        if (i < dk) p += ks[i] * ik * s[r];
+    }
+    const float sk_col = col_sum(p, red, nw);
+    const float delta = bt * (v - decay * sk_col);
+    float o = 0.f;
+#pragma unroll
+    for (int r = 0; r < GD_RPT; r++) {
+        const int i = warp + nw * r;
+        if (i < dk) {
+            s[r] = decay * s[r] + ks[i] * ik * delta;
+            o += qs[i] * iq * s[r];
+        }
+    }
+    return col_sum(o, red, nw);
+}
+
 // Full block sum (every thread gets it).
 __device__ __forceinline__ float block_sum(float v, float* red, int nw) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -127,26 +154,8 @@ extern "C" __global__ void __launch_bounds__(1024)
         const float g = a_neg[h] * softplus_f(alpha[(i64)t * nv + h] + dt_bias[h]);
         const float bt = sigmoid_f(beta[(i64)t * nv + h]);
         const float decay = expf(g);
-        // Sᵀk over this thread's rows, then the column total.
-        float p = 0.f;
-#pragma unroll
-        for (int r = 0; r < GD_RPT; r++) {
-            const int i = warp + nw * r;
-            if (i < dk) p += ks[i] * ik * s[r];
-        }
-        const float sk_col = col_sum(p, red, nw);
         const float v = col ? row[2 * key_dim + h * dv + j] : 0.f;
-        const float delta = bt * (v - decay * sk_col);
-        float o = 0.f;
-#pragma unroll
-        for (int r = 0; r < GD_RPT; r++) {
-            const int i = warp + nw * r;
-            if (i < dk) {
-                s[r] = decay * s[r] + ks[i] * ik * delta;
-                o += qs[i] * iq * s[r];
-            }
-        }
-        o = col_sum(o, red, nw);
+        const float o = delta_rule_step(s, ks, qs, ik, iq, decay, bt, v, red, nw, warp, dk);
         if (col && warp == 0) out[(i64)t * nv * dv + (i64)h * dv + j] = o;
     }
 #pragma unroll
@@ -308,24 +317,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     const float g = a_neg[h] * softplus_f(alpha[h] + dt_bias[h]);
     const float bt = sigmoid_f(beta[h]);
     const float decay = expf(g);
-    float p = 0.f;
-#pragma unroll
-    for (int r = 0; r < GD_RPT; r++) {
-        const int i = warp + nw * r;
-        if (i < dk) p += ks[i] * ik * s[r];
-    }
-    const float sk_col = col_sum(p, red, nw);
-    const float delta = bt * (v - decay * sk_col);
-    float o = 0.f;
-#pragma unroll
-    for (int r = 0; r < GD_RPT; r++) {
-        const int i = warp + nw * r;
-        if (i < dk) {
-            s[r] = decay * s[r] + ks[i] * ik * delta;
-            o += qs[i] * iq * s[r];
-        }
-    }
-    o = col_sum(o, red, nw);
+    const float o = delta_rule_step(s, ks, qs, ik, iq, decay, bt, v, red, nw, warp, dk);
     const i64 base = (i64)h * dv;
     if (col && warp == 0) out[base + j] = o;
 #pragma unroll
