@@ -16,20 +16,9 @@ impl CudaBackend {
     /// A second q8_1 area (see [`Scratch::xq_alt`]) for up to `MV_MAX_ROWS` rows of
     /// `units`, grown if needed: the addresses of its codes and pairs for `rows` rows.
     fn xq_alt_reserve(&self, sc: &mut Scratch, rows: usize, units: usize) -> Result<(u64, u64)> {
+        // Room for MV_MAX_ROWS rows of `units`.
         let need = MV_MAX_ROWS * units * 40;
-        if sc.xq_alt.as_ref().is_none_or(|b| b.len() < need) {
-            self.check_alloc("the second q8_1 scratch")?;
-            self.scratch_moved();
-            sc.xq_alt = None;
-            sc.xq_alt_key = None;
-            // SAFETY: u8 has no invalid bit patterns; `mvqg*` writes every byte the next
-            // GEMV reads before it runs (same stream).
-            sc.xq_alt = Some(
-                unsafe { self.stream.alloc::<u8>(need.max(1 << 16)) }
-                    .map_err(|e| BackendError::OutOfMemory(format!("q8_1 scratch: {e:?}")))?,
-            );
-        }
-        let p = sc.xq_alt.as_ref().map_or(0, |b| self.dptr(b));
+        let p = self.q8_1_area(&mut sc.xq_alt, &mut sc.xq_alt_key, need, "second ")?;
         Ok((p, p + (rows * units * 32) as u64))
     }
 

@@ -119,21 +119,33 @@ impl CudaBackend {
     ) -> Result<(u64, u64)> {
         let codes = rows * units * 32;
         // The pairs follow the codes, 8-byte aligned (codes are whole 32s).
-        let need = codes + rows * units * 8;
-        if sc.xq.as_ref().is_none_or(|b| b.len() < need) {
-            self.check_alloc("the q8_1 scratch")?;
+        let qp = self.q8_1_area(&mut sc.xq, &mut sc.xq_key, codes + rows * units * 8, "")?;
+        Ok((qp, qp + codes as u64))
+    }
+
+    /// The device address of a q8_1 scratch area (`xq` or `xq_alt` and its key), grown to
+    /// `need` bytes (at least 64 KiB) if smaller; growing clears the key and moves the
+    /// scratch epoch (graph.rs). A q8_1 writer (quant_q8_1, rms_norm_q, glu_*_q, mvqg*)
+    /// fills every byte a GEMV reads before it runs (same stream).
+    pub(super) fn q8_1_area(
+        &self,
+        area: &mut Option<CudaSlice<u8>>,
+        key: &mut Option<(u64, usize, usize, u64)>,
+        need: usize,
+        which: &str,
+    ) -> Result<u64> {
+        if area.as_ref().is_none_or(|b| b.len() < need) {
+            self.check_alloc(&format!("the {which}q8_1 scratch"))?;
             self.scratch_moved();
-            sc.xq = None;
-            sc.xq_key = None;
-            // SAFETY: u8 has no invalid bit patterns; a q8_1 writer (quant_q8_1, rms_norm_q,
-            // glu_*_q) fills every byte a GEMV reads before it runs (same stream).
-            sc.xq = Some(
+            *area = None;
+            *key = None;
+            // SAFETY: u8 has no invalid bit patterns; see above for who writes the bytes.
+            *area = Some(
                 unsafe { self.stream.alloc::<u8>(need.max(1 << 16)) }
                     .map_err(|e| BackendError::OutOfMemory(format!("q8_1 scratch: {e:?}")))?,
             );
         }
-        let qp = sc.xq.as_ref().map_or(0, |b| self.dptr(b));
-        Ok((qp, qp + codes as u64))
+        Ok(area.as_ref().map_or(0, |b| self.dptr(b)))
     }
 
     /// Whether an op writing `rows` × `cols` at `op` should also write it as q8_1: decode
