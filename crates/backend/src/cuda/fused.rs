@@ -41,8 +41,14 @@ impl CudaBackend {
             && gate.rows * gate.cols <= GLU_FUSE_MAX;
         // Where the separate GEMV runs on the tensor cores (3–8 rows of a format that has
         // that kernel), the separate ops: the same bits, and that kernel's speed.
+        // Likewise where one row takes the streaming GEMV (gemv_stream.cu).
         let k = match (&gate.k.int, fused) {
-            (Some(k), true) if self.mvr_kernels(k, n).is_none() => k,
+            (Some(k), true)
+                if self.mvr_kernels(k, n).is_none()
+                    && !(n == 1 && self.mvs.is_some() && !k.stream.is_empty()) =>
+            {
+                k
+            }
             _ => {
                 self.matmul_multi_op(&[gate, up], x, &mut [&mut *g, &mut *u])?;
                 return self.glu(g, u, act);

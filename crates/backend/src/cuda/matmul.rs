@@ -63,6 +63,14 @@ impl CudaBackend {
                         Some(_) => Some([f("mvr")?, f("mvrm")?]),
                         None => None,
                     },
+                    stream: if names.stream {
+                        MVP_R
+                            .iter()
+                            .map(|&r| Ok((r, f(&format!("mvp_{r}"))?)))
+                            .collect::<Result<Vec<_>>>()?
+                    } else {
+                        Vec::new()
+                    },
                 }),
                 None => None,
             },
@@ -318,7 +326,18 @@ impl CudaBackend {
         };
         let (units_i, rb, nr_i) = (units as i32, ws[0].row_bytes as i64, n as i32);
         let ops: Vec<u64> = outs.iter().map(|o| self.dptr(&o.data)).collect();
-        for c in 0..ws.len().div_ceil(4) {
+        let mats: Vec<MvsMat> = ws
+            .iter()
+            .zip(&ops)
+            .map(|(w, &y)| MvsMat {
+                w: self.dptr(&w.data),
+                y,
+                rows: w.rows,
+            })
+            .collect();
+        let streamed = n == 1 && self.mvs_launch(k, &mats, (qp, dsp), units, ws[0].row_bytes)?;
+        let chunks = if streamed { 0 } else { ws.len().div_ceil(4) };
+        for c in 0..chunks {
             let idx: Vec<usize> = (4 * c..(4 * c + 4).min(ws.len())).collect();
             let mut wp = [0u64; 4];
             let mut yp = [0u64; 4];
@@ -371,7 +390,13 @@ impl CudaBackend {
         let (qp, dsp) = self.xq_input(&mut sc, k, x, w.cols)?;
         let units_i = units as i32;
         let (rows_i, rb) = (w.rows as i32, w.row_bytes as i64);
-        let mut r0 = 0;
+        let one = MvsMat {
+            w: wp,
+            y: op,
+            rows: w.rows,
+        };
+        let streamed = n == 1 && self.mvs_launch(k, &[one], (qp, dsp), units, w.row_bytes)?;
+        let mut r0 = if streamed { n } else { 0 };
         while r0 < n {
             let nr = (n - r0).min(MV_MAX_ROWS);
             let which = match nr {
@@ -727,5 +752,89 @@ impl CudaBackend {
             }
         }
         Ok(())
+    }
+}
+
+/// One matrix of a streaming GEMV launch: weights, output, rows.
+pub(super) struct MvsMat {
+    pub w: u64,
+    pub y: u64,
+    pub rows: usize,
+}
+
+impl CudaBackend {
+    /// gemv_stream.cu's one-row GEMV of up to four matrices per launch (one format and row
+    /// size), where it runs (the repacked formats, rows of at most 256 steps, not
+    /// NEAGARI_CUDA_MVS=0): `false` where it does not, and nothing was launched.
+    pub(super) fn mvs_launch(
+        &self,
+        k: &IntKernels,
+        mats: &[MvsMat],
+        (qp, dsp): (u64, u64),
+        units: usize,
+        row_bytes: usize,
+    ) -> Result<bool> {
+        let steps = units / k.step;
+        let (Some((r, kc, g)), true) = (self.mvs, (1..=256).contains(&steps)) else {
+            return Ok(false);
+        };
+        // R: 128 bytes of a thread's rows in flight (8 Q1_0 rows, 4 TQ2_0); K: 3 or 4
+        // chunks (about 1.6 TB/s → 1.8–2.1 on the 27B's gate/up, cuda_gemv), fewer, then
+        // fewer groups, while the grid is under one block an SM.
+        let r = match (r, row_bytes / steps) {
+            (0, b) if b <= 24 => 8,
+            (0, _) => 4,
+            (r, _) => r,
+        };
+        let Some((_, func)) = k.stream.iter().find(|(s, _)| *s == r) else {
+            return Ok(false);
+        };
+        let fit = 256 / steps;
+        let (auto_k, auto_g) = (kc == 0, g == 0);
+        let mut kc = if auto_k {
+            if r == 8 {
+                3
+            } else {
+                4
+            }
+        } else {
+            kc.min(MVP_ROWS / r)
+        };
+        let mut g = if auto_g { fit } else { g.min(fit) };
+        let blocks = |kc: usize, g: usize| -> usize {
+            mats.iter().map(|m| m.rows.div_ceil(g * r * kc)).sum()
+        };
+        while auto_k && kc > 1 && blocks(kc, g) < self.n_sm {
+            kc -= 1;
+        }
+        while auto_g && g > 1 && blocks(kc, g) < self.n_sm {
+            g -= 1;
+        }
+        let per_block = g * r * kc;
+        let (units_i, rb, k_i) = (units as i32, row_bytes as i64, kc as i32);
+        for c in mats.chunks(4) {
+            let mut wp = [0u64; 4];
+            let mut yp = [0u64; 4];
+            let mut rows = [0i32; 4];
+            // Block starts of matrices 1..3; an unused one starts past the grid.
+            let mut starts = [i32::MAX; 4];
+            let mut blocks = 0usize;
+            for (j, m) in c.iter().enumerate() {
+                starts[j] = blocks as i32;
+                (wp[j], yp[j], rows[j]) = (m.w, m.y, m.rows as i32);
+                blocks += m.rows.div_ceil(per_block);
+            }
+            let cfg = LaunchConfig {
+                grid_dim: (blocks as u32, 1, 1),
+                block_dim: (steps as u32, g as u32, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(
+                @keep self, func, cfg, &wp[0], &wp[1], &wp[2], &wp[3], &yp[0], &yp[1], &yp[2],
+                &yp[3], &rows[0], &rows[1], &rows[2], &rows[3], &starts[1], &starts[2],
+                &starts[3], &qp, &dsp, &units_i, &rb, &k_i
+            )?;
+        }
+        Ok(true)
     }
 }

@@ -62,6 +62,7 @@ const LOWBIT: &str = include_str!("kernels/lowbit.cu");
 const VECDOT: &str = include_str!("kernels/vecdot.cuh");
 const GEMV_INT: &str = include_str!("kernels/gemv_int.cu");
 const GEMV_ROWS: &str = include_str!("kernels/gemv_rows.cu");
+const GEMV_STREAM: &str = include_str!("kernels/gemv_stream.cu");
 
 /// Rows a GEMV kernel handles per launch (the largest `mvN`).
 const MV_MAX_ROWS: usize = 8;
@@ -76,6 +77,30 @@ const NORM_ROW_BLOCKS: usize = 64;
 const MVQ_WARPS: usize = 8;
 /// The same for mvq1, mvq2, mvq4, mvq8 (gemv_int.cu).
 const MVQ_ROWS_PER_BLOCK: [usize; 4] = [2, 2, 1, 1];
+/// (R rows a chunk, K chunks a group, G groups a block; 0 picks by shape) of
+/// gemv_stream.cu's GEMV: see [`CudaBackend::mvs`].
+type MvsShape = (usize, usize, usize);
+/// The instantiations of gemv_stream.cu (`MVP(R)`), and its most rows a group (MVP_ROWS).
+const MVP_R: [usize; 3] = [2, 4, 8];
+const MVP_ROWS: usize = 32;
+const MVS_DEFAULT: MvsShape = (0, 0, 0);
+
+/// NEAGARI_CUDA_MVS: unset → the default, "0" → off, "R,K,G" → that shape where it is
+/// compiled (else the default).
+fn mvs_shape(v: Option<&str>) -> Option<MvsShape> {
+    let Some(v) = v else {
+        return Some(MVS_DEFAULT);
+    };
+    if v == "0" {
+        return None;
+    }
+    let n: Vec<usize> = v.split(',').filter_map(|t| t.trim().parse().ok()).collect();
+    match n[..] {
+        [r, k, g] if (r == 0 || MVP_R.contains(&r)) && r.max(1) * k <= MVP_ROWS => Some((r, k, g)),
+        _ => Some(MVS_DEFAULT),
+    }
+}
+
 /// Weight rows per block of the tensor-core GEMV (one m16n8k32 tile, gemv_rows.cu).
 const MVR_ROWS: usize = 16;
 /// Most warps per block of it (MVR_WARPS in gemv_rows.cu).
@@ -155,6 +180,8 @@ struct FmtNames {
     st: String,
     q: Option<String>,
     rows: Option<String>,
+    /// The format has gemv_stream.cu's one-row GEMV (the repacked ones).
+    stream: bool,
 }
 
 fn fmt_structs(ty: GgmlType, repack: bool) -> Option<FmtNames> {
@@ -165,17 +192,19 @@ fn fmt_structs(ty: GgmlType, repack: bool) -> Option<FmtNames> {
         st: format!("{st}{r}"),
         q: int_struct(ty).map(|q| format!("{q}{r}")),
         rows: rows_struct(ty).map(|q| format!("{q}{r}")),
+        stream: repacked,
     })
 }
 
 /// Module name, defines and source of a format's kernels.
 fn fmt_module(n: &FmtNames) -> (String, String, String) {
     let st = &n.st;
+    let stream = if n.stream { GEMV_STREAM } else { "" };
     match (n.q.as_deref(), n.rows.as_deref()) {
         (Some(q), Some(r)) => (
             format!("matmul_{st}"),
             format!("#define FMT {st}\n#define FMTQ {q}\n#define FMTR {r}"),
-            format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}\n{VECDOT}\n{GEMV_INT}\n{GEMV_ROWS}"),
+            format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}\n{VECDOT}\n{GEMV_INT}\n{GEMV_ROWS}\n{stream}"),
         ),
         (Some(q), None) => (
             format!("matmul_{st}"),
@@ -355,6 +384,8 @@ struct IntKernels {
     /// gemv_rows.cu's `mvr` and `mvrm` (3–8 activation rows on the tensor cores), for the
     /// formats that have them.
     rows: Option<[CudaFunction; 2]>,
+    /// gemv_stream.cu's `mvp_R` (one activation row, the repacked formats), by R.
+    stream: Vec<(usize, CudaFunction)>,
 }
 
 /// Device scratch reused across calls (grown, never shrunk).
@@ -422,6 +453,10 @@ pub struct CudaBackend {
     /// 3–8 activation rows take the tensor-core GEMV (gemv_rows.cu) where the format has
     /// one, on sm_80 and newer, unless NEAGARI_CUDA_MV_TC=0 (then `mvq8`, for measuring).
     mvr_on: bool,
+    /// One activation row of the repacked formats takes gemv_stream.cu's pipelined GEMV
+    /// (rows of at most 256 steps) with this shape, unless NEAGARI_CUDA_MVS=0 (then
+    /// `mvq_step`); NEAGARI_CUDA_MVS=R,K,G picks one.
+    mvs: Option<MvsShape>,
     /// Counts kernel launches and device writes (see [`Scratch::xq_key`]).
     gen: AtomicU64,
     /// Decode-step recording (graph.rs): the mode (OFF, WARM, CAPTURE, REPLAY), launches
@@ -608,6 +643,7 @@ impl CudaBackend {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .filter(|n| (1..=MVQ_WARPS * 32).contains(n)),
+            mvs: mvs_shape(std::env::var("NEAGARI_CUDA_MVS").ok().as_deref()),
             mvr_on: maj >= 8 && std::env::var("NEAGARI_CUDA_MV_TC").as_deref() != Ok("0"),
             gen: AtomicU64::new(0),
             mode: AtomicU8::new(graph::OFF),

@@ -24,6 +24,15 @@ __device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float(((u32)b) <
 
 __device__ __forceinline__ u16 ld16(const u8* p) { return *(const u16*)p; }
 
+// A 16-byte load of streamed weights (read once): around L1, which keeps the activation.
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -330,7 +330,7 @@ struct Q_Q1_0R {
     };
     static __device__ __forceinline__ W load(const u8* row, int s) {
         W w;
-        w.q = *(const uint4*)rp_body<16>(row, s);
+        w.q = ld_stream(rp_body<16>(row, s));
         w.d = rp_scale<16>(row, s);
         return w;
     }
@@ -364,8 +364,8 @@ struct Q_TQ2_0R {
     static __device__ __forceinline__ W load(const u8* row, int s) {
         W w;
         const uint4* p = (const uint4*)(rp_body<64>(row, s >> 1) + 32 * (s & 1));
-        w.a = p[0];
-        w.b = p[1];
+        w.a = ld_stream(p);
+        w.b = ld_stream(p + 1);
         w.d = rp_scale<64>(row, s >> 1);
         return w;
     }

@@ -1,0 +1,86 @@
+// The pipelined one-row GEMV of the repacked formats (FMTQ with a STEP, vecdot.cuh): the
+// decode step's matmuls. gemv_int.cu's `mvq_step` gives each thread one step of R rows,
+// so a block loads, then computes, then reduces, and where the grid is about one wave
+// (the 27B's per-layer matrices) the memory idles while the SMs compute: 1.0–1.4 TB/s,
+// against 1.8 for the 248K-row head, whose blocks come in many waves. Here a thread keeps
+// its step's activation in registers and walks K chunks of R rows with the next rows'
+// loads in flight while it computes the current ones.
+//
+// A block is G = blockDim.y groups of T = blockDim.x threads, T the row's step count
+// (the host's choice; at most 256): group g computes rows (blk·G + g)·R·K .. +R·K, thread
+// t its step t of each. The per-row sums go through shared memory and one thread per row
+// adds the T parts in order: the arithmetic and order of `mvq_step` with the same T, so
+// the same bits, and `matmul_multi` equals the single matmul.
+//
+// Shapes: xq [units·32] i8, xds [units] float2 (one activation row); W `rows` packed rows
+// of `row_bytes`; y [rows] f32.
+
+// Rows a block at most (R·K·G ≤ MVP_ROWS·G) and threads a block (G·T ≤ 256).
+#define MVP_ROWS 32
+
+template <class F, int R>
+__device__ __forceinline__ void mvp_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
+                                         const float2* __restrict__ xds, float* __restrict__ y,
+                                         int rows, int units, i64 row_bytes, int K, int blk) {
+    constexpr int S = F::STEP;
+    const int T = blockDim.x, t = threadIdx.x, tid = threadIdx.y * T + t;
+    const int base = (blk * (int)blockDim.y + (int)threadIdx.y) * R * K;
+    // Rows past the end re-read the last row (their sums are dropped).
+    auto row_at = [&](int c, int q) {
+        return W + (i64)min(base + c * R + q, rows - 1) * row_bytes;
+    };
+    typename F::W cur[R];
+#pragma unroll
+    for (int q = 0; q < R; q++) cur[q] = F::load(row_at(0, q), t);
+    int x[S][1][8];
+    float2 ds[S][1];
+#pragma unroll
+    for (int u = 0; u < S; u++) load_xq<1>(xq, xds, units, t * S + u, 1, x[u], ds[u]);
+    __shared__ float part[MVP_ROWS][256 + 1];  // +1: the adds below read a column
+    for (int c = 0; c < K; c++) {
+#pragma unroll
+        for (int q = 0; q < R; q++) {
+            const typename F::W w = cur[q];
+            if (c + 1 < K) cur[q] = F::load(row_at(c + 1, q), t);
+            float a[1] = {0.f};
+#pragma unroll
+            for (int u = 0; u < S; u++) F::template dot<1>(w, u, x[u], ds[u], a);
+            part[c * R + q][tid] = a[0];
+        }
+    }
+    __syncthreads();
+    const int per = R * K;
+    for (int o = tid; o < (int)blockDim.y * per; o += T * (int)blockDim.y) {
+        const int g = o / per, cq = o % per;
+        const int row = (blk * (int)blockDim.y + g) * per + cq;
+        if (row < rows) {
+            float v = 0.f;
+            for (int i = 0; i < T; i++) v += part[cq][g * T + i];
+            y[row] = v;
+        }
+    }
+}
+
+// mvp_R: up to four matrices of one format and width that read one input (blocks
+// [0, b1) run matrix 0, [b1, b2) matrix 1, …; unused starts are past the grid).
+#define MVP(R)                                                                               \
+    extern "C" __global__ void __launch_bounds__(256)                                        \
+        mvp_##R(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0, float* y1, \
+                float* y2, float* y3, int n0, int n1, int n2, int n3, int b1, int b2, int b3,  \
+                const i8* xq, const float2* xds, int units, i64 row_bytes, int K) {           \
+        int b = blockIdx.x;                                                                  \
+        const u8* W = w0;                                                                    \
+        float* y = y0;                                                                       \
+        int rows = n0;                                                                       \
+        if (b >= b3) { b -= b3; W = w3; y = y3; rows = n3; }                                 \
+        else if (b >= b2) { b -= b2; W = w2; y = y2; rows = n2; }                            \
+        else if (b >= b1) { b -= b1; W = w1; y = y1; rows = n1; }                            \
+        const int per = (int)blockDim.y * R * K, first = b * per;                            \
+        if (first < rows) gdc_prefetch(W + (i64)first * row_bytes,                          \
+                                       (i64)min(per, rows - first) * row_bytes);             \
+        gdc_wait();                                                                          \
+        mvp_impl<FMTQ, R>(W, xq, xds, y, rows, units, row_bytes, K, b);                      \
+    }
+MVP(2)
+MVP(4)
+MVP(8)
