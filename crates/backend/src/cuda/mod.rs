@@ -336,7 +336,6 @@ struct OpsKernels {
     add_rms_norm: CudaFunction,
     add_rms_norm_q: CudaFunction,
     add_rms_norm_row: CudaFunction,
-    add_rms_norm_cl: CudaFunction,
     /// `Backend::norm_add_rms_norm` in one launch.
     norm_add_norm: CudaFunction,
     norm_add_norm_q: CudaFunction,
@@ -439,9 +438,6 @@ pub struct CudaBackend {
     /// A decode row's `add_rms_norm` spreads over blocks (`add_rms_norm_row`), unless
     /// NEAGARI_CUDA_NORM_ROW=0 (one block, for measuring).
     norm_row: bool,
-    /// A decode row's `add_rms_norm` runs on one thread block cluster (`add_rms_norm_cl`,
-    /// sm_90 and newer) where it spreads over blocks, unless NEAGARI_CUDA_NORM_CL=0.
-    clusters: bool,
     /// Quantized formats take the integer GEMV, unless NEAGARI_CUDA_MV=float (measuring).
     mv_int: bool,
     /// Fused ops (`delta_net`, `matmul_glu`, `qk_norm_rope`) run as one launch each, unless
@@ -526,19 +522,7 @@ macro_rules! launch {
             // SAFETY: every pointer argument is a live device allocation of the size the
             // kernel indexes (checked by the caller), and scalars match the kernel's
             // parameter types.
-            unsafe { $be.launch_raw($f, $cfg, 0, &mut [$( $crate::cuda::karg($a) ),*]) }
-        }
-    }};
-    // One thread block cluster of the whole grid (sm_90; the caller checks `clusters`).
-    (@cluster $be:expr, $f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
-        $be.bump();
-        $be.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if $be.replaying() {
-            Ok(())
-        } else {
-            let c = $cfg;
-            // SAFETY: as above.
-            unsafe { $be.launch_raw($f, c, c.grid_dim.0, &mut [$( $crate::cuda::karg($a) ),*]) }
+            unsafe { $be.launch_raw($f, $cfg, &mut [$( $crate::cuda::karg($a) ),*]) }
         }
     }};
     ($be:expr, $f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
@@ -607,7 +591,6 @@ impl CudaBackend {
             add_rms_norm: f("add_rms_norm")?,
             add_rms_norm_q: f("add_rms_norm_q")?,
             add_rms_norm_row: f("add_rms_norm_row")?,
-            add_rms_norm_cl: f("add_rms_norm_cl")?,
             norm_add_norm: f("norm_add_norm")?,
             norm_add_norm_q: f("norm_add_norm_q")?,
             glu_silu_q: f("glu_silu_q")?,
@@ -653,7 +636,6 @@ impl CudaBackend {
                 .and_then(|v| v.parse().ok())
                 .filter(|n| (1..=MVQ_WARPS).contains(n)),
             norm_row: std::env::var("NEAGARI_CUDA_NORM_ROW").as_deref() != Ok("0"),
-            clusters: maj >= 9 && std::env::var("NEAGARI_CUDA_NORM_CL").as_deref() != Ok("0"),
             mv_int: std::env::var("NEAGARI_CUDA_MV").as_deref() != Ok("float"),
             fuse: std::env::var("NEAGARI_CUDA_FUSE").as_deref() != Ok("0"),
             repack: std::env::var("NEAGARI_CUDA_REPACK").as_deref() != Ok("0"),
@@ -689,17 +671,14 @@ impl CudaBackend {
     /// `params` holds one pointer per kernel parameter, each to a live value of the
     /// parameter's type; device addresses among them must be valid for what the kernel
     /// accesses.
-    /// `cluster` > 0 launches the grid as clusters of that many blocks (sm_90 and PDL on:
-    /// see [`CudaBackend::clusters`]).
     unsafe fn launch_raw(
         &self,
         f: &CudaFunction,
         cfg: LaunchConfig,
-        cluster: u32,
         params: &mut [*mut c_void],
     ) -> Result<()> {
         self.ctx.bind_to_thread().map_err(drv)?;
-        if !self.pdl && cluster == 0 {
+        if !self.pdl {
             // SAFETY: the caller's contract; function and stream are live handles of this
             // backend's context.
             return unsafe {
@@ -715,25 +694,12 @@ impl CudaBackend {
             .map_err(drv);
         }
         let mut value = sys::CUlaunchAttributeValue { pad: [0; 64] };
-        value.programmaticStreamSerializationAllowed = self.pdl as i32;
-        let mut dims = sys::CUlaunchAttributeValue { pad: [0; 64] };
-        dims.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
-            x: cluster,
-            y: 1,
-            z: 1,
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
         };
-        let mut attrs = [
-            sys::CUlaunchAttribute {
-                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-                pad: [0; 4],
-                value,
-            },
-            sys::CUlaunchAttribute {
-                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-                pad: [0; 4],
-                value: dims,
-            },
-        ];
         let lc = sys::CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: cfg.grid_dim.1,
@@ -743,8 +709,8 @@ impl CudaBackend {
             blockDimZ: cfg.block_dim.2,
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
-            attrs: attrs.as_mut_ptr(),
-            numAttrs: if cluster > 0 { 2 } else { 1 },
+            attrs: &mut attr,
+            numAttrs: 1,
         };
         // SAFETY: the caller's contract for `params`; `lc` and the attribute it points to
         // live across the call, which copies them; function and stream are live handles

@@ -91,35 +91,12 @@ impl CudaBackend {
         };
         // A decode row: spread over blocks of 256 values (at most one per SM).
         let nb = g.div_ceil(NORM_ROW_THREADS);
-        let row = self.norm_row && x.rows == 1 && g.is_multiple_of(32) && nb > 1;
-        // On Hopper, the same sums over one cluster of 1024-thread blocks
-        // (add_rms_norm_cl): no barrier in global memory.
-        let cl = g.div_ceil(1024);
-        if row && self.clusters && cl <= 8 {
-            let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-            let (qp, dsp) = self.xq_reserve(&mut sc, 1, g / 32)?;
-            let cfg = LaunchConfig {
-                grid_dim: (cl as u32, 1, 1),
-                block_dim: (1024, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            launch!(
-                @cluster self,
-                &self.ops.add_rms_norm_cl,
-                cfg,
-                &xp,
-                &yp,
-                &wp,
-                &op,
-                &g_i,
-                &eps,
-                &qp,
-                &dsp
-            )?;
-            sc.xq_key = Some((op, 1, g, self.gen.load(Ordering::Relaxed)));
-            return Ok(());
-        }
-        if row && nb <= NORM_ROW_BLOCKS.min(self.n_sm) {
+        if self.norm_row
+            && x.rows == 1
+            && g.is_multiple_of(32)
+            && nb > 1
+            && nb <= NORM_ROW_BLOCKS.min(self.n_sm)
+        {
             let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
             if sc.norm_part.is_none() || sc.norm_cnt.is_none() {
                 self.check_alloc("the norm scratch")?;

@@ -236,64 +236,6 @@ extern "C" __global__ void add_rms_norm_row(float* x, const float* y, const floa
     }
 }
 
-// add_rms_norm_row's arithmetic over one thread block cluster (Hopper): 1024-thread blocks,
-// 256-value chunks (4 a block, as add_rms_norm_row's blocks), each chunk's sum of squares in
-// that kernel's order into shared memory, then the cluster's hardware barrier and every
-// block adds all chunks' sums in chunk order from the cluster's shared memory (so the bits
-// of add_rms_norm_row). No global barrier: that kernel spent 5.5 of its 5.5 µs at it
-// (ncu, 5120 wide, H200). Launched as one cluster of gridDim.x ≤ 8 blocks.
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
-extern "C" __global__ void __launch_bounds__(1024)
-    add_rms_norm_cl(float* x, const float* y, const float* w, float* out, int g, float eps,
-                    i8* xq, float2* xds) {
-    gdc_wait();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    float v = 0.f, wi = 0.f;
-    if (i < g) {
-        v = x[i] + y[i];
-        x[i] = v;
-        wi = w[i];
-    }
-    __shared__ double red[32];
-    __shared__ double chunk[4];
-    const double s = warp_sum_d((double)v * (double)v);
-    if (lane == 0) red[warp] = s;
-    __syncthreads();
-    if (warp < 4) {
-        double t = lane < 8 ? red[8 * warp + lane] : 0.0;
-        t = warp_sum_d(t);
-        if (lane == 0) chunk[warp] = t;
-    }
-    cluster_sync();
-    double total = 0.0;
-    for (int b = 0; b < (int)gridDim.x; b++) {
-        for (int c = 0; c < 4; c++) {
-            // Chunks past the row: add_rms_norm_row has no block for them.
-            if ((b * 4 + c) * 256 >= g) break;
-            const double* p = &chunk[c];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            asm("mapa.u64 %0, %1, %2;" : "=l"(p) : "l"(&chunk[c]), "r"(b));
-#endif
-            total += *(const volatile double*)p;
-        }
-    }
-    // No block leaves while another may still read its chunks.
-    cluster_sync();
-    const float mean = (float)(total / (double)g);
-    const float scale = 1.0f / sqrtf(mean + eps);
-    if (i < g) {
-        const float o = v * scale * wi;
-        out[i] = o;
-        q8_1_warp(o, xq, xds, i >> 5, lane);
-    }
-}
-
 extern "C" __global__ void add(float* x, const float* y, i64 n) {
     gdc_wait();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
