@@ -64,9 +64,9 @@ impl CudaBackend {
                         None => None,
                     },
                     stream: if names.stream {
-                        MVP_R
+                        MVS_R
                             .iter()
-                            .map(|&r| Ok((r, f(&format!("mvp_{r}"))?)))
+                            .map(|&r| Ok((r, f(&format!("mvs_{r}"))?)))
                             .collect::<Result<Vec<_>>>()?
                     } else {
                         Vec::new()
@@ -775,41 +775,14 @@ impl CudaBackend {
         row_bytes: usize,
     ) -> Result<bool> {
         let steps = units / k.step;
-        let (Some((r, kc, g)), true) = (self.mvs, (1..=256).contains(&steps)) else {
+        let (Some(shape), true) = (self.mvs, (1..=256).contains(&steps)) else {
             return Ok(false);
         };
-        // R: 128 bytes of a thread's rows in flight (8 Q1_0 rows, 4 TQ2_0); K: 3 or 4
-        // chunks (about 1.6 TB/s → 1.8–2.1 on the 27B's gate/up, cuda_gemv), fewer, then
-        // fewer groups, while the grid is under one block an SM.
-        let r = match (r, row_bytes / steps) {
-            (0, b) if b <= 24 => 8,
-            (0, _) => 4,
-            (r, _) => r,
-        };
+        let rows: Vec<usize> = mats.iter().map(|m| m.rows).collect();
+        let (r, kc, g) = mvs_geometry(shape, steps, row_bytes, &rows, self.n_sm);
         let Some((_, func)) = k.stream.iter().find(|(s, _)| *s == r) else {
             return Ok(false);
         };
-        let fit = 256 / steps;
-        let (auto_k, auto_g) = (kc == 0, g == 0);
-        let mut kc = if auto_k {
-            if r == 8 {
-                3
-            } else {
-                4
-            }
-        } else {
-            kc.min(MVP_ROWS / r)
-        };
-        let mut g = if auto_g { fit } else { g.min(fit) };
-        let blocks = |kc: usize, g: usize| -> usize {
-            mats.iter().map(|m| m.rows.div_ceil(g * r * kc)).sum()
-        };
-        while auto_k && kc > 1 && blocks(kc, g) < self.n_sm {
-            kc -= 1;
-        }
-        while auto_g && g > 1 && blocks(kc, g) < self.n_sm {
-            g -= 1;
-        }
         let per_block = g * r * kc;
         let (units_i, rb, k_i) = (units as i32, row_bytes as i64, kc as i32);
         for c in mats.chunks(4) {
@@ -836,5 +809,72 @@ impl CudaBackend {
             )?;
         }
         Ok(true)
+    }
+}
+
+/// (R, K, G) of gemv_stream.cu for one launch over matrices of `rows` rows of `steps` steps
+/// (`row_bytes` a row), from `shape` (0s pick). R: 128 bytes of a thread's weight bodies in
+/// flight (8 Q1_0 rows of 16 + 2 bytes a step, 4 TQ2_0 rows of 32 + 2). K: 3 (Q1_0) or 4
+/// (TQ2_0) chunks, then fewer, then fewer row groups a block (G, at most 256 / steps),
+/// while the grid is under one block an SM. On the 27B's gate/up this took the GEMV from
+/// 1.43 to 1.86 TB/s (Q1_0) and the step from 199 to 220 tok/s (docs/BENCHMARKS.md).
+fn mvs_geometry(
+    (r, kc, g): MvsShape,
+    steps: usize,
+    row_bytes: usize,
+    rows: &[usize],
+    n_sm: usize,
+) -> (usize, usize, usize) {
+    let r = match (r, row_bytes / steps.max(1)) {
+        (0, b) if b <= 24 => 8,
+        (0, _) => 4,
+        (r, _) => r,
+    };
+    let fit = (256 / steps.max(1)).max(1);
+    let mut k = match kc {
+        0 if r == 8 => 3,
+        0 => 4,
+        k => k.min(MVS_ROWS / r),
+    };
+    let mut gr = if g == 0 { fit } else { g.min(fit) };
+    let blocks =
+        |k: usize, gr: usize| -> usize { rows.iter().map(|n| n.div_ceil(gr * r * k)).sum() };
+    while kc == 0 && k > 1 && blocks(k, gr) < n_sm {
+        k -= 1;
+    }
+    while g == 0 && gr > 1 && blocks(k, gr) < n_sm {
+        gr -= 1;
+    }
+    (r, k, gr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shapes the 27B's decode step gets (132 SMs; Q1_0 rows of 5120 are 40 steps of
+    /// 18 bytes, TQ2_0's 40 of 33), and forced ones.
+    #[test]
+    fn stream_gemv_geometry() {
+        let q1 = |cols: usize| (cols / 128, cols / 128 * 18);
+        let tq = |cols: usize| (cols / 128, cols / 256 * 66);
+        let pick = |(steps, rb): (usize, usize), rows: &[usize]| {
+            mvs_geometry(MVS_DEFAULT, steps, rb, rows, 132)
+        };
+        // gate+up: 242 blocks of 6 groups × 8 rows × 3 chunks.
+        assert_eq!(pick(q1(5120), &[17408, 17408]), (8, 3, 6));
+        // qkv+z: 114 blocks at K = 3, so K = 2.
+        assert_eq!(pick(q1(5120), &[10240, 6144]), (8, 2, 6));
+        // ssm_out (48 steps, 5 groups fit): 43 blocks at K = 3 → K = 1 (128) → 4 groups.
+        assert_eq!(pick(q1(6144), &[5120]), (8, 1, 4));
+        // ffn_down: 136 steps, one group.
+        assert_eq!(pick(q1(17408), &[5120]), (8, 3, 1));
+        assert_eq!(pick(tq(5120), &[17408, 17408]), (4, 4, 6));
+        // Forced: R and K as given (R·K ≤ 32), G no more than fit.
+        assert_eq!(mvs_geometry((4, 16, 9), 40, 720, &[64], 132), (4, 8, 6));
+        assert_eq!(mvs_shape(Some("0")), None);
+        assert_eq!(mvs_shape(Some("8,2,0")), Some((8, 2, 0)));
+        assert_eq!(mvs_shape(Some("3,2,0")), Some(MVS_DEFAULT));
+        assert_eq!(mvs_shape(None), Some(MVS_DEFAULT));
     }
 }

@@ -80,9 +80,9 @@ const MVQ_ROWS_PER_BLOCK: [usize; 4] = [2, 2, 1, 1];
 /// (R rows a chunk, K chunks a group, G groups a block; 0 picks by shape) of
 /// gemv_stream.cu's GEMV: see [`CudaBackend::mvs`].
 type MvsShape = (usize, usize, usize);
-/// The instantiations of gemv_stream.cu (`MVP(R)`), and its most rows a group (MVP_ROWS).
-const MVP_R: [usize; 3] = [2, 4, 8];
-const MVP_ROWS: usize = 32;
+/// The instantiations of gemv_stream.cu (`MVS(R)`), and its most rows a group (MVS_ROWS).
+const MVS_R: [usize; 3] = [2, 4, 8];
+const MVS_ROWS: usize = 32;
 const MVS_DEFAULT: MvsShape = (0, 0, 0);
 
 /// NEAGARI_CUDA_MVS: unset → the default, "0" → off, "R,K,G" → that shape where it is
@@ -96,7 +96,7 @@ fn mvs_shape(v: Option<&str>) -> Option<MvsShape> {
     }
     let n: Vec<usize> = v.split(',').filter_map(|t| t.trim().parse().ok()).collect();
     match n[..] {
-        [r, k, g] if (r == 0 || MVP_R.contains(&r)) && r.max(1) * k <= MVP_ROWS => Some((r, k, g)),
+        [r, k, g] if (r == 0 || MVS_R.contains(&r)) && r.max(1) * k <= MVS_ROWS => Some((r, k, g)),
         _ => Some(MVS_DEFAULT),
     }
 }
@@ -384,7 +384,7 @@ struct IntKernels {
     /// gemv_rows.cu's `mvr` and `mvrm` (3–8 activation rows on the tensor cores), for the
     /// formats that have them.
     rows: Option<[CudaFunction; 2]>,
-    /// gemv_stream.cu's `mvp_R` (one activation row, the repacked formats), by R.
+    /// gemv_stream.cu's `mvs_R` (one activation row, the repacked formats), by R.
     stream: Vec<(usize, CudaFunction)>,
 }
 

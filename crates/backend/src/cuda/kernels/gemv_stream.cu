@@ -15,11 +15,11 @@
 // Shapes: xq [units·32] i8, xds [units] float2 (one activation row); W `rows` packed rows
 // of `row_bytes`; y [rows] f32.
 
-// Rows a block at most (R·K·G ≤ MVP_ROWS·G) and threads a block (G·T ≤ 256).
-#define MVP_ROWS 32
+// Rows a block at most (R·K·G ≤ MVS_ROWS·G) and threads a block (G·T ≤ 256).
+#define MVS_ROWS 32
 
 template <class F, int R>
-__device__ __forceinline__ void mvp_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
+__device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
                                          const float2* __restrict__ xds, float* __restrict__ y,
                                          int rows, int units, i64 row_bytes, int K, int blk) {
     constexpr int S = F::STEP;
@@ -36,7 +36,7 @@ __device__ __forceinline__ void mvp_impl(const u8* __restrict__ W, const i8* __r
     float2 ds[S][1];
 #pragma unroll
     for (int u = 0; u < S; u++) load_xq<1>(xq, xds, units, t * S + u, 1, x[u], ds[u]);
-    __shared__ float part[MVP_ROWS][256 + 1];  // +1: the adds below read a column
+    __shared__ float part[MVS_ROWS][256 + 1];  // +1: the adds below read a column
     for (int c = 0; c < K; c++) {
 #pragma unroll
         for (int q = 0; q < R; q++) {
@@ -61,11 +61,11 @@ __device__ __forceinline__ void mvp_impl(const u8* __restrict__ W, const i8* __r
     }
 }
 
-// mvp_R: up to four matrices of one format and width that read one input (blocks
+// mvs_R: up to four matrices of one format and width that read one input (blocks
 // [0, b1) run matrix 0, [b1, b2) matrix 1, …; unused starts are past the grid).
-#define MVP(R)                                                                               \
+#define MVS(R)                                                                               \
     extern "C" __global__ void __launch_bounds__(256)                                        \
-        mvp_##R(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0, float* y1, \
+        mvs_##R(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0, float* y1, \
                 float* y2, float* y3, int n0, int n1, int n2, int n3, int b1, int b2, int b3,  \
                 const i8* xq, const float2* xds, int units, i64 row_bytes, int K) {           \
         int b = blockIdx.x;                                                                  \
@@ -79,8 +79,8 @@ __device__ __forceinline__ void mvp_impl(const u8* __restrict__ W, const i8* __r
         if (first < rows) gdc_prefetch(W + (i64)first * row_bytes,                          \
                                        (i64)min(per, rows - first) * row_bytes);             \
         gdc_wait();                                                                          \
-        mvp_impl<FMTQ, R>(W, xq, xds, y, rows, units, row_bytes, K, b);                      \
+        mvs_impl<FMTQ, R>(W, xq, xds, y, rows, units, row_bytes, K, b);                      \
     }
-MVP(2)
-MVP(4)
-MVP(8)
+MVS(2)
+MVS(4)
+MVS(8)
