@@ -8,7 +8,7 @@
 #![cfg(feature = "cuda")]
 
 mod cuda_common;
-use cuda_common::{cpu, gpu, randv, rel, rng, tensor};
+use cuda_common::{check_q8_1, cpu, exact_product, gpu, randv, rel, rng, tensor};
 use std::io::Write;
 
 use neagari_backend::cuda::CudaBackend;
@@ -219,44 +219,6 @@ fn matmul_and_embed(g: &CudaBackend, r: &mut StdRng, float_gemv: bool) {
             assert!(rel(&got, &want) < 1e-6, "{ty} embed");
         }
     }
-}
-
-/// The integer GEMV computes `deq · x` with x as its quant_q8_1 rounds it (int8 codes per
-/// 32 values, d = max|v| / 127, ties to even), up to f32 sums: held to that product, on
-/// the host in f64, within 1e-4.
-fn check_q8_1(got: &[f32], deq: &[f32], x: &[f32], rows: usize, cols: usize, what: &str) {
-    let xr: Vec<f32> = x
-        .chunks(32)
-        .flat_map(|u| {
-            let amax = u.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            u.iter().map(move |&v| {
-                if amax == 0.0 {
-                    0.0
-                } else {
-                    (v / d).round_ties_even() * d
-                }
-            })
-        })
-        .collect();
-    let e = rel(got, &exact_product(deq, &xr, rows, cols));
-    assert!(e < 1e-4, "{what}: {e:.2e} from the q8_1-rounded product");
-}
-
-/// `deq [rows, cols]` · `x [n, cols]` in f64.
-fn exact_product(deq: &[f32], x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let n = x.len() / cols;
-    let mut out = vec![0f32; n * rows];
-    for i in 0..n {
-        for j in 0..rows {
-            let mut s = 0f64;
-            for k in 0..cols {
-                s += deq[j * cols + k] as f64 * x[i * cols + k] as f64;
-            }
-            out[i * rows + j] = s as f32;
-        }
-    }
-    out
 }
 
 /// RMSNorm and GLU of decode rows also write the next matmul's q8_1 input; the matmul

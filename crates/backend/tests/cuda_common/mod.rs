@@ -61,3 +61,41 @@ pub fn tensor(name: &str, ty: GgmlType, shape: Vec<usize>, bytes: Vec<u8>) -> Ho
         bytes: SharedBytes::from_vec(bytes),
     }
 }
+
+/// The integer GEMV computes `deq · x` with x as its quant_q8_1 rounds it (int8 codes per
+/// 32 values, d = max|v| / 127, ties to even), up to f32 sums: held to that product, on
+/// the host in f64, within 1e-4.
+pub fn check_q8_1(got: &[f32], deq: &[f32], x: &[f32], rows: usize, cols: usize, what: &str) {
+    let xr: Vec<f32> = x
+        .chunks(32)
+        .flat_map(|u| {
+            let amax = u.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            u.iter().map(move |&v| {
+                if amax == 0.0 {
+                    0.0
+                } else {
+                    (v / d).round_ties_even() * d
+                }
+            })
+        })
+        .collect();
+    let e = rel(got, &exact_product(deq, &xr, rows, cols));
+    assert!(e < 1e-4, "{what}: {e:.2e} from the q8_1-rounded product");
+}
+
+/// `deq [rows, cols]` · `x [n, cols]` in f64.
+pub fn exact_product(deq: &[f32], x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let n = x.len() / cols;
+    let mut out = vec![0f32; n * rows];
+    for i in 0..n {
+        for j in 0..rows {
+            let mut s = 0f64;
+            for k in 0..cols {
+                s += deq[j * cols + k] as f64 * x[i * cols + k] as f64;
+            }
+            out[i * rows + j] = s as f32;
+        }
+    }
+    out
+}
