@@ -100,18 +100,32 @@ fn matmul_and_embed_every_format() {
     // By default the shape picks the weight rows per block of the single-row GEMV.
     matmul_and_embed(&g, &mut r, false);
     // The integer GEMV with each number of rows per block, then the f32 GEMV, on every
-    // shape; Q1_0 and TQ2_0 (repack.rs's layout) also with one warp a block (several
-    // rounds of steps a thread on the wider rows) and with 3 row groups a block (the small
-    // test matrices get one by default), and in ggml's layout (NEAGARI_CUDA_REPACK=0, the
-    // kernels before the repacked layout).
+    // shape (one row of Q1_0 / TQ2_0 takes gemv_stream.cu's GEMV; NEAGARI_CUDA_MVS=0 gives
+    // it to gemv_int.cu's); Q1_0 and TQ2_0 (repack.rs's layout) also with one warp a block
+    // (several rounds of steps a thread on the wider rows) and with 3 row groups a block
+    // (the small test matrices get one by default), and in ggml's layout
+    // (NEAGARI_CUDA_REPACK=0, the kernels before the repacked layout).
     let variants = [
         ("int", "8", &[][..]),
         ("int", "4", &[][..]),
         ("int", "2", &[][..]),
         ("int", "1", &[][..]),
-        ("int", "8", &[("NEAGARI_CUDA_MV_WARPS", "1")][..]),
-        ("int", "8", &[("NEAGARI_CUDA_MV_GROUPS", "3")][..]),
-        ("int", "2", &[("NEAGARI_CUDA_MV_GROUPS", "5")][..]),
+        (
+            "int",
+            "8",
+            &[("NEAGARI_CUDA_MV_WARPS", "1"), ("NEAGARI_CUDA_MVS", "0")][..],
+        ),
+        (
+            "int",
+            "8",
+            &[("NEAGARI_CUDA_MV_GROUPS", "3"), ("NEAGARI_CUDA_MVS", "0")][..],
+        ),
+        (
+            "int",
+            "2",
+            &[("NEAGARI_CUDA_MV_GROUPS", "5"), ("NEAGARI_CUDA_MVS", "0")][..],
+        ),
+        ("int", "8", &[("NEAGARI_CUDA_MVS", "0")][..]),
         ("int", "4", &[("NEAGARI_CUDA_REPACK", "0")][..]),
         ("float", "4", &[][..]),
         ("float", "2", &[][..]),
