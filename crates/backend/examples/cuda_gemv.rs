@@ -70,20 +70,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let bytes: usize = mats.iter().map(|m| m.0 * rb).sum();
             let copies = (256usize << 20).div_ceil(bytes).max(2);
+            // A matrix of `rows` of the 64 rows, repeated.
+            let host = |rows: usize| HostTensor {
+                name: name.to_string(),
+                ty,
+                shape: vec![rows, cols],
+                bytes: SharedBytes::from_vec(
+                    (0..rows)
+                        .flat_map(|r| block[(r % 64) * rb..][..rb].to_vec())
+                        .collect(),
+                ),
+            };
             let mut sets = Vec::new();
             for _ in 0..copies {
                 let mut set = Vec::new();
                 for &(rows, _) in mats {
-                    let data: Vec<u8> = (0..rows)
-                        .flat_map(|r| block[(r % 64) * rb..][..rb].to_vec())
-                        .collect();
-                    let h = HostTensor {
-                        name: name.to_string(),
-                        ty,
-                        shape: vec![rows, cols],
-                        bytes: SharedBytes::from_vec(data),
-                    };
-                    set.push(be.load_mat(&h)?);
+                    set.push(be.load_mat(&host(rows))?);
                 }
                 sets.push(set);
             }
@@ -119,17 +121,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             call(0)?;
             let mut same = true;
             for (i, &(rows, _)) in mats.iter().enumerate() {
-                let h = HostTensor {
-                    name: name.to_string(),
-                    ty,
-                    shape: vec![rows, cols],
-                    bytes: SharedBytes::from_vec(
-                        (0..rows)
-                            .flat_map(|r| block[(r % 64) * rb..][..rb].to_vec())
-                            .collect(),
-                    ),
-                };
-                let m = reference.load_mat(&h)?;
+                let m = reference.load_mat(&host(rows))?;
                 let mut rx = reference.buf(1, cols)?;
                 reference.write(&mut rx, &x, 1, cols)?;
                 let mut ro = reference.buf(1, 1)?;

@@ -337,30 +337,17 @@ impl CudaBackend {
             .collect();
         let streamed = n == 1 && self.mvs_launch(k, &mats, (qp, dsp), units, ws[0].row_bytes)?;
         let chunks = if streamed { 0 } else { ws.len().div_ceil(4) };
-        for c in 0..chunks {
-            let idx: Vec<usize> = (4 * c..(4 * c + 4).min(ws.len())).collect();
-            let mut wp = [0u64; 4];
-            let mut yp = [0u64; 4];
-            let mut rows = [0i32; 4];
-            // Block starts of matrices 1..3; an unused one starts past the grid.
-            let mut starts = [i32::MAX; 4];
-            let mut blocks = 0usize;
-            for (j, &i) in idx.iter().enumerate() {
-                starts[j] = blocks as i32;
-                wp[j] = self.dptr(&ws[i].data);
-                yp[j] = ops[i];
-                rows[j] = ws[i].rows as i32;
-                blocks += ws[i].rows.div_ceil(r * by);
-            }
+        for c in mats.chunks(4).take(chunks) {
+            let a = MultiArgs::new(c, r * by);
             let cfg = LaunchConfig {
-                grid_dim: (blocks as u32, 1, 1),
+                grid_dim: (a.blocks as u32, 1, 1),
                 block_dim: (bx as u32, by as u32, 1),
                 shared_mem_bytes: 0,
             };
             launch!(
-                @keep self, func, cfg, &wp[0], &wp[1], &wp[2], &wp[3], &yp[0], &yp[1], &yp[2],
-                &yp[3], &rows[0], &rows[1], &rows[2], &rows[3], &starts[1], &starts[2],
-                &starts[3], &qp, &dsp, &units_i, &rb, &nr_i
+                @keep self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1],
+                &a.y[2], &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2], &a.rows[3], &a.starts[1],
+                &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &rb, &nr_i
             )?;
         }
         // The outputs are new data at their addresses: a cached quantization is stale.
@@ -755,11 +742,40 @@ impl CudaBackend {
     }
 }
 
-/// One matrix of a streaming GEMV launch: weights, output, rows.
+/// One matrix of a multi-matrix GEMV launch: weights, output, rows.
 pub(super) struct MvsMat {
     pub w: u64,
     pub y: u64,
     pub rows: usize,
+}
+
+/// Arguments of one launch over up to four matrices (gemv_int.cu's `mvqm*`,
+/// gemv_stream.cu's `mvs_*`): weights, outputs, rows, the block starts of matrices 1..3
+/// (an unused one past the grid) and the grid, at `per_block` rows a block.
+struct MultiArgs {
+    w: [u64; 4],
+    y: [u64; 4],
+    rows: [i32; 4],
+    starts: [i32; 4],
+    blocks: usize,
+}
+
+impl MultiArgs {
+    fn new(mats: &[MvsMat], per_block: usize) -> Self {
+        let mut a = MultiArgs {
+            w: [0; 4],
+            y: [0; 4],
+            rows: [0; 4],
+            starts: [i32::MAX; 4],
+            blocks: 0,
+        };
+        for (j, m) in mats.iter().take(4).enumerate() {
+            a.starts[j] = a.blocks as i32;
+            (a.w[j], a.y[j], a.rows[j]) = (m.w, m.y, m.rows as i32);
+            a.blocks += m.rows.div_ceil(per_block);
+        }
+        a
+    }
 }
 
 impl CudaBackend {
@@ -786,26 +802,16 @@ impl CudaBackend {
         let per_block = g * r * kc;
         let (units_i, rb, k_i) = (units as i32, row_bytes as i64, kc as i32);
         for c in mats.chunks(4) {
-            let mut wp = [0u64; 4];
-            let mut yp = [0u64; 4];
-            let mut rows = [0i32; 4];
-            // Block starts of matrices 1..3; an unused one starts past the grid.
-            let mut starts = [i32::MAX; 4];
-            let mut blocks = 0usize;
-            for (j, m) in c.iter().enumerate() {
-                starts[j] = blocks as i32;
-                (wp[j], yp[j], rows[j]) = (m.w, m.y, m.rows as i32);
-                blocks += m.rows.div_ceil(per_block);
-            }
+            let a = MultiArgs::new(c, per_block);
             let cfg = LaunchConfig {
-                grid_dim: (blocks as u32, 1, 1),
+                grid_dim: (a.blocks as u32, 1, 1),
                 block_dim: (steps as u32, g as u32, 1),
                 shared_mem_bytes: 0,
             };
             launch!(
-                @keep self, func, cfg, &wp[0], &wp[1], &wp[2], &wp[3], &yp[0], &yp[1], &yp[2],
-                &yp[3], &rows[0], &rows[1], &rows[2], &rows[3], &starts[1], &starts[2],
-                &starts[3], &qp, &dsp, &units_i, &rb, &k_i
+                @keep self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1],
+                &a.y[2], &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2], &a.rows[3], &a.starts[1],
+                &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &rb, &k_i
             )?;
         }
         Ok(true)
