@@ -33,8 +33,10 @@
 //! tensor cores) — a first step before a fused dequantize-mma kernel.
 
 mod probe;
+mod ptxas;
 
 pub use probe::{probe, DeviceInfo, Probe};
+pub use ptxas::{kernel_registers, KernelRegs};
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -200,10 +202,18 @@ fn fmt_structs(ty: GgmlType, repack: bool) -> Option<FmtNames> {
 fn fmt_module(n: &FmtNames) -> (String, String, String) {
     let st = &n.st;
     let stream = if n.stream { GEMV_STREAM } else { "" };
+    // NEAGARI_CUDA_MVS_MINB=N: the streaming GEMV's blocks-an-SM bound (gemv_stream.cu).
+    let minb = match std::env::var("NEAGARI_CUDA_MVS_MINB")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        Some(b @ 1..=8) if n.stream => format!("\n#define MVS_MINB {b}"),
+        _ => String::new(),
+    };
     match (n.q.as_deref(), n.rows.as_deref()) {
         (Some(q), Some(r)) => (
             format!("matmul_{st}"),
-            format!("#define FMT {st}\n#define FMTQ {q}\n#define FMTR {r}"),
+            format!("#define FMT {st}\n#define FMTQ {q}\n#define FMTR {r}{minb}"),
             format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}\n{VECDOT}\n{GEMV_INT}\n{GEMV_ROWS}\n{stream}"),
         ),
         (Some(q), None) => (
@@ -243,7 +253,7 @@ fn compile(name: &str, arch: &str, defines: &str, src: &str) -> Result<String> {
     if let Some(p) = cache.get(&key) {
         return Ok(p.clone());
     }
-    let full = format!("{defines}\n{}{COMMON}\n{src}", gdc_define());
+    let full = full_source(defines, src);
     let opts = CompileOptions {
         options: vec![
             format!("--gpu-architecture={arch}"),
@@ -258,6 +268,11 @@ fn compile(name: &str, arch: &str, defines: &str, src: &str) -> Result<String> {
     let s = ptx.to_src();
     cache.insert(key, s.clone());
     Ok(s)
+}
+
+/// What NVRTC compiles for a module: its defines, the PDL mode, the shared header, its source.
+fn full_source(defines: &str, src: &str) -> String {
+    format!("{defines}\n{}{COMMON}\n{src}", gdc_define())
 }
 
 /// How kernels hand over under PDL (`gdc_wait` / `gdc_prefetch` in common.cuh). By default
@@ -284,24 +299,32 @@ pub fn nvrtc_present() -> bool {
 /// The PTX NVRTC makes for `arch` without a GPU, for tests that inspect it: the float-op
 /// and hybrid modules for `None`, else the modules of weight format `ty` (both layouts).
 pub fn module_ptx(arch: &str, ty: Option<GgmlType>) -> Result<Vec<String>> {
+    module_sources(ty)?
+        .iter()
+        .map(|(name, defines, src)| compile(name, arch, defines, src))
+        .collect()
+}
+
+/// (name, defines, source) of the modules `module_ptx` compiles.
+fn module_sources(ty: Option<GgmlType>) -> Result<Vec<(String, String, String)>> {
     let Some(ty) = ty else {
         return Ok(vec![
-            compile("ops", arch, "", OPS)?,
-            compile("hybrid", arch, "", hybrid::HYBRID)?,
+            ("ops".into(), String::new(), OPS.into()),
+            ("hybrid".into(), String::new(), hybrid::HYBRID.into()),
         ]);
     };
     // Both layouts of the formats that are repacked at upload.
-    let mut out = Vec::new();
-    for repack in [false, true] {
-        let names = fmt_structs(ty, repack).ok_or(BackendError::NoKernel {
-            op: "matmul",
-            device: "cuda",
-            ty,
-        })?;
-        let (name, defines, src) = fmt_module(&names);
-        out.push(compile(&name, arch, &defines, &src)?);
-    }
-    Ok(out)
+    [false, true]
+        .iter()
+        .map(|&repack| {
+            let names = fmt_structs(ty, repack).ok_or(BackendError::NoKernel {
+                op: "matmul",
+                device: "cuda",
+                ty,
+            })?;
+            Ok(fmt_module(&names))
+        })
+        .collect()
 }
 
 /// Compiles every kernel module for `arch` (e.g. `sm_90`) without a GPU: NVRTC alone

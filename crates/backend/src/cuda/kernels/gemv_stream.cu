@@ -17,6 +17,14 @@
 
 // Rows a block at most (R·K·G ≤ MVS_ROWS·G) and threads a block (G·T ≤ 256).
 #define MVS_ROWS 32
+// Blocks an SM the compiler must leave registers for: two blocks of 256 threads (≤ 128
+// registers a thread). Unbounded, ptxas gives mvs_8 up to 255 (NVRTC 13.5) and ncu saw 25%
+// theoretical occupancy on the H200 with 63% of scheduler cycles idle; capped, tg64 went
+// 211.6 → 231.0 tok/s (Q1_0) and 180.7 → 195.6 (TQ2_0) on the 27B-shaped files; three
+// blocks (≤ 80 registers) spill: 194.5 and 172.4. NEAGARI_CUDA_MVS_MINB=N overrides.
+#ifndef MVS_MINB
+#define MVS_MINB 2
+#endif
 
 template <class F, int R>
 __device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
@@ -64,7 +72,7 @@ __device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __r
 // mvs_R: up to four matrices of one format and width that read one input (blocks
 // [0, b1) run matrix 0, [b1, b2) matrix 1, …; unused starts are past the grid).
 #define MVS(R)                                                                               \
-    extern "C" __global__ void __launch_bounds__(256)                                        \
+    extern "C" __global__ void __launch_bounds__(256, MVS_MINB)                              \
         mvs_##R(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0, float* y1, \
                 float* y2, float* y3, int n0, int n1, int n2, int n3, int b1, int b2, int b3,  \
                 const i8* xq, const float2* xds, int units, i64 row_bytes, int K) {           \

@@ -1,0 +1,62 @@
+//! Register allocation of the CUDA kernels as ptxas makes it for Hopper (NVRTC alone, no GPU
+//! needed; skipped where libnvrtc.so is missing): the streaming GEMV stays within the 128
+//! registers that let two of its blocks share an SM (gemv_stream.cu's MVS_MINB: unbounded,
+//! ptxas took up to 255 and the 27B decode ran 9% slower), and the shapes the 27B's decode
+//! runs (Q1_0's `mvs_8`, TQ2_0's `mvs_4`) spill nothing. Every kernel that spills is
+//! printed: with NVRTC 13.5, Gemma's `norm_add_norm*` (64-register bound of 1024 threads,
+//! 4–32 bytes), Q1_0's float `mv2` (24), TQ2_0's `mvqm8` (4) and unused `mvs_8` (40).
+#![cfg(feature = "cuda")]
+
+use std::io::Write;
+
+use neagari_backend::cuda::{kernel_registers, nvrtc_present};
+use neagari_quant::GgmlType;
+
+#[test]
+fn kernels_fit_their_registers_on_hopper() {
+    if !nvrtc_present() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "note: skipping the register check: libnvrtc.so not found"
+        );
+        return;
+    }
+    let (mut stream, mut bad) = (0, Vec::new());
+    let hot = [("matmul_F_Q1_0R", "mvs_8"), ("matmul_F_TQ2_0R", "mvs_4")];
+    let mut hot_seen = 0;
+    for ty in [
+        None,
+        Some(GgmlType::Q1_0),
+        Some(GgmlType::TQ2_0),
+        Some(GgmlType::Q4_K),
+        Some(GgmlType::Q8_0),
+        Some(GgmlType::F16),
+    ] {
+        let ks = kernel_registers("sm_90", ty).expect("NVRTC");
+        assert!(!ks.is_empty(), "{ty:?}: no kernels in the ptxas log");
+        for k in &ks {
+            let what = format!("{} {}: {} registers", k.module, k.kernel, k.registers);
+            if k.spill_bytes > 0 {
+                eprintln!("{what}, spills {} bytes", k.spill_bytes);
+            }
+            if hot.contains(&(k.module.as_str(), k.kernel.as_str())) {
+                hot_seen += 1;
+                if k.spill_bytes > 0 {
+                    bad.push(format!("{what}, spills {} bytes", k.spill_bytes));
+                }
+            }
+            if k.kernel.starts_with("mvs_") {
+                stream += 1;
+                if k.registers > 128 {
+                    bad.push(format!("{what} (over 128)"));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    assert_eq!(hot_seen, 2, "the decode shapes' kernels were not seen");
+    assert!(
+        stream >= 6,
+        "the streaming GEMV kernels of Q1_0 and TQ2_0 were not seen"
+    );
+}
