@@ -1,0 +1,72 @@
+#!/bin/bash
+# On a GPU machine, from the repository root with target/cuda-stage/bin (bench/cuda/stage.sh):
+# the GPU suites, then `neagari bench` on random-weight files of real shapes (neagari synth),
+# each run's figures as the CLI prints them. Environment (all optional):
+#   TESTS=1            run the four GPU suites first (in parallel; logs in $OUT or /tmp)
+#   OPS_FILTER="a b"   only these cuda_ops tests
+#   TYPES="Q1_0 TQ2_0 Q4_K gemma"   files to bench: 27B shapes of those types, Gemma 3 270M
+#   AB_<TYPE>="def VAR=1,VAR2=x"    runs per file, each an env (commas between variables)
+#   ARGS="-p 512 -n 128 -r 2 --argmax --verify 8"   bench arguments for the 27B files
+#   GEMV="Q1_0 TQ2_0"  time the one-row GEMV at the 27B's shapes first (examples/cuda_gemv.rs)
+#   LLAMA_BENCH=path   a llama-bench binary built elsewhere: the same files, -ngl 99 -fa 1
+set -uo pipefail
+R0=$(pwd)
+B=$R0/target/cuda-stage/bin
+W=${WORK:-/tmp/neagari-cuda}
+LOG=${OUT:-/tmp}
+mkdir -p "$W"
+T0=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true
+file_of() {
+    if [ "$1" = gemma ]; then echo "$W/gemma3-270m.gguf"; else echo "$W/qwen3.6-27b-$1.gguf"; fi
+}
+synth() {
+    local f
+    f=$(file_of "$1")
+    [ -f "$f" ] && return
+    if [ "$1" = gemma ]; then
+        "$B/neagari" synth --like gemma3-270m -o "$f" > /dev/null
+    else
+        "$B/neagari" synth --like qwen3.6-27b --type "$1" -o "$f" > /dev/null
+    fi
+}
+TYPES=${TYPES:-Q1_0 TQ2_0 Q4_K gemma}
+for t in $TYPES; do synth "$t" & done
+if [ -n "${TESTS:-}" ]; then
+    export NEAGARI_FIXTURES=$R0/tests/fixtures
+    export NEAGARI_HYBRID_FIXTURES=$R0/crates/model/tests/fixtures/hybrid
+    wait
+    suite() { # dir name [env]
+        (cd "$1" && env ${3:-} timeout 600 "$B/$2" --test-threads 1 ${4:-} > "$LOG/$2.log" 2>&1
+         echo "$2 rc $?" >> "$LOG/$2.log") &
+    }
+    suite crates/backend cuda_ops "" "${OPS_FILTER:-}"
+    suite crates/backend cuda_hybrid
+    suite crates/engine cuda_hybrid_models
+    synth gemma
+    suite crates/engine cuda_models "NEAGARI_GPU_VS_CPU=$(file_of gemma)"
+    wait
+    for s in cuda_ops cuda_hybrid cuda_hybrid_models cuda_models; do
+        grep -E "^test result|rc [0-9]+$|FAILED|panicked" "$LOG/$s.log" | head -6
+    done
+    echo "suites done after $(( $(date +%s) - T0 )) s"
+fi
+wait
+if [ -n "${GEMV:-}" ]; then timeout 300 "$B/cuda_gemv" $GEMV; fi
+for t in $TYPES; do
+    f=$(file_of "$t")
+    v="AB_$t"
+    for e in ${!v:-def}; do
+        envs=""
+        [ "$e" != def ] && envs=$(echo "$e" | tr ',' ' ')
+        if [ "$t" = gemma ]; then args="-p 512 -n 128 -r 3 --argmax"
+        else args=${ARGS:--p 512 -n 128 -r 2 --argmax --verify 8}; fi
+        echo "== neagari $t [$e] $args"
+        env $envs timeout 300 "$B/neagari" bench --device cuda -m "$f" $args 2>&1 | grep -vE "^\s*$"
+    done
+    if [ -n "${LLAMA_BENCH:-}" ] && [ "$t" != TQ2_0 ]; then
+        echo "== llama.cpp $t"
+        timeout 300 "$LLAMA_BENCH" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>&1 | grep -E "^\|"
+    fi
+done
+echo "total $(( $(date +%s) - T0 )) s"
