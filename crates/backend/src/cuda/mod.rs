@@ -255,12 +255,7 @@ fn compile(name: &str, arch: &str, defines: &str, src: &str) -> Result<String> {
     }
     let full = full_source(defines, src);
     let opts = CompileOptions {
-        options: vec![
-            format!("--gpu-architecture={arch}"),
-            "--std=c++17".into(),
-            "-default-device".into(),
-        ],
-        fmad: Some(true),
+        options: nvrtc_options(arch),
         ..Default::default()
     };
     let ptx = compile_ptx_with_opts(&full, opts)
@@ -268,6 +263,16 @@ fn compile(name: &str, arch: &str, defines: &str, src: &str) -> Result<String> {
     let s = ptx.to_src();
     cache.insert(key, s.clone());
     Ok(s)
+}
+
+/// NVRTC's flags for every module (ptxas.rs adds its report flag to the same).
+fn nvrtc_options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "-default-device".into(),
+        "--fmad=true".into(),
+    ]
 }
 
 /// What NVRTC compiles for a module: its defines, the PDL mode, the shared header, its source.
@@ -330,22 +335,13 @@ fn module_sources(ty: Option<GgmlType>) -> Result<Vec<(String, String, String)>>
 /// Compiles every kernel module for `arch` (e.g. `sm_90`) without a GPU: NVRTC alone
 /// suffices, so a machine without a GPU can check that the kernels build.
 pub fn compile_all(arch: &str) -> Result<()> {
-    compile("ops", arch, "", OPS)?;
-    compile("hybrid", arch, "", hybrid::HYBRID)?;
     use GgmlType::*;
-    for ty in [
+    let types = [
         F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q1_0, Q2_0,
         TQ2_0,
-    ] {
-        for repack in [false, true] {
-            let names = fmt_structs(ty, repack).ok_or(BackendError::NoKernel {
-                op: "matmul",
-                device: "cuda",
-                ty,
-            })?;
-            let (name, defines, src) = fmt_module(&names);
-            compile(&name, arch, &defines, &src)?;
-        }
+    ];
+    for ty in std::iter::once(None).chain(types.map(Some)) {
+        module_ptx(arch, ty)?;
     }
     Ok(())
 }

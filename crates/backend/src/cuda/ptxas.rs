@@ -7,7 +7,7 @@ use std::ffi::CString;
 use cudarc::nvrtc::result;
 use neagari_quant::GgmlType;
 
-use super::{full_source, module_sources};
+use super::{full_source, module_sources, nvrtc_options};
 use crate::{BackendError, Result};
 
 /// One kernel's resources for an architecture.
@@ -35,13 +35,8 @@ fn ptxas_log(name: &str, arch: &str, src: &str) -> Result<String> {
     let err = |e: String| BackendError::Other(format!("NVRTC on {name}: {e}"));
     let csrc = CString::new(src).map_err(|e| err(e.to_string()))?;
     let prog = result::create_program(&csrc, None).map_err(|e| err(format!("{e:?}")))?;
-    let opts = [
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".into(),
-        "-default-device".into(),
-        "--fmad=true".into(),
-        "-Xptxas=-v".into(),
-    ];
+    let mut opts = nvrtc_options(arch);
+    opts.push("-Xptxas=-v".into());
     // SAFETY: `prog` is the live program made above, destroyed once below; the options
     // are NUL-free strings that outlive the call.
     let (compiled, log) = unsafe {
