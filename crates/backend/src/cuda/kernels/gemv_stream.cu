@@ -38,8 +38,16 @@ __device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __r
         return W + (i64)min(base + c * R + q, rows - 1) * row_bytes;
     };
     typename F::W cur[R];
+#ifdef MVS_LATE
+    gdc_wait();
+#endif
 #pragma unroll
     for (int q = 0; q < R; q++) cur[q] = F::load(row_at(0, q), t);
+    // The weights do not depend on the kernel before: their first loads go out before the
+    // wait, only the activation waits for it.
+#ifndef MVS_LATE
+    gdc_wait();
+#endif
     int x[S][1][8];
     float2 ds[S][1];
 #pragma unroll
@@ -86,7 +94,6 @@ __device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __r
         const int per = (int)blockDim.y * R * K, first = b * per;                            \
         if (first < rows) gdc_prefetch(W + (i64)first * row_bytes,                          \
                                        (i64)min(per, rows - first) * row_bytes);             \
-        gdc_wait();                                                                          \
         mvs_impl<FMTQ, R>(W, xq, xds, y, rows, units, row_bytes, K, b);                      \
     }
 MVS(2)
