@@ -210,11 +210,6 @@ fn fmt_module(n: &FmtNames) -> (String, String, String) {
         Some(b @ 1..=8) if n.stream => format!("\n#define MVS_MINB {b}"),
         _ => String::new(),
     };
-    let minb = if n.stream && std::env::var("NEAGARI_CUDA_MVS_EARLY").as_deref() == Ok("0") {
-        format!("{minb}\n#define MVS_LATE")
-    } else {
-        minb
-    };
     match (n.q.as_deref(), n.rows.as_deref()) {
         (Some(q), Some(r)) => (
             format!("matmul_{st}"),
