@@ -103,7 +103,8 @@ fn matmul_and_embed_every_format() {
     // shape (one row of Q1_0 / TQ2_0 takes gemv_stream.cu's GEMV; NEAGARI_CUDA_MVS=0 gives
     // it to gemv_int.cu's); Q1_0 and TQ2_0 (repack.rs's layout) also with one warp a block
     // (several rounds of steps a thread on the wider rows) and with 3 row groups a block
-    // (the small test matrices get one by default), and in ggml's layout
+    // (the small test matrices get one by default; the groups variants also give the other
+    // formats' rows of ≤ 32 units groups of one warp), and in ggml's layout
     // (NEAGARI_CUDA_REPACK=0, the kernels before the repacked layout).
     let variants = [
         ("int", "8", &[][..]),

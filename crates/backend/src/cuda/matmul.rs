@@ -208,7 +208,8 @@ impl CudaBackend {
 
     /// Block shape `(x, y)` of the integer GEMV for `rows` weight rows of `units` units, `r`
     /// rows a thread group: `y` groups of `x` threads (gemv_int.cu). Formats of one unit a
-    /// step: one group of `mv_warps` warps. The repacked ones (`step` 4): a group is the
+    /// step: one group of `mv_warps` warps, or, for rows of at most 32 units, groups of one
+    /// warp as many as leave two blocks an SM. The repacked ones (`step` 4): a group is the
     /// row's step count where that is at most 256 (no idle lanes: a 5120-wide Q1_0 row is 40
     /// steps), as many groups as fit 256 threads while that leaves two blocks an SM; wider
     /// rows or NEAGARI_CUDA_MV_WARPS take one group of `mv_warps` warps.
@@ -221,7 +222,21 @@ impl CudaBackend {
     ) -> (usize, usize) {
         let steps = units / k.step;
         let most = MVQ_WARPS * 32;
-        if k.step == 1 || steps > most || self.mv_warps.is_some() || self.mv_groups == Some(1) {
+        if self.mv_warps.is_some() || self.mv_groups == Some(1) {
+            return (self.mv_warps(steps) * 32, 1);
+        }
+        if k.step == 1 {
+            // Rows of one warp's units: groups of one warp, as many as leave two blocks an
+            // SM (the 262,144-row head of Gemma 3: one-warp blocks left most SMs idle).
+            if steps > 32 {
+                return (self.mv_warps(steps) * 32, 1);
+            }
+            let g = self
+                .mv_groups
+                .unwrap_or_else(|| rows / r.max(1) / (2 * self.n_sm));
+            return (32, g.clamp(1, MVQ_WARPS));
+        }
+        if steps > most {
             return (self.mv_warps(steps) * 32, 1);
         }
         let fit = most / steps.max(1);
