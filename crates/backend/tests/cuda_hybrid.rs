@@ -168,12 +168,25 @@ fn gated_delta_matches_the_cpu() {
             let inp = gd_inputs(&mut r, &net, n);
             let og = gd_run(&g, &mut kg, layer, &net, &ag, &dg, &inp);
             let oc = gd_run(&c, &mut kc, layer, &net, &ac, &dc, &inp);
+            // On a fresh state a token's output is β·(q·k)·v/√d_k: where q and k are nearly
+            // orthogonal it is a cancellation, and any summation order differs from the CPU's
+            // by far more than 2e-5 of it (seen once: 2.8e-5 at d_k 20). So the error is taken
+            // relative to at least a twentieth of what aligned q, k would give, ‖v‖/√d_k.
+            let cols = 2 * nk * dk + nv * dv;
+            let v_norm = (inp.qkv.chunks(cols))
+                .flat_map(|row| &row[2 * nk * dk..])
+                .map(|&x| (x as f64).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            let floor = v_norm / (20.0 * (dk as f64).sqrt());
+            let want_norm = oc.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+            let tol = 2e-5 * (floor / want_norm.max(1e-30)).max(1.0);
             check(
                 &format!(
                     "gated_delta {nk}/{nv} heads {dk}x{dv} {map:?}, {n} tokens, layer {layer}"
                 ),
                 // Measured ≤ 1e-6 (H200): f32 summation order, the CPU's chunked form.
-                2e-5,
+                tol,
                 &og,
                 &oc,
             );

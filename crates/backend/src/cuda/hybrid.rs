@@ -2,10 +2,11 @@
 //! sequence in VRAM (`CudaRec`), snapshots of it, and the kernels of `kernels/hybrid.cu`.
 //! The `Backend` methods in `mod.rs` forward here.
 //!
-//! The gated delta rule runs as one kernel for decode and prefill: a block per (value head,
-//! 32 state columns) keeps its slice of the `[d_k, d_v]` state in registers and walks the
-//! tokens in order (correctness first; a chunked tensor-core form for long prefills is a
-//! later step). `matmul_rows` copies the expert's rows to a scratch matrix and runs the
+//! The gated delta rule keeps a head's state `[d_v, d_k]` (a column's rows contiguous; the
+//! layout is private to the two kernels that use it): a warp owns four state columns in
+//! registers and walks the tokens in order (`gated_delta`; a chunked tensor-core form for
+//! long prefills is a later step), or does one decode token with the conv before it and
+//! the gated norm after it (`delta_step`, a block per head). `matmul_rows` copies the expert's rows to a scratch matrix and runs the
 //! ordinary matmul on it (one extra device copy per call, so the GEMV path stays untouched).
 
 use std::sync::atomic::Ordering;
@@ -20,9 +21,14 @@ pub(super) const HYBRID: &str = include_str!("kernels/hybrid.cu");
 
 /// Largest conv kernel (CONV_MAXK in hybrid.cu).
 const CONV_MAXK: usize = 16;
-/// State rows per thread and the most warps per block of `gated_delta` (GD_RPT, GD_MAXW).
-const GD_RPT: usize = 8;
-const GD_MAXW: usize = 32;
+/// State columns a warp owns (GD_CPW in hybrid.cu) and the largest d_k and d_v (a lane keeps
+/// GD_ROWS = 4 rows of each column).
+const GD_CPW: usize = 4;
+const GD_MAX_DIM: usize = 128;
+/// Warps a block of `gated_delta` (prefill).
+const GD_WARPS: usize = 8;
+/// State columns a warp owns in `delta_step` (DS_CPW).
+const DS_CPW: usize = 8;
 
 pub(super) struct HybridKernels {
     ssm_conv: CudaFunction,
@@ -100,10 +106,13 @@ impl CudaBackend {
                 format!("conv kernel {} (1..={CONV_MAXK})", s.conv_kernel),
             ));
         }
-        if s.d_k == 0 || s.d_k > GD_RPT * GD_MAXW {
+        if s.d_k == 0 || s.d_k > GD_MAX_DIM || s.d_v == 0 || s.d_v > GD_MAX_DIM {
             return Err(shape_err(
                 "rec_alloc",
-                format!("d_k {} (1..={})", s.d_k, GD_RPT * GD_MAXW),
+                format!(
+                    "head dims d_k {} d_v {} (each 1..={GD_MAX_DIM} on CUDA)",
+                    s.d_k, s.d_v
+                ),
             ));
         }
         let conv_n = s.n_layers * CudaRec::conv_len(s);
@@ -251,10 +260,11 @@ impl CudaBackend {
             return Ok(());
         }
         let sp = self.dptr(&rec.state) + (layer * CudaRec::state_len(&rec.shape) * 4) as u64;
-        let nw = dk.div_ceil(GD_RPT);
+        // A warp per GD_CPW state columns, GD_WARPS warps a block.
+        let warps = dv.div_ceil(GD_CPW);
         let cfg = LaunchConfig {
-            grid_dim: (nv as u32, dv.div_ceil(32) as u32, 1),
-            block_dim: ((nw * 32) as u32, 1, 1),
+            grid_dim: (nv as u32, warps.div_ceil(GD_WARPS) as u32, 1),
+            block_dim: ((warps.min(GD_WARPS) * 32) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         let (qp, ap, bp) = (
@@ -576,10 +586,11 @@ impl CudaBackend {
         } else {
             (0, 0)
         };
-        let nw = dk.div_ceil(GD_RPT);
+        // `ds_blocks` blocks a value head, a warp per DS_CPW state columns.
+        let warps = dv.div_ceil(self.ds_blocks).div_ceil(DS_CPW);
         let cfg = LaunchConfig {
-            grid_dim: (nv as u32, dv.div_ceil(32) as u32, 1),
-            block_dim: ((nw * 32) as u32, 1, 1),
+            grid_dim: (nv as u32, dv.div_ceil(warps * DS_CPW) as u32, 1),
+            block_dim: ((warps * 32) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         let (xp, cwp, ap, bp) = (

@@ -469,6 +469,9 @@ pub struct CudaBackend {
     /// picks by shape (`mv_block`), NEAGARI_CUDA_MV_GROUPS=N forces N (1: one group of
     /// whole warps, the mapping of the other formats; for measuring).
     mv_groups: Option<usize>,
+    /// Blocks a value head of the one-token DeltaNet kernel (`delta_step`, hybrid.cu):
+    /// NEAGARI_CUDA_DS_BLOCKS=N, 1..=16, default 4.
+    ds_blocks: usize,
     /// 3–8 activation rows take the tensor-core GEMV (gemv_rows.cu) where the format has
     /// one, on sm_80 and newer, unless NEAGARI_CUDA_MV_TC=0 (then `mvq8`, for measuring).
     mvr_on: bool,
@@ -662,6 +665,11 @@ impl CudaBackend {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .filter(|n| (1..=MVQ_WARPS * 32).contains(n)),
+            ds_blocks: std::env::var("NEAGARI_CUDA_DS_BLOCKS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|n| (1..=16).contains(n))
+                .unwrap_or(4),
             mvs: mvs_shape(std::env::var("NEAGARI_CUDA_MVS").ok().as_deref()),
             mvr_on: maj >= 8 && std::env::var("NEAGARI_CUDA_MV_TC").as_deref() != Ok("0"),
             gen: AtomicU64::new(0),

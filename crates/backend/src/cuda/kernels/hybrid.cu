@@ -49,47 +49,87 @@ extern "C" __global__ void ssm_conv(float* x, float* win, const float* w, int ro
         if (j < hist) win[(i64)j * ch + c] = h[j];
 }
 
-// Rows of the state each thread keeps in registers: the block has ceil(d_k / GD_RPT) warps.
-#define GD_RPT 8
-#define GD_MAXW 32
+// The recurrent state of a head is stored [d_v, d_k] (a state column's d_k rows
+// contiguous): a warp owns GD_CPW columns and lane l keeps rows l + 32·r (r < GD_ROWS) of
+// each, so a warp reads 128 bytes a load and every sum over the rows is a warp shuffle: no
+// block-wide barrier inside the recurrence. d_k, d_v ≤ 32·GD_ROWS (the host checks).
+#define GD_ROWS 4
+#define GD_CPW 4
 
-// Block sum of one value per thread of a [nw][32] layout over the warps: out[lane] = Σ_w v.
-// Every thread returns the column total of its lane.
-__device__ __forceinline__ float col_sum(float v, float (*red)[32], int nw) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    red[warp][lane] = v;
-    __syncthreads();
-    float s = 0.f;
-    for (int i = 0; i < nw; i++) s += red[i][lane];
-    __syncthreads();
-    return s;
+// One delta-rule step on a warp's columns: with the lane's L2-normed k and q rows (q also
+// by 1/√d_k) and the columns' v, p_c = Σ_i k_i s_ic, δ_c = β (v_c − decay·p_c),
+// s_ic ← decay·s_ic + k_i δ_c, o_c = Σ_i q_i s_ic (in every lane). Rows past d_k hold k =
+// q = s = 0 and columns past d_v v = s = 0, so they stay 0 and add nothing.
+template <int C>
+__device__ __forceinline__ void delta_cols(float (&s)[GD_ROWS][C], const float (&k)[GD_ROWS],
+                                           const float (&q)[GD_ROWS], const float (&v)[C],
+                                           float decay, float bt, float (&o)[C]) {
+    float p[C];
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        p[c] = 0.f;
+#pragma unroll
+        for (int r = 0; r < GD_ROWS; r++) p[c] += k[r] * s[r][c];
+    }
+#pragma unroll
+    for (int c = 0; c < C; c++) p[c] = warp_sum(p[c]);
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        const float d = bt * (v[c] - decay * p[c]);
+        float oc = 0.f;
+#pragma unroll
+        for (int r = 0; r < GD_ROWS; r++) {
+            s[r][c] = decay * s[r][c] + k[r] * d;
+            oc += q[r] * s[r][c];
+        }
+        o[c] = oc;
+    }
+#pragma unroll
+    for (int c = 0; c < C; c++) o[c] = warp_sum(o[c]);
 }
 
-// One delta-rule step on this thread's rows of a state column (rows warp + nw·r, r <
-// GD_RPT): with the L2-normed k (ks·ik) and q (qs·iq), δ = β·(v − decay·Σ_i s_i k_i), then
-// s ← decay·s + k·δ; returns the column's output Σ_i q_i s_i (both sums over the block).
-__device__ __forceinline__ float delta_rule_step(float (&s)[GD_RPT], const float* ks,
-                                                 const float* qs, float ik, float iq,
-                                                 float decay, float bt, float v,
-                                                 float (*red)[32], int nw, int warp, int dk) {
-    float p = 0.f;
+// L2-normalises a lane's rows of q and k over the warp (q also by 1/√d_k), in place.
+__device__ __forceinline__ void l2_norm_qk(float (&q)[GD_ROWS], float (&k)[GD_ROWS], int dk) {
+    float sq = 0.f, sk = 0.f;
 #pragma unroll
-    for (int r = 0; r < GD_RPT; r++) {
-        const int i = warp + nw * r;
-        if (i < dk) p += ks[i] * ik * s[r];
+    for (int r = 0; r < GD_ROWS; r++) {
+        sq += q[r] * q[r];
+        sk += k[r] * k[r];
     }
-    const float sk_col = col_sum(p, red, nw);
-    const float delta = bt * (v - decay * sk_col);
-    float o = 0.f;
+    sq = warp_sum(sq);
+    sk = warp_sum(sk);
+    const float iq = (1.0f / sqrtf((float)dk)) / sqrtf(sq + 1e-6f), ik = 1.0f / sqrtf(sk + 1e-6f);
 #pragma unroll
-    for (int r = 0; r < GD_RPT; r++) {
-        const int i = warp + nw * r;
-        if (i < dk) {
-            s[r] = decay * s[r] + ks[i] * ik * delta;
-            o += qs[i] * iq * s[r];
+    for (int r = 0; r < GD_ROWS; r++) {
+        q[r] *= iq;
+        k[r] *= ik;
+    }
+}
+
+// Loads (or stores) a warp's columns j0 + c of a head's state S ([d_v, d_k]).
+template <int C>
+__device__ __forceinline__ void state_load(float (&s)[GD_ROWS][C], const float* S, int j0, int dk,
+                                           int dv) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < GD_ROWS; r++)
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            const int i = lane + 32 * r, j = j0 + c;
+            s[r][c] = (i < dk && j < dv) ? S[(i64)j * dk + i] : 0.f;
         }
-    }
-    return col_sum(o, red, nw);
+}
+template <int C>
+__device__ __forceinline__ void state_store(const float (&s)[GD_ROWS][C], float* S, int j0, int dk,
+                                            int dv) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < GD_ROWS; r++)
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            const int i = lane + 32 * r, j = j0 + c;
+            if (i < dk && j < dv) S[(i64)j * dk + i] = s[r][c];
+        }
 }
 
 // Full block sum (every thread gets it).
@@ -104,65 +144,67 @@ __device__ __forceinline__ float block_sum(float v, float* red, int nw) {
     return s;
 }
 
-// The gated delta rule of one value head over n tokens, continuing its state S
-// ([d_k, d_v] f32, in place). Grid: (n_v, ceil(d_v / 32)); block: 32 × nw threads, lane =
-// column of the tile, warp w keeps rows w + nw·r (r < GD_RPT) of those columns in
-// registers. Per token: q, k of the head's key head are L2-normalised (q also by
-// 1/√d_k), g = a_neg·softplus(alpha + dt_bias), β = sigmoid(beta), then
+// One token's q, k rows of key head kh (this lane's), v of columns j0 + c, α and β of head h.
+struct GdIn {
+    float q[GD_ROWS], k[GD_ROWS], v[GD_CPW], a, b;
+};
+__device__ __forceinline__ void gd_load(GdIn& in, const float* row, const float* alpha,
+                                        const float* beta, int h, int kh, int j0, int dk, int dv,
+                                        int key_dim) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < GD_ROWS; r++) {
+        const int i = lane + 32 * r;
+        in.q[r] = i < dk ? row[kh * dk + i] : 0.f;
+        in.k[r] = i < dk ? row[key_dim + kh * dk + i] : 0.f;
+    }
+#pragma unroll
+    for (int c = 0; c < GD_CPW; c++)
+        in.v[c] = j0 + c < dv ? row[2 * key_dim + h * dv + j0 + c] : 0.f;
+    in.a = alpha[h];
+    in.b = beta[h];
+}
+
+// The gated delta rule of one value head over n tokens, continuing its state S ([d_v, d_k]
+// f32, in place). Grid: (n_v, ceil(d_v / (GD_CPW·warps))); a warp owns GD_CPW columns and
+// walks the tokens with the next token's inputs in flight. Per token: q, k of the head's
+// key head are L2-normalised (q also by 1/√d_k), g = a_neg·softplus(alpha + dt_bias),
+// β = sigmoid(beta), then
 //   δ = β (v − exp(g) Sᵀk);  S ← exp(g) S + k δᵀ;  o = Sᵀq.
 // qkv rows are [q n_k·d_k | k n_k·d_k | v n_v·d_v]; out is [n, n_v·d_v].
-extern "C" __global__ void __launch_bounds__(1024)
+extern "C" __global__ void __launch_bounds__(256)
     gated_delta(const float* qkv, const float* alpha, const float* beta, const float* a_neg,
                 const float* dt_bias, float* state, float* out, int n, int nk, int nv, int dk,
                 int dv, int tiled) {
     gdc_wait();
     const int h = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nw = blockDim.x >> 5;
-    const int j = blockIdx.y * 32 + lane;
-    const bool col = j < dv;
+    const int j0 = (blockIdx.y * (blockDim.x >> 5) + warp) * GD_CPW;
+    if (j0 >= dv) return;
     const int kh = tiled ? h % nk : h / max(nv / nk, 1);
     const int key_dim = nk * dk;
     const int cols = 2 * key_dim + nv * dv;
     float* S = state + (i64)h * dk * dv;
+    const float an = a_neg[h], dtb = dt_bias[h];
 
-    __shared__ float qs[GD_RPT * GD_MAXW], ks[GD_RPT * GD_MAXW];
-    __shared__ float red[GD_MAXW][32];
-    __shared__ float red1[GD_MAXW];
-
-    float s[GD_RPT];
-#pragma unroll
-    for (int r = 0; r < GD_RPT; r++) {
-        const int i = warp + nw * r;
-        s[r] = (col && i < dk) ? S[(i64)i * dv + j] : 0.f;
-    }
-    const float qscale = 1.0f / sqrtf((float)dk);
+    float s[GD_ROWS][GD_CPW];
+    state_load(s, S, j0, dk, dv);
+    GdIn cur, nxt;
+    gd_load(cur, qkv, alpha, beta, h, kh, j0, dk, dv, key_dim);
     for (int t = 0; t < n; t++) {
-        const float* row = qkv + (i64)t * cols;
-        // q, k of the key head into shared memory, with their squared norms.
-        float sq = 0.f, sk = 0.f;
-        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-            const float a = row[kh * dk + i], b = row[key_dim + kh * dk + i];
-            qs[i] = a;
-            ks[i] = b;
-            sq += a * a;
-            sk += b * b;
-        }
-        sq = block_sum(sq, red1, nw);
-        sk = block_sum(sk, red1, nw);
-        const float iq = qscale / sqrtf(sq + 1e-6f), ik = 1.0f / sqrtf(sk + 1e-6f);
-        const float g = a_neg[h] * softplus_f(alpha[(i64)t * nv + h] + dt_bias[h]);
-        const float bt = sigmoid_f(beta[(i64)t * nv + h]);
-        const float decay = expf(g);
-        const float v = col ? row[2 * key_dim + h * dv + j] : 0.f;
-        const float o = delta_rule_step(s, ks, qs, ik, iq, decay, bt, v, red, nw, warp, dk);
-        if (col && warp == 0) out[(i64)t * nv * dv + (i64)h * dv + j] = o;
-    }
+        if (t + 1 < n)
+            gd_load(nxt, qkv + (i64)(t + 1) * cols, alpha + (i64)(t + 1) * nv,
+                    beta + (i64)(t + 1) * nv, h, kh, j0, dk, dv, key_dim);
+        l2_norm_qk(cur.q, cur.k, dk);
+        const float decay = expf(an * softplus_f(cur.a + dtb)), bt = sigmoid_f(cur.b);
+        float o[GD_CPW];
+        delta_cols(s, cur.k, cur.q, cur.v, decay, bt, o);
 #pragma unroll
-    for (int r = 0; r < GD_RPT; r++) {
-        const int i = warp + nw * r;
-        if (col && i < dk) S[(i64)i * dv + j] = s[r];
+        for (int c = 0; c < GD_CPW; c++)
+            if (lane == c && j0 + c < dv) out[(i64)t * nv * dv + (i64)h * dv + j0 + c] = o[c];
+        cur = nxt;
     }
+    state_store(s, S, j0, dk, dv);
 }
 
 // x = x · rsqrt(mean(x²) + eps) · w · silu(z) over groups of g values; one block per group.
@@ -242,117 +284,149 @@ extern "C" __global__ void scatter_add_rows(float* dst, const u32* ids, const fl
 }
 
 // One decode token of a Gated DeltaNet layer in one launch: ssm_conv, gated_delta and
-// rms_norm_gated (with its q8_1 for ssm_out when xq is set), with each op's arithmetic in
-// its order, so the results are those of the three kernels above.
-// Grid and block as gated_delta's: block (h, y) convolves what it reads itself (the q, k
-// channels of its key head, its 32 v channels) from the raw qkv row (not written). Its v
-// channels' window is its own to move; a key head's q, k window is read by every block of
-// the heads on it, so the last of those to arrive (cnt[kh]) moves it. The norm spans the
-// head's d_v outputs over gridDim.y blocks: each writes its columns of out, and the last
-// to arrive (cnt[nk + h]) normalizes the head. Counters go back to 0 for the next call.
+// rms_norm_gated (with its q8_1 for ssm_out when xq is set), each op's arithmetic in its
+// order except the norm's sum of squares. Grid (n_v, nb): a head's d_v state columns are
+// split over nb blocks, DS_CPW columns a warp. What the kernel before (the qkv / z GEMV)
+// does not write — the state, the conv window and taps, the norm weight — is read before
+// gdc_wait, with the window's part of each conv sum. Each warp convolves what it reads
+// itself (its lanes' q, k channels, its columns' v channels) from the raw qkv row (not
+// written). A block's v window is its own to move; a key head's q, k window is read by
+// every block of the heads on it, so the last of those to arrive (cnt[kh]) moves it. With
+// nb = 1 the block normalizes its head; with more, each writes its raw outputs and the
+// last of the head's blocks to arrive (cnt[nk + h]) normalizes them. Counters go back to 0.
 // qkv [2·nk·dk + nv·dv]; win [kc − 1, that] (oldest first); cw [that, kc]; z, out [nv·dv].
-extern "C" __global__ void __launch_bounds__(1024)
+#define DS_CPW 8
+extern "C" __global__ void __launch_bounds__(512, 1)
     delta_step(const float* qkv, float* win, const float* cw, int kc, const float* alpha,
                const float* beta, const float* a_neg, const float* dt_bias, float* state,
                float* out, int nk, int nv, int dk, int dv, int tiled, const float* nwt,
                const float* z, float eps, i8* xq, float2* xds, u32* cnt) {
-    gdc_wait();
-    const int h = blockIdx.x;
+    const int h = blockIdx.x, nb = gridDim.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nw = blockDim.x >> 5;
-    const int j = blockIdx.y * 32 + lane;
-    const bool col = j < dv;
+    const int j0 = (blockIdx.y * nw + warp) * DS_CPW;
     const int kh = tiled ? h % nk : h / max(nv / nk, 1);
     const int key_dim = nk * dk;
     const int cols = 2 * key_dim + nv * dv;
     const int hist = kc - 1;
-    float* S = state + (i64)h * dk * dv;
-
-    __shared__ float qs[GD_RPT * GD_MAXW], ks[GD_RPT * GD_MAXW];
-    __shared__ float red[GD_MAXW][32];
-    __shared__ float red1[GD_MAXW];
-    __shared__ int last;
-
-    // ssm_conv of channel c: the window, then the new input, then SiLU.
-    auto conv = [&](int c) {
-        float s = 0.f;
-        for (int t = 0; t < hist; t++) s += win[(i64)t * cols + c] * cw[(i64)c * kc + t];
-        s += qkv[c] * cw[(i64)c * kc + hist];
-        return silu_f(s);
-    };
-    // Moves channel c's window by the new input.
-    auto shift = [&](int c) {
-        for (int t = 0; t + 1 < hist; t++) win[(i64)t * cols + c] = win[(i64)(t + 1) * cols + c];
-        if (hist > 0) win[(i64)(hist - 1) * cols + c] = qkv[c];
-    };
-
-    float s[GD_RPT];
-#pragma unroll
-    for (int r = 0; r < GD_RPT; r++) {
-        const int i = warp + nw * r;
-        s[r] = (col && i < dk) ? S[(i64)i * dv + j] : 0.f;
-    }
-    const float qscale = 1.0f / sqrtf((float)dk);
-    const int cv = 2 * key_dim + h * dv + j;
-    const float v = col ? conv(cv) : 0.f;
-    float sq = 0.f, sk = 0.f;
-    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-        const float a = conv(kh * dk + i), b = conv(key_dim + kh * dk + i);
-        qs[i] = a;
-        ks[i] = b;
-        sq += a * a;
-        sk += b * b;
-    }
-    sq = block_sum(sq, red1, nw);
-    // Every thread of the block has read the window by now.
-    if (col && warp == 0) shift(cv);
-    if (threadIdx.x == 0) last = atomicAdd(cnt + kh, 1u) == (u32)(nv / nk * gridDim.y) - 1;
-    sk = block_sum(sk, red1, nw);
-    if (last) {
-        for (int i = threadIdx.x; i < 2 * dk; i += blockDim.x)
-            shift(i < dk ? kh * dk + i : key_dim + kh * dk + i - dk);
-        if (threadIdx.x == 0) cnt[kh] = 0;
-    }
-    const float iq = qscale / sqrtf(sq + 1e-6f), ik = 1.0f / sqrtf(sk + 1e-6f);
-    const float g = a_neg[h] * softplus_f(alpha[h] + dt_bias[h]);
-    const float bt = sigmoid_f(beta[h]);
-    const float decay = expf(g);
-    const float o = delta_rule_step(s, ks, qs, ik, iq, decay, bt, v, red, nw, warp, dk);
     const i64 base = (i64)h * dv;
-    if (col && warp == 0) out[base + j] = o;
+    float* S = state + (i64)h * dk * dv;
+    __shared__ float ob[32 * GD_ROWS];  // the head's d_v outputs (for the norm)
+    __shared__ float red[16];
+    __shared__ int last_k, last_h;
+
+    // The window's part of channel c's conv sum (its newest tap is read after the wait,
+    // beside the input).
+    auto conv_part = [&](int c) {
+        float p = 0.f;
+        for (int t = 0; t < hist; t++) p += win[(i64)t * cols + c] * cw[(i64)c * kc + t];
+        return p;
+    };
+    auto tap = [&](int c) { return cw[(i64)c * kc + hist]; };
+    // Moves channel c's window by the new input x: every load, then every store (one trip).
+    auto shift = [&](int c, float x) {
+        float w[CONV_MAXK];
 #pragma unroll
-    for (int r = 0; r < GD_RPT; r++) {
-        const int i = warp + nw * r;
-        if (col && i < dk) S[(i64)i * dv + j] = s[r];
+        for (int t = 0; t + 1 < CONV_MAXK; t++)
+            if (t + 1 < hist) w[t] = win[(i64)(t + 1) * cols + c];
+#pragma unroll
+        for (int t = 0; t + 1 < CONV_MAXK; t++)
+            if (t + 1 < hist) win[(i64)t * cols + c] = w[t];
+        if (hist > 0) win[(i64)(hist - 1) * cols + c] = x;
+    };
+
+    float s[GD_ROWS][DS_CPW];
+    state_load(s, S, j0, dk, dv);
+    float pq[GD_ROWS], pk[GD_ROWS];
+#pragma unroll
+    for (int r = 0; r < GD_ROWS; r++) {
+        const int i = lane + 32 * r;
+        pq[r] = i < dk ? conv_part(kh * dk + i) : 0.f;
+        pk[r] = i < dk ? conv_part(key_dim + kh * dk + i) : 0.f;
     }
-    // The gated norm of the head, by the last of its blocks.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(cnt + nk + h, 1u) == gridDim.y - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const volatile float* ov = out;
-    // rms_norm_gated's block of bd threads, bd/32 virtual warps walked by this block's.
-    const int bd = min(256, (dv + 31) / 32 * 32), vnw = bd >> 5;
-    for (int vw = warp; vw < vnw; vw += nw) {
-        float ss = 0.f;
-        for (int i = vw * 32 + lane; i < dv; i += bd) {
-            const float x = ov[base + i];
-            ss += x * x;
-        }
-        ss = warp_sum(ss);
-        if (lane == 0) red1[vw] = ss;
+    // Lane c < DS_CPW convolves column j0 + c's v channel (the others get it by shuffle).
+    const int jv = j0 + lane;
+    const bool vl = lane < DS_CPW && jv < dv;
+    const int cv = 2 * key_dim + h * dv + jv;
+    const float pv = vl ? conv_part(cv) : 0.f;
+    // The norm's first output of this thread, if its block normalizes (every block reads it).
+    const int jn = warp * 32 + lane;
+    const float wn = jn < dv ? nwt[jn] : 0.f;
+    const float an = a_neg[h], dtb = dt_bias[h];
+
+    gdc_wait();
+    float q[GD_ROWS], k[GD_ROWS];
+#pragma unroll
+    for (int r = 0; r < GD_ROWS; r++) {
+        const int i = lane + 32 * r, cq = kh * dk + i, ck = key_dim + kh * dk + i;
+        q[r] = i < dk ? silu_f(pq[r] + qkv[cq] * tap(cq)) : 0.f;
+        k[r] = i < dk ? silu_f(pk[r] + qkv[ck] * tap(ck)) : 0.f;
     }
-    __syncthreads();
+    const float xv = vl ? qkv[cv] : 0.f;
+    const float vc = vl ? silu_f(pv + xv * tap(cv)) : 0.f;
+    const float al = alpha[h], be = beta[h];
+    const float zn = jn < dv ? z[base + jn] : 0.f;
+    float v[DS_CPW];
+#pragma unroll
+    for (int c = 0; c < DS_CPW; c++) v[c] = __shfl_sync(0xffffffffu, vc, c);
+    l2_norm_qk(q, k, dk);
+    const float decay = expf(an * softplus_f(al + dtb)), bt = sigmoid_f(be);
+    float o[DS_CPW];
+    delta_cols(s, k, q, v, decay, bt, o);
+    state_store(s, S, j0, dk, dv);
+    // Lane c alone reads column j0 + c's v window, and no other block: it moves it.
+    if (vl) shift(cv, xv);
     float ss = 0.f;
-    for (int i = 0; i < vnw; i++) ss += red1[i];
-    const float inv = 1.0f / sqrtf(ss / (float)dv + eps);
-    for (int vw = warp; vw < vnw; vw += nw)
-        for (int i = vw * 32 + lane; i < dv; i += bd) {
-            const float x = ov[base + i] * inv * nwt[i] * silu_f(z[base + i]);
-            out[base + i] = x;
-            if (xq) q8_1_warp(x, xq, xds, (base + i) >> 5, lane);
+#pragma unroll
+    for (int c = 0; c < DS_CPW; c++) {
+        if (lane == c && j0 + c < dv) {
+            if (nb == 1) ob[j0 + c] = o[c];
+            else out[base + j0 + c] = o[c];
         }
-    if (threadIdx.x == 0) cnt[nk + h] = 0;
+        ss += o[c] * o[c];  // columns past d_v are 0
+    }
+    if (lane == 0) red[warp] = ss;
+    if (nb > 1) __threadfence();
+    __syncthreads();
+    // The block's reads of the q, k window are done, and its outputs written.
+    if (threadIdx.x == 0) {
+        last_k = atomicAdd(cnt + kh, 1u) == (u32)(nv / nk * nb) - 1;
+        last_h = nb == 1 || atomicAdd(cnt + nk + h, 1u) == (u32)nb - 1;
+    }
+    __syncthreads();
+    if (last_h) {
+        if (nb > 1) {
+            // The head's raw outputs, written by its other blocks.
+            __threadfence();
+            const volatile float* ov = out;
+            float sq = 0.f;
+            for (int j = threadIdx.x; j < dv; j += blockDim.x) {
+                const float x = ov[base + j];
+                ob[j] = x;
+                sq += x * x;
+            }
+            sq = warp_sum(sq);
+            if (lane == 0) red[warp] = sq;
+            __syncthreads();
+            if (threadIdx.x == 0) cnt[nk + h] = 0;
+        }
+        float sum = 0.f;
+        for (int w = 0; w < nw; w++) sum += red[w];
+        const float inv = 1.0f / sqrtf(sum / (float)dv + eps);
+        // The gated norm and its q8_1, a warp per 32 outputs.
+        for (int j = jn; j - lane < dv; j += nw * 32) {
+            const bool in = j < dv;
+            const float w = j == jn ? wn : in ? nwt[j] : 0.f;
+            const float zj = j == jn ? zn : in ? z[base + j] : 0.f;
+            const float x = in ? ob[j] * inv * w * silu_f(zj) : 0.f;
+            if (in) out[base + j] = x;
+            if (xq) q8_1_warp(x, xq, xds, (base + j) >> 5, lane);
+        }
+    }
+    if (!last_k) return;
+    for (int i = threadIdx.x; i < 2 * dk; i += blockDim.x) {
+        const int c = i < dk ? kh * dk + i : key_dim + kh * dk + i - dk;
+        shift(c, qkv[c]);
+    }
+    if (threadIdx.x == 0) cnt[kh] = 0;
 }
