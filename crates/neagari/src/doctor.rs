@@ -51,8 +51,16 @@ fn cuda() {
             d.total_bytes as f64 / (1u64 << 30) as f64
         );
     }
-    match &p.unavailable {
-        Some(why) => println!("cuda: unavailable: {why}"),
-        None => println!("cuda: ready (--device cuda or cuda:N)"),
+    if let Some(why) = &p.unavailable {
+        println!("cuda: unavailable: {why}");
+        return;
+    }
+    println!("cuda: ready (--device cuda or cuda:N)");
+    match neagari_backend::cuda::kernel_cache_dir() {
+        Some(d) => println!(
+            "cuda: compiled kernels kept in {} (NEAGARI_KERNEL_CACHE=off to stop)",
+            d.display()
+        ),
+        None => println!("cuda: compiled kernels are not kept between runs"),
     }
 }

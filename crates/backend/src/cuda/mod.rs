@@ -32,9 +32,11 @@
 //! (prefill) dequantize the matrix to an f16 scratch tile and call cuBLAS (f16 × f16 → f32,
 //! tensor cores) — a first step before a fused dequantize-mma kernel.
 
+mod kernel_cache;
 mod probe;
 mod ptxas;
 
+pub use kernel_cache::dir as kernel_cache_dir;
 pub use probe::{probe, DeviceInfo, Probe};
 pub use ptxas::{kernel_registers, KernelRegs};
 
@@ -254,13 +256,29 @@ fn compile(name: &str, arch: &str, defines: &str, src: &str) -> Result<String> {
         return Ok(p.clone());
     }
     let full = full_source(defines, src);
+    let options = nvrtc_options(arch);
+    // A compile of the same inputs in an earlier run (kernel_cache.rs).
+    let disk = kernel_cache::dir().map(|d| {
+        let k = kernel_cache::key(&full, &options, probe::nvrtc_version());
+        (d, k)
+    });
+    if let Some(s) = disk
+        .as_ref()
+        .and_then(|(d, k)| kernel_cache::load(d, name, arch, k))
+    {
+        cache.insert(key, s.clone());
+        return Ok(s);
+    }
     let opts = CompileOptions {
-        options: nvrtc_options(arch),
+        options,
         ..Default::default()
     };
     let ptx = compile_ptx_with_opts(&full, opts)
         .map_err(|e| BackendError::Other(format!("NVRTC failed to compile {name}: {e:?}")))?;
     let s = ptx.to_src();
+    if let Some((d, k)) = &disk {
+        kernel_cache::store(d, name, arch, k, &s);
+    }
     cache.insert(key, s.clone());
     Ok(s)
 }

@@ -26,6 +26,18 @@ pub struct Probe {
     pub devices: Vec<DeviceInfo>,
 }
 
+/// NVRTC's version, if the library loads.
+pub(super) fn nvrtc_version() -> Option<(i32, i32)> {
+    // SAFETY: only tries to open the shared library.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return None;
+    }
+    let (mut maj, mut min) = (0, 0);
+    // SAFETY: nvrtcVersion writes two ints; the library is present.
+    let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut maj, &mut min) };
+    (r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((maj, min))
+}
+
 /// Looks for the driver, NVRTC, cuBLAS and the devices.
 pub fn probe() -> Probe {
     let mut p = Probe::default();
@@ -43,12 +55,7 @@ pub fn probe() -> Probe {
         return p;
     }
     if has_rtc {
-        let (mut maj, mut min) = (0, 0);
-        // SAFETY: nvrtcVersion writes two ints; the library is present.
-        let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut maj, &mut min) };
-        if r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
-            p.nvrtc_version = Some((maj, min));
-        }
+        p.nvrtc_version = nvrtc_version();
     }
     // The driver library is present; cuInit is idempotent.
     if let Err(e) = cudarc::driver::result::init() {
