@@ -1,17 +1,20 @@
 #!/bin/bash
-# On a GPU machine, from the repository root with target/cuda-stage/bin (bench/cuda/stage.sh):
-# the GPU suites, then `neagari bench` on random-weight files of real shapes (neagari synth),
-# each run's figures as the CLI prints them. Environment (all optional):
+# On a GPU machine, from the repository root with target/cuda-stage.tgz carried (or
+# target/cuda-stage/bin; bench/cuda/stage.sh makes both): the GPU suites, then `neagari
+# bench` on random-weight files of real shapes (neagari synth), each run's figures as the
+# CLI prints them. Environment (all optional):
 #   TESTS=1            run the four GPU suites first (in parallel; logs in $OUT or /tmp)
 #   OPS_FILTER="a b"   only these cuda_ops tests
 #   TYPES="Q1_0 TQ2_0 Q4_K gemma"   files to bench: 27B shapes of those types, Gemma 3 270M
-#   AB_<TYPE>="def VAR=1,VAR2=x"    runs per file, each an env (commas between variables)
+#   AB_<TYPE>="def VAR=1,VAR2=x prev"  runs per file, each an env (commas between
+#                      variables), or `prev`: the CLI staged before this one (neagari_prev)
 #   ARGS="-p 512 -n 128 -r 2 --argmax --verify 8"   bench arguments for the 27B files
 #   GEMV="Q1_0 TQ2_0"  time the one-row GEMV at the 27B's shapes first (examples/cuda_gemv.rs)
 #   LLAMA_BENCH=path   a llama-bench binary built elsewhere: the same files, -ngl 99 -fa 1
 set -uo pipefail
 R0=$(pwd)
 B=$R0/target/cuda-stage/bin
+[ -x "$B/neagari" ] || tar xzf "$R0/target/cuda-stage.tgz" -C "$R0/target" || exit 1
 W=${WORK:-/tmp/neagari-cuda}
 LOG=${OUT:-/tmp}
 mkdir -p "$W"
@@ -57,12 +60,13 @@ for t in $TYPES; do
     f=$(file_of "$t")
     v="AB_$t"
     for e in ${!v:-def}; do
-        envs=""
-        [ "$e" != def ] && envs=$(echo "$e" | tr ',' ' ')
+        envs="" bin=neagari
+        if [ "$e" = prev ]; then bin=neagari_prev
+        elif [ "$e" != def ]; then envs=$(echo "$e" | tr ',' ' '); fi
         if [ "$t" = gemma ]; then args="-p 512 -n 128 -r 3 --argmax"
         else args=${ARGS:--p 512 -n 128 -r 2 --argmax --verify 8}; fi
         echo "== neagari $t [$e] $args"
-        env $envs timeout 300 "$B/neagari" bench --device cuda -m "$f" $args 2>&1 | grep -vE "^\s*$"
+        env $envs timeout 300 "$B/$bin" bench --device cuda -m "$f" $args 2>&1 | grep -vE "^\s*$"
     done
     if [ -n "${LLAMA_BENCH:-}" ] && [ "$t" != TQ2_0 ]; then
         echo "== llama.cpp $t"

@@ -1,8 +1,11 @@
 #!/bin/bash
 # Builds what a GPU run needs here (no CUDA needed: kernels compile by NVRTC on the device)
-# and stages stripped copies in target/cuda-stage/bin, small enough to carry to the device
-# (~23 MB): the CLI, the one-row GEMV timer (examples/cuda_gemv.rs) and the four GPU suites.
-# Then, on the GPU machine, from a checkout of the same commit: bash bench/cuda/run.sh.
+# and packs stripped copies into target/cuda-stage.tgz (~14 MB; the device tool carries at
+# most 64 MiB with the checkout): the CLI, the one-row GEMV timer (examples/cuda_gemv.rs)
+# and the four GPU suites. The CLI of the previous staging is kept as `neagari_prev`, so one
+# device call can time the change against what came before it on the same files (run.sh's
+# AB entry `prev`). Then carry target/cuda-stage.tgz and, on the GPU machine, from a
+# checkout of the same commit: bash bench/cuda/run.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release -p neagari
@@ -10,6 +13,8 @@ cargo build --release -p neagari-backend --example cuda_gemv
 cargo test --release -p neagari-backend --test cuda_ops --test cuda_hybrid --no-run
 cargo test --release -p neagari-engine --test cuda_models --test cuda_hybrid_models --no-run
 D=target/cuda-stage/bin
+prev=$(mktemp)
+if [ -f "$D/neagari" ]; then cp "$D/neagari" "$prev"; else rm -f "$prev"; fi
 rm -rf "$D" && mkdir -p "$D"
 cp target/release/neagari target/release/examples/cuda_gemv "$D"/
 for t in cuda_ops cuda_hybrid cuda_models cuda_hybrid_models; do
@@ -18,4 +23,6 @@ for t in cuda_ops cuda_hybrid cuda_models cuda_hybrid_models; do
     cp "$f" "$D/$t"
 done
 strip "$D"/*
-du -sh "$D"
+if [ -f "$prev" ]; then mv "$prev" "$D/neagari_prev"; fi
+tar czf target/cuda-stage.tgz -C target cuda-stage/bin
+du -sh "$D" target/cuda-stage.tgz
