@@ -226,6 +226,68 @@ pub struct Attn {
     pub softcap: Option<f32>,
 }
 
+/// What an attention layer does to q and k before the attention (`Backend::attention_block`):
+/// per-head RMSNorm (each where its weight is given), then RoPE.
+#[derive(Clone, Copy, Debug)]
+pub struct QkPrep<'a, V> {
+    pub q_norm: Option<&'a V>,
+    pub k_norm: Option<&'a V>,
+    pub eps: f32,
+    pub rope_q: &'a Rope,
+    pub rope_k: &'a Rope,
+    /// Llama 3.1's `rope_freqs`.
+    pub freq_factors: Option<&'a V>,
+}
+
+/// `Backend::attention_block` as the separate ops (the default, and a device backend's path
+/// where its fused form does not apply).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_block_ops<B: Backend + ?Sized>(
+    be: &B,
+    kv: &mut B::Kv,
+    layer: usize,
+    pos0: usize,
+    q: &mut B::Buf,
+    gated: bool,
+    k: &mut B::Buf,
+    v: &B::Buf,
+    prep: &QkPrep<B::Vector>,
+    attn: &Attn,
+    out: &mut B::Buf,
+) -> Result<()> {
+    let (hd, nh) = (attn.head_dim, attn.n_heads);
+    let (rows, _) = be.buf_shape(q);
+    let mut parts = None;
+    if gated {
+        let mut qq = be.buf(rows, nh * hd)?; // [rows, n_heads·hd]
+        be.copy_cols(q, 0, hd, 2 * hd, nh, &mut qq)?;
+        let mut g = be.buf(rows, nh * hd)?; // [rows, n_heads·hd]
+        be.copy_cols(q, hd, hd, 2 * hd, nh, &mut g)?;
+        parts = Some((qq, g));
+    }
+    let qr = match parts.as_mut() {
+        Some((qq, _)) => qq,
+        None => q,
+    };
+    be.qk_norm_rope(
+        qr,
+        k,
+        prep.q_norm,
+        prep.k_norm,
+        prep.eps,
+        hd,
+        pos0,
+        prep.rope_q,
+        prep.rope_k,
+        prep.freq_factors,
+    )?;
+    be.attention(kv, layer, pos0, qr, k, v, attn, out)?;
+    if let Some((_, g)) = &parts {
+        be.mul_sigmoid(out, g)?;
+    }
+    Ok(())
+}
+
 impl Attn {
     /// Checks an `attention` call's operands (`[rows, cols]` of q, k, v) against this layer
     /// and the cache it writes (`layer` of `kv`, positions `pos0..pos0 + rows`): the one
@@ -592,6 +654,27 @@ pub trait Backend: Send + Sync + 'static {
         attn: &Attn,
         out: &mut Self::Buf,
     ) -> Result<()>;
+    /// One attention layer from its raw projections: q `[rows, n_heads·hd]`, or with `gated`
+    /// `[rows, n_heads·2hd]` (each head's query, then its output gate); k, v `[rows,
+    /// n_kv·hd]`. `qk_norm_rope` of the queries and k (k in place; q too where not gated),
+    /// `attention` into `out` (`[rows, n_heads·hd]`), then with `gated` out ·= sigmoid(gate).
+    /// A device backend may run it in fewer launches.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_block(
+        &self,
+        kv: &mut Self::Kv,
+        layer: usize,
+        pos0: usize,
+        q: &mut Self::Buf,
+        gated: bool,
+        k: &mut Self::Buf,
+        v: &Self::Buf,
+        prep: &QkPrep<Self::Vector>,
+        attn: &Attn,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        attention_block_ops(self, kv, layer, pos0, q, gated, k, v, prep, attn, out)
+    }
     /// Record that positions `..new_len` are now valid (after all layers stored them).
     fn kv_commit(&self, kv: &mut Self::Kv, new_len: usize) -> Result<()>;
 

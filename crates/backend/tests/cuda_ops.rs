@@ -12,7 +12,7 @@ use cuda_common::{check_q8_1, cpu, exact_product, gpu, randv, rel, rng, tensor};
 use std::io::Write;
 
 use neagari_backend::cuda::CudaBackend;
-use neagari_backend::{Attn, Backend, GluAct, HostTensor, KvShape, KvType, Rope};
+use neagari_backend::{Attn, Backend, GluAct, HostTensor, KvShape, KvType, QkPrep, Rope};
 use neagari_quant::GgmlType;
 use rand::{rngs::StdRng, Rng};
 
@@ -1087,5 +1087,118 @@ fn fused_qk_norm_rope() {
                 check_float_op(&format!("{name} k vs CPU"), 2e-5, kc, kf);
             }
         }
+    }
+}
+
+/// Prefill then decode steps of `attention_block` on a fresh cache (layer 1), every output.
+#[allow(clippy::too_many_arguments)]
+fn attention_block_run<B: Backend>(
+    be: &B,
+    attn: &Attn,
+    gated: bool,
+    rope: &Rope,
+    norms: Option<(&[f32], &[f32])>,
+    chunks: &[usize],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+) -> Vec<f32> {
+    let hd = attn.head_dim;
+    let qd = attn.n_heads * hd * if gated { 2 } else { 1 };
+    let kvd = attn.n_kv_heads * hd;
+    let n: usize = chunks.iter().sum();
+    let mut kv = be
+        .kv_alloc(&KvShape {
+            n_layers: 2,
+            n_ctx: n + 3,
+            n_kv_heads: attn.n_kv_heads,
+            head_dim: hd,
+            ty: KvType::F16,
+        })
+        .unwrap();
+    let nv = norms.map(|(a, b)| (vector(be, a), vector(be, b)));
+    let prep = QkPrep {
+        q_norm: nv.as_ref().map(|(a, _)| a),
+        k_norm: nv.as_ref().map(|(_, b)| b),
+        eps: 1e-6,
+        rope_q: rope,
+        rope_k: rope,
+        freq_factors: None,
+    };
+    let (mut all, mut pos) = (Vec::new(), 0);
+    for &m in chunks {
+        let mut qb = upload(be, &q[pos * qd..(pos + m) * qd], m, qd);
+        let mut kb = upload(be, &k[pos * kvd..(pos + m) * kvd], m, kvd);
+        let vb = upload(be, &v[pos * kvd..(pos + m) * kvd], m, kvd);
+        let mut out = be.buf(1, 1).unwrap();
+        be.attention_block(
+            &mut kv, 1, pos, &mut qb, gated, &mut kb, &vb, &prep, attn, &mut out,
+        )
+        .unwrap();
+        be.kv_commit(&mut kv, pos + m).unwrap();
+        all.extend(download(be, &out));
+        pos += m;
+    }
+    all
+}
+
+/// `attention_block` in two launches (NEAGARI_CUDA_FUSE_ATTN=1: `qk_norm_rope` reading a
+/// gated layer's queries and storing k, v; `attention` gating its output) against the
+/// separate GPU ops (the same arithmetic) and the CPU: Qwen3.6's gated heads with a partial
+/// rotation, ungated with and without norms, and a cache long enough that the decode
+/// steps split over the positions (`att_combine` gates).
+#[test]
+fn attention_block_fused_matches_the_ops() {
+    let Some(g) = gpu() else { return };
+    std::env::set_var("NEAGARI_CUDA_FUSE_ATTN", "1");
+    let gf = CudaBackend::new(0).expect("open GPU 0");
+    std::env::remove_var("NEAGARI_CUDA_FUSE_ATTN");
+    let c = cpu();
+    let mut r = rng();
+    // (heads, kv heads, head_dim, gated, norms, rotated dims, prefill rows, decode steps)
+    let cases = [
+        (
+            24usize, 4usize, 256usize, true, true, 64usize, 20usize, 3usize,
+        ), // Qwen3.6 27B
+        (4, 1, 256, false, true, 256, 9, 2),  // Gemma 3 270M
+        (8, 2, 128, false, false, 128, 5, 2), // Llama
+        (2, 1, 64, true, true, 64, 600, 2),   // 2 heads: decode splits
+    ];
+    for (nh, nkv, hd, gated, with_norm, dims, n0, steps) in cases {
+        let attn = Attn {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window: None,
+            softcap: None,
+        };
+        let rope = Rope::plain(dims, 10_000_000.0, true);
+        let n = n0 + steps;
+        let qd = nh * hd * if gated { 2 } else { 1 };
+        let q = randv(&mut r, n * qd, 2.0);
+        let k = randv(&mut r, n * nkv * hd, 2.0);
+        let v = randv(&mut r, n * nkv * hd, 1.0);
+        let (wq, wk) = (randv(&mut r, hd, 1.5), randv(&mut r, hd, 1.5));
+        let norms = with_norm.then_some((&wq[..], &wk[..]));
+        let mut chunks = vec![n0];
+        chunks.extend(std::iter::repeat_n(1, steps));
+        let fused = attention_block_run(&gf, &attn, gated, &rope, norms, &chunks, &q, &k, &v);
+        let ops = attention_block_run(&g, &attn, gated, &rope, norms, &chunks, &q, &k, &v);
+        let host = attention_block_run(&c, &attn, gated, &rope, norms, &chunks, &q, &k, &v);
+        let name = format!("attention_block {nh}/{nkv}x{hd} gated {gated} norms {with_norm}");
+        eprintln!(
+            "{name}: {} of {} values differ from the separate ops",
+            n_diff(&fused, &ops),
+            ops.len()
+        );
+        check_float_op(
+            &format!("{name} vs separate GPU ops"),
+            1e-6,
+            ops,
+            fused.clone(),
+        );
+        // The CPU's softmax weights are rounded to f16 (attention_matches_the_cpu).
+        check_float_op(&format!("{name} vs CPU"), 3e-3, host, fused);
     }
 }

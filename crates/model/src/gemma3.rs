@@ -3,7 +3,7 @@
 //! `1 + w` into the weights); q/k norms before NeoX RoPE; sliding-window layers with their
 //! own RoPE base, every sixth layer global; GeGLU MLP; tied output head.
 
-use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, Rope};
+use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, QkPrep, Rope};
 
 use crate::dump::Dump;
 use crate::source::{ModelSource, SourceExt};
@@ -324,30 +324,6 @@ impl<B: Backend> Gemma3<B> {
             } else {
                 rope
             };
-            if dump.is_some() {
-                // The dump wants the normed q, k before RoPE: the separate ops.
-                be.rms_norm_inplace(&mut q, &l.q_norm, c.eps)?;
-                be.rms_norm_inplace(&mut k, &l.k_norm, c.eps)?;
-                put("Qcur_normed", Some(il), &q);
-                put("Kcur_normed", Some(il), &k);
-                be.rope(&mut q, hd, pos0, rope_q, None)?;
-                be.rope(&mut k, hd, pos0, rope, None)?;
-            } else {
-                be.qk_norm_rope(
-                    &mut q,
-                    &mut k,
-                    Some(&l.q_norm),
-                    Some(&l.k_norm),
-                    c.eps,
-                    hd,
-                    pos0,
-                    rope_q,
-                    rope,
-                    None,
-                )?;
-            }
-            put("Qcur_rope", Some(il), &q);
-            put("Kcur_rope", Some(il), &k);
             let attn = Attn {
                 n_heads: c.n_heads,
                 n_kv_heads: c.n_kv_heads,
@@ -356,7 +332,30 @@ impl<B: Backend> Gemma3<B> {
                 window,
                 softcap: None,
             };
-            be.attention(kv, il, pos0, &q, &k, &v, &attn, &mut att)?;
+            if dump.is_some() {
+                // The dump wants the normed q, k before RoPE: the separate ops.
+                be.rms_norm_inplace(&mut q, &l.q_norm, c.eps)?;
+                be.rms_norm_inplace(&mut k, &l.k_norm, c.eps)?;
+                put("Qcur_normed", Some(il), &q);
+                put("Kcur_normed", Some(il), &k);
+                be.rope(&mut q, hd, pos0, rope_q, None)?;
+                be.rope(&mut k, hd, pos0, rope, None)?;
+                put("Qcur_rope", Some(il), &q);
+                put("Kcur_rope", Some(il), &k);
+                be.attention(kv, il, pos0, &q, &k, &v, &attn, &mut att)?;
+            } else {
+                let prep = QkPrep {
+                    q_norm: Some(&l.q_norm),
+                    k_norm: Some(&l.k_norm),
+                    eps: c.eps,
+                    rope_q,
+                    rope_k: rope,
+                    freq_factors: None,
+                };
+                be.attention_block(
+                    kv, il, pos0, &mut q, false, &mut k, &v, &prep, &attn, &mut att,
+                )?;
+            }
             put("kqv_out", Some(il), &att);
             be.matmul(&l.wo, &att, &mut o)?;
             put("attn_out", Some(il), &o);

@@ -3,7 +3,7 @@
 //! (per-head q/k RMSNorm before NeoX RoPE, explicit head_dim). Pre-norm blocks, GQA,
 //! SwiGLU MLP, optional tied output head and Llama 3.1 `rope_freqs`.
 
-use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, Rope};
+use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, QkPrep, Rope};
 
 use crate::source::{ModelSource, SourceExt};
 use crate::{check_room, CausalLm, ModelError, ModelInfo, OutputHead, Result};
@@ -278,19 +278,17 @@ impl<B: Backend> Llama<B> {
                     be.add_bias(buf, b)?;
                 }
             }
-            be.qk_norm_rope(
-                &mut q,
-                &mut k,
-                l.q_norm.as_ref(),
-                l.k_norm.as_ref(),
-                c.eps,
-                hd,
-                pos0,
-                &c.rope,
-                &c.rope,
-                self.rope_freqs.as_ref(),
+            let prep = QkPrep {
+                q_norm: l.q_norm.as_ref(),
+                k_norm: l.k_norm.as_ref(),
+                eps: c.eps,
+                rope_q: &c.rope,
+                rope_k: &c.rope,
+                freq_factors: self.rope_freqs.as_ref(),
+            };
+            be.attention_block(
+                kv, il, pos0, &mut q, false, &mut k, &v, &prep, &attn, &mut att,
             )?;
-            be.attention(kv, il, pos0, &q, &k, &v, &attn, &mut att)?;
             be.matmul(&l.wo, &att, &mut o)?;
             be.add_rms_norm(&mut x, &o, &l.ffn_norm, c.eps, &mut xn)?;
 

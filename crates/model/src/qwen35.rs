@@ -16,7 +16,7 @@
 //! `nextn_predict_layers` blocks) are loaded and kept for speculative decoding.
 
 use neagari_backend::{
-    Attn, Backend, DeltaNet, GluAct, HeadMap, HostTensor, KvShape, KvType, RecShape, Rope,
+    Attn, Backend, DeltaNet, GluAct, HeadMap, HostTensor, KvShape, KvType, QkPrep, RecShape, Rope,
 };
 
 use crate::source::{ModelSource, SourceExt};
@@ -598,32 +598,11 @@ impl<B: Backend> Qwen35<B> {
         let (nt, _) = be.buf_shape(xn);
         let hd = c.head_dim;
         let q_dim = c.n_heads * hd;
-        let mut q = be.buf(nt, q_dim)?; // [n, n_heads·hd]
-        let mut gate = None;
+        // [n, n_heads·hd], or gated [n, n_heads·(query hd | gate hd)]
+        let mut q = be.buf(nt, if a.gated { 2 * q_dim } else { q_dim })?;
         let mut k = be.buf(nt, c.n_kv_heads * hd)?; // [n, n_kv·hd]
         let mut v = be.buf(nt, c.n_kv_heads * hd)?; // [n, n_kv·hd]
-        if a.gated {
-            let mut qg = be.buf(nt, 2 * q_dim)?; // [n, n_heads·(query hd | gate hd)]
-            be.matmul_multi(&[&a.wq, &a.wk, &a.wv], xn, &mut [&mut qg, &mut k, &mut v])?;
-            be.copy_cols(&qg, 0, hd, 2 * hd, c.n_heads, &mut q)?;
-            let mut g = be.buf(nt, q_dim)?; // [n, n_heads·hd]
-            be.copy_cols(&qg, hd, hd, 2 * hd, c.n_heads, &mut g)?;
-            gate = Some(g);
-        } else {
-            be.matmul_multi(&[&a.wq, &a.wk, &a.wv], xn, &mut [&mut q, &mut k, &mut v])?;
-        }
-        be.qk_norm_rope(
-            &mut q,
-            &mut k,
-            a.q_norm.as_ref(),
-            a.k_norm.as_ref(),
-            c.eps,
-            hd,
-            pos0,
-            &c.rope,
-            &c.rope,
-            None,
-        )?;
+        be.matmul_multi(&[&a.wq, &a.wk, &a.wv], xn, &mut [&mut q, &mut k, &mut v])?;
         let attn = Attn {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
@@ -632,11 +611,19 @@ impl<B: Backend> Qwen35<B> {
             window: None,
             softcap: None,
         };
+        let prep = QkPrep {
+            q_norm: a.q_norm.as_ref(),
+            k_norm: a.k_norm.as_ref(),
+            eps: c.eps,
+            rope_q: &c.rope,
+            rope_k: &c.rope,
+            freq_factors: None,
+        };
         let mut att = be.buf(nt, q_dim)?; // [n, n_heads·hd]
-        be.attention(kv, a.kv_layer, pos0, &q, &k, &v, &attn, &mut att)?;
-        if let Some(g) = &gate {
-            be.mul_sigmoid(&mut att, g)?;
-        }
+                                          // q/k norm and RoPE, the KV store, attention and the output gate.
+        be.attention_block(
+            kv, a.kv_layer, pos0, &mut q, a.gated, &mut k, &v, &prep, &attn, &mut att,
+        )?;
         let mut o = be.buf(nt, c.n_embd)?; // [n, H]
         be.matmul(&a.wo, &att, &mut o)?;
         Ok(o)

@@ -107,6 +107,26 @@ impl CudaBackend {
         attn: &Attn,
         out: &mut CudaBuf,
     ) -> Result<()> {
+        self.attention_launch(kv, layer, pos0, q, k, v, attn, out, true, 0)
+    }
+
+    /// `attention`, storing k and v first where `store` (else a kernel before did), with
+    /// the output gated where `gate` is set: the device address of the first gate of a
+    /// gated layer's `[rows, n_heads·(query hd | gate hd)]` projection.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_launch(
+        &self,
+        kv: &mut CudaKv,
+        layer: usize,
+        pos0: usize,
+        q: &CudaBuf,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        attn: &Attn,
+        out: &mut CudaBuf,
+        store: bool,
+        gate: u64,
+    ) -> Result<()> {
         let (nh, nkv, hd) = (attn.n_heads, attn.n_kv_heads, attn.head_dim);
         let rows = q.rows;
         attn.check(
@@ -132,21 +152,24 @@ impl CudaBackend {
             n_ctx as i32,
             pos0 as i32,
         );
-        launch!(
-            self,
-            &self.ops.kv_store,
-            cfg1(rows * nkv * hd, 256),
-            &kp,
-            &vp,
-            &kc,
-            &vc,
-            &rows_i,
-            &nkv_i,
-            &hd_i,
-            &nctx_i,
-            &pos_i,
-            &posp
-        )?;
+        if store {
+            launch!(
+                self,
+                &self.ops.kv_store,
+                cfg1(rows * nkv * hd, 256),
+                &kp,
+                &vp,
+                &kc,
+                &vc,
+                &rows_i,
+                &nkv_i,
+                &hd_i,
+                &nctx_i,
+                &pos_i,
+                &posp
+            )?;
+        }
+        let g_hs = 2 * hd as i32;
         // Split the positions across blocks when there are too few (row, head) blocks to
         // fill the GPU: decode over a long cache.
         // In a decode step: the lowest of the position's class (graph.rs).
@@ -203,7 +226,9 @@ impl CudaBackend {
             &window_i,
             &softcap,
             &nsplit_i,
-            &posp
+            &posp,
+            &gate,
+            &g_hs
         )?;
         if nsplit > 1 {
             let cfg = LaunchConfig {
@@ -219,9 +244,72 @@ impl CudaBackend {
                 &op,
                 &nh_i,
                 &hd_i,
-                &nsplit_i
+                &nsplit_i,
+                &gate,
+                &g_hs
             )?;
         }
         Ok(())
+    }
+
+    /// `Backend::attention_block`: with NEAGARI_CUDA_FUSE_ATTN=1, two launches where
+    /// `qk_norm_rope` fuses — `qk_norm_rope` reading the queries out of a gated projection
+    /// and storing k, v in the cache, then `attention` gating its output — instead of the
+    /// separate ops' four to six (two column copies, the q/k op, the KV store, attention,
+    /// the gate). Off by default until it has run on a GPU (written without one).
+    #[allow(clippy::too_many_arguments)] // the trait method's arguments, forwarded
+    pub(super) fn attention_block_op(
+        &self,
+        kv: &mut CudaKv,
+        layer: usize,
+        pos0: usize,
+        q: &mut CudaBuf,
+        gated: bool,
+        k: &mut CudaBuf,
+        v: &CudaBuf,
+        prep: &QkPrep<CudaVector>,
+        attn: &Attn,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let (nh, hd) = (attn.n_heads, attn.head_dim);
+        let q_cols = if gated { 2 * nh * hd } else { nh * hd };
+        let fusable =
+            self.fuse_attn && q.cols == q_cols && self.qk_fusable(q.rows, nh * hd, k, prep, hd);
+        if !fusable {
+            return crate::attention_block_ops(
+                self, kv, layer, pos0, q, gated, k, v, prep, attn, out,
+            );
+        }
+        let rows = q.rows;
+        // The checks `attention` makes, before anything is stored.
+        attn.check(
+            &kv.shape,
+            layer,
+            pos0,
+            (rows, nh * hd),
+            (k.rows, k.cols),
+            (v.rows, v.cols),
+        )?;
+        if rows == 0 {
+            self.reshape(out, 0, nh * hd)?;
+            return Ok(());
+        }
+        let qo = if gated {
+            Some(self.buf(rows, nh * hd)?)
+        } else {
+            None
+        }; // [rows, n_heads·hd]
+        let (kc, vc) = self.kv_layer_ptrs(kv, layer);
+        let store = (self.dptr(&v.data), kc, vc, kv.shape.n_ctx);
+        let q_hs = if gated { 2 * hd } else { hd };
+        let qo_p = qo.as_ref().map_or(0, |b| self.dptr(&b.data));
+        self.qk_norm_rope_launch(q, q_hs, qo_p, k, prep, hd, pos0, Some(store))?;
+        let gate = if gated {
+            self.dptr(&q.data) + (hd * 4) as u64
+        } else {
+            0
+        };
+        let qa = qo.as_ref().unwrap_or(q);
+        self.attention_launch(kv, layer, pos0, qa, k, v, attn, out, false, gate)
     }
 }

@@ -135,26 +135,15 @@ impl CudaBackend {
         freq_factors: Option<&CudaVector>,
     ) -> Result<()> {
         let hd = head_dim;
-        let same_rope = Rope {
-            attn_factor: 1.0,
-            ..*rope_q
-        } == Rope {
-            attn_factor: 1.0,
-            ..*rope_k
+        let prep = QkPrep {
+            q_norm,
+            k_norm,
+            eps,
+            rope_q,
+            rope_k,
+            freq_factors,
         };
-        let fused = self.fuse
-            && same_rope
-            && hd > 0
-            && hd <= 1024
-            && q.rows == k.rows
-            && q.cols.is_multiple_of(hd)
-            && k.cols.is_multiple_of(hd)
-            && q_norm.is_none_or(|w| w.len == hd)
-            && k_norm.is_none_or(|w| w.len == hd)
-            && rope_q.dims <= hd
-            && rope_q.dims.is_multiple_of(2)
-            && freq_factors.is_none_or(|f| f.len >= rope_q.dims / 2);
-        if !fused {
+        if !(self.fuse && self.qk_fusable(q.rows, q.cols, k, &prep, hd)) {
             if let Some(w) = q_norm {
                 self.rms_norm_inplace(q, w, eps)?;
             }
@@ -164,12 +153,61 @@ impl CudaBackend {
             self.rope_op(q, hd, pos0, rope_q, freq_factors)?;
             return self.rope_op(k, hd, pos0, rope_k, freq_factors);
         }
-        let (nh, nkv) = (q.cols / hd, k.cols / hd);
+        self.qk_norm_rope_launch(q, hd, 0, k, &prep, hd, pos0, None)
+    }
+
+    /// Whether `qk_norm_rope` (ops.cu) takes these shapes: queries `[rows, q_cols]`, k.
+    pub(super) fn qk_fusable(
+        &self,
+        rows: usize,
+        q_cols: usize,
+        k: &CudaBuf,
+        prep: &QkPrep<CudaVector>,
+        hd: usize,
+    ) -> bool {
+        let (rope_q, rope_k) = (prep.rope_q, prep.rope_k);
+        let same_rope = Rope {
+            attn_factor: 1.0,
+            ..*rope_q
+        } == Rope {
+            attn_factor: 1.0,
+            ..*rope_k
+        };
+        same_rope
+            && hd > 0
+            && hd <= 1024
+            && rows == k.rows
+            && q_cols.is_multiple_of(hd)
+            && k.cols.is_multiple_of(hd)
+            && prep.q_norm.is_none_or(|w| w.len == hd)
+            && prep.k_norm.is_none_or(|w| w.len == hd)
+            && rope_q.dims <= hd
+            && rope_q.dims.is_multiple_of(2)
+            && prep.freq_factors.is_none_or(|f| f.len >= rope_q.dims / 2)
+    }
+
+    /// One `qk_norm_rope` launch (shapes checked by `qk_fusable`): the queries are q's
+    /// heads `q_hs` values apart, written to `qo` (a device address; 0: in place), k in
+    /// place; with `store` (v's address, the layer's k and v cache, n_ctx) k and v also go
+    /// to the f16 cache at their positions.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn qk_norm_rope_launch(
+        &self,
+        q: &CudaBuf,
+        q_hs: usize,
+        qo: u64,
+        k: &mut CudaBuf,
+        prep: &QkPrep<CudaVector>,
+        hd: usize,
+        pos0: usize,
+        store: Option<(u64, u64, u64, usize)>,
+    ) -> Result<()> {
+        let (nh, nkv) = (q.cols / q_hs, k.cols / hd);
         if q.rows == 0 || nh + nkv == 0 {
             return Ok(());
         }
         // The same host-side constants as rope_op (and the CPU's rope_cache).
-        let rope = rope_q;
+        let rope = prep.rope_q;
         let n_dims = rope.dims;
         let theta_scale = rope.base.powf(-2.0 / n_dims as f32);
         let corr = |n_rot: f32| {
@@ -186,12 +224,15 @@ impl CudaBackend {
         };
         let mscale_yarn = 1.0 + 0.1 * (1.0 / rope.freq_scale).ln();
         let (qp, kp) = (self.dptr(&q.data), self.dptr(&k.data));
-        let wqp = q_norm.map_or(0u64, |w| self.dptr(&w.data));
-        let wkp = k_norm.map_or(0u64, |w| self.dptr(&w.data));
-        let ffp = freq_factors.map_or(0u64, |v| self.dptr(&v.data));
+        let wqp = prep.q_norm.map_or(0u64, |w| self.dptr(&w.data));
+        let wkp = prep.k_norm.map_or(0u64, |w| self.dptr(&w.data));
+        let ffp = prep.freq_factors.map_or(0u64, |v| self.dptr(&v.data));
         let posp = self.step_posp();
+        let (vs, kc, vc, n_ctx) = store.unwrap_or((0, 0, 0, 0));
+        // v's heads take nkv more blocks when they are stored here.
+        let heads = nh + nkv + if store.is_some() { nkv } else { 0 };
         let cfg = LaunchConfig {
-            grid_dim: (q.rows as u32, (nh + nkv) as u32, 1),
+            grid_dim: (q.rows as u32, heads as u32, 1),
             block_dim: (hd.div_ceil(32) as u32 * 32, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -203,6 +244,7 @@ impl CudaBackend {
             pos0 as i32,
             rope.neox as i32,
         );
+        let (q_hs_i, n_ctx_i) = (q_hs as i32, n_ctx as i32);
         launch!(
             self,
             &self.ops.qk_norm_rope,
@@ -211,7 +253,7 @@ impl CudaBackend {
             &kp,
             &wqp,
             &wkp,
-            &eps,
+            &prep.eps,
             &nh_i,
             &nkv_i,
             &hd_i,
@@ -221,13 +263,19 @@ impl CudaBackend {
             &theta_scale,
             &rope.freq_scale,
             &rope.ext_factor,
-            &rope_q.attn_factor,
-            &rope_k.attn_factor,
+            &prep.rope_q.attn_factor,
+            &prep.rope_k.attn_factor,
             &c0,
             &c1,
             &mscale_yarn,
             &ffp,
-            &posp
+            &posp,
+            &q_hs_i,
+            &qo,
+            &vs,
+            &kc,
+            &vc,
+            &n_ctx_i
         )
     }
 }

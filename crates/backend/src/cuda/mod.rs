@@ -54,8 +54,8 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use neagari_quant::GgmlType;
 
 use crate::{
-    Attn, Backend, BackendError, DeltaNet, GluAct, HostTensor, KvShape, KvType, RecShape, Result,
-    Rope,
+    Attn, Backend, BackendError, DeltaNet, GluAct, HostTensor, KvShape, KvType, QkPrep, RecShape,
+    Result, Rope,
 };
 
 const COMMON: &str = include_str!("kernels/common.cuh");
@@ -480,6 +480,8 @@ pub struct CudaBackend {
     /// Fused ops (`delta_net`, `matmul_glu`, `qk_norm_rope`) run as one launch each, unless
     /// NEAGARI_CUDA_FUSE=0 (the separate ops, for measuring).
     fuse: bool,
+    /// `attention_block` in two launches (attention.rs), with NEAGARI_CUDA_FUSE_ATTN=1.
+    fuse_attn: bool,
     /// Q1_0 and TQ2_0 are uploaded in repack.rs's layout, unless NEAGARI_CUDA_REPACK=0
     /// (ggml's blocks and the kernels that read them, for measuring).
     repack: bool,
@@ -678,6 +680,8 @@ impl CudaBackend {
             norm_row: std::env::var("NEAGARI_CUDA_NORM_ROW").as_deref() != Ok("0"),
             mv_int: std::env::var("NEAGARI_CUDA_MV").as_deref() != Ok("float"),
             fuse: std::env::var("NEAGARI_CUDA_FUSE").as_deref() != Ok("0"),
+            fuse_attn: std::env::var("NEAGARI_CUDA_FUSE").as_deref() != Ok("0")
+                && std::env::var("NEAGARI_CUDA_FUSE_ATTN").as_deref() == Ok("1"),
             repack: std::env::var("NEAGARI_CUDA_REPACK").as_deref() != Ok("0"),
             mv_groups: std::env::var("NEAGARI_CUDA_MV_GROUPS")
                 .ok()
@@ -1229,6 +1233,22 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         self.attention_op(kv, layer, pos0, q, k, v, attn, out)
+    }
+
+    fn attention_block(
+        &self,
+        kv: &mut CudaKv,
+        layer: usize,
+        pos0: usize,
+        q: &mut CudaBuf,
+        gated: bool,
+        k: &mut CudaBuf,
+        v: &CudaBuf,
+        prep: &QkPrep<CudaVector>,
+        attn: &Attn,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.attention_block_op(kv, layer, pos0, q, gated, k, v, prep, attn, out)
     }
 
     fn rec_alloc(&self, kv: &mut CudaKv, shape: &RecShape) -> Result<()> {

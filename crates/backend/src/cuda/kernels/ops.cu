@@ -362,14 +362,23 @@ extern "C" __global__ void kv_store(const float* k, const float* v, u16* kc, u16
 #define ATT_WARPS 4
 #define ATT_MAXD 8  // head_dim ≤ 256
 
+// An output value times sigmoid(its gate), as mul_sigmoid (hybrid.cu) computes it, where a
+// gated layer's gate (heads g_hs apart in each row) is set.
+__device__ __forceinline__ float gated(float x, const float* gate, int g_hs, int nh, int r,
+                                       int h, int d) {
+    if (!gate) return x;
+    x *= 1.0f / (1.0f + expf(-gate[(i64)r * nh * g_hs + (i64)h * g_hs + d]));
+    return x;
+}
+
 // Flash-decoding: block (head, row, split) runs an online softmax over its share of the
 // visible positions, one position per warp at a time (lanes own dims lane + 32j), then
 // merges its warps. With nsplit == 1 it writes the output; otherwise a partial
-// (max, sum, acc[hd]) that att_combine merges.
+// (max, sum, acc[hd]) that att_combine merges. With gate set the output is gated.
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention(const float* q, const u16* kc, const u16* vc, float* out, float* part, int nh,
               int nkv, int hd, int n_ctx, int pos0, float scale, int window, float softcap,
-              int nsplit, const int* posp) {
+              int nsplit, const int* posp, const float* gate, int g_hs) {
     gdc_wait();
     if (posp) pos0 = *posp;
     const int h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z;
@@ -437,7 +446,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 #pragma unroll
         for (int w = 0; w < ATT_WARPS; w++) a += sacc[w][d] * f[w];
         if (nsplit == 1) {
-            out[(i64)r * nh * hd + (i64)h * hd + d] = a / L;
+            out[(i64)r * nh * hd + (i64)h * hd + d] = gated(a / L, gate, g_hs, nh, r, h, d);
         } else {
             float* pp = part + (((i64)r * nh + h) * nsplit + sp) * (hd + 2);
             pp[2 + d] = a;
@@ -451,7 +460,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 
 // Merge the nsplit partials of each (row, head). Grid: (nh, rows).
 extern "C" __global__ void att_combine(const float* part, float* out, int nh, int hd,
-                                       int nsplit) {
+                                       int nsplit, const float* gate, int g_hs) {
     gdc_wait();
     const int h = blockIdx.x, r = blockIdx.y;
     const float* pp = part + ((i64)r * nh + h) * nsplit * (hd + 2);
@@ -468,7 +477,7 @@ extern "C" __global__ void att_combine(const float* part, float* out, int nh, in
             const float ms = pp[s * (hd + 2)];
             if (ms != NEG_INF) a += pp[s * (hd + 2) + 2 + d] * expf(ms - M);
         }
-        out[(i64)r * nh * hd + (i64)h * hd + d] = a / L;
+        out[(i64)r * nh * hd + (i64)h * hd + d] = gated(a / L, gate, g_hs, nh, r, h, d);
     }
 }
 
@@ -540,21 +549,37 @@ extern "C" __global__ void argmax_rows(const float* x, int cols, int chunk, u64*
 // (r, h) takes head h of q's row r, or head h − nh of k's; ceil32(hd) threads, a value each,
 // so the norm's sums follow rms_norm's order for g = hd (one block per head) and the
 // results are the separate ops' bits. q and k share every RoPE parameter but attn_factor.
+// For `attention_block` (attention.rs): q's heads may be read q_hs apart (a gated layer's
+// [query | gate] heads) and written to qo; with kc set, k's heads also go to the f16 cache
+// at their positions and nkv more blocks (h ≥ nh + nkv) store v's heads there (kv_store).
 extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* wq, const float* wk,
                                         float eps, int nh, int nkv, int hd, int dims, int pos0,
                                         int neox, float theta_scale, float freq_scale,
                                         float ext_factor, float attn_q, float attn_k, float c0,
                                         float c1, float mscale_yarn, const float* ff,
-                                        const int* posp) {
+                                        const int* posp, int q_hs, float* qo, const float* vs,
+                                        u16* kc, u16* vc, int n_ctx) {
     gdc_wait();
     if (posp) pos0 = *posp;
     const int r = blockIdx.x, hh = blockIdx.y, tid = threadIdx.x;
+    if (hh >= nh + nkv) {
+        const int h = hh - nh - nkv;
+        if (tid < hd) vc[((i64)h * n_ctx + pos0 + r) * hd + tid] = f2h(vs[((i64)r * nkv + h) * hd + tid]);
+        return;
+    }
     const bool isq = hh < nh;
-    float* hp = isq ? q + ((i64)r * nh + hh) * hd : k + ((i64)r * nkv + hh - nh) * hd;
+    const float* src = isq ? q + (i64)r * nh * q_hs + (i64)hh * q_hs
+                           : k + ((i64)r * nkv + hh - nh) * hd;
+    float* hp = isq ? (qo ? qo : q) + ((i64)r * nh + hh) * hd : k + ((i64)r * nkv + hh - nh) * hd;
+    u16* cache = (!isq && kc) ? kc + ((i64)(hh - nh) * n_ctx + pos0 + r) * hd : nullptr;
+    auto put = [&](int i, float x) {
+        hp[i] = x;
+        if (cache) cache[i] = f2h(x);
+    };
     const float* w = isq ? wq : wk;
     __shared__ float xs[1024];
     __shared__ double part[32];
-    float v = tid < hd ? hp[tid] : 0.f;
+    float v = tid < hd ? src[tid] : 0.f;
     if (w) {
         // rms_norm_impl's sum: a thread's first value (its others are 0 here), the warp's
         // butterfly, then warp 0 over the warps' parts.
@@ -596,9 +621,9 @@ extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* wq, con
         const float c = cosf(th) * ms, s = sinf(th) * ms;
         const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
         const float x0 = xs[a], x1 = xs[b];
-        hp[a] = x0 * c - x1 * s;
-        hp[b] = x0 * s + x1 * c;
-    } else if (tid >= dims && tid < hd && w) {
-        hp[tid] = v;  // past the rotated dims: the normed value
+        put(a, x0 * c - x1 * s);
+        put(b, x0 * s + x1 * c);
+    } else if (tid >= dims && tid < hd) {
+        put(tid, v);  // past the rotated dims: the (normed) value
     }
 }
