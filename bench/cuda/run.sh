@@ -39,6 +39,10 @@ if [ -n "${TESTS:-}" ]; then
     export NEAGARI_FIXTURES=$R0/tests/fixtures
     export NEAGARI_HYBRID_FIXTURES=$R0/crates/model/tests/fixtures/hybrid
     wait
+    # Every module compiled once, into the kernel cache (~/.cache/neagari/kernels) that the
+    # suites below then read, instead of each compiling the same modules at once.
+    (cd crates/backend && timeout 300 "$B/cuda_ops" --exact kernels_compile_with_nvrtc \
+        > "$LOG/compile.log" 2>&1; grep -E "^test result" "$LOG/compile.log")
     suite() { # dir name [env]
         (cd "$1" && env ${3:-} timeout 600 "$B/$2" --test-threads 1 ${4:-} > "$LOG/$2.log" 2>&1
          echo "$2 rc $?" >> "$LOG/$2.log") &
