@@ -95,26 +95,11 @@ impl CudaBackend {
         )
     }
 
-    #[allow(clippy::too_many_arguments)] // the trait method's arguments, forwarded
-    pub(super) fn attention_op(
-        &self,
-        kv: &mut CudaKv,
-        layer: usize,
-        pos0: usize,
-        q: &CudaBuf,
-        k: &CudaBuf,
-        v: &CudaBuf,
-        attn: &Attn,
-        out: &mut CudaBuf,
-    ) -> Result<()> {
-        self.attention_launch(kv, layer, pos0, q, k, v, attn, out, true, 0)
-    }
-
     /// `attention`, storing k and v first where `store` (else a kernel before did), with
     /// the output gated where `gate` is set: the device address of the first gate of a
     /// gated layer's `[rows, n_heads·(query hd | gate hd)]` projection.
     #[allow(clippy::too_many_arguments)]
-    fn attention_launch(
+    pub(super) fn attention_launch(
         &self,
         kv: &mut CudaKv,
         layer: usize,

@@ -1232,7 +1232,7 @@ impl Backend for CudaBackend {
         attn: &Attn,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        self.attention_op(kv, layer, pos0, q, k, v, attn, out)
+        self.attention_launch(kv, layer, pos0, q, k, v, attn, out, true, 0)
     }
 
     fn attention_block(

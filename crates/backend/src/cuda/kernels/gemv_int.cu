@@ -121,61 +121,30 @@ __device__ __forceinline__ void mvq_step(const u8* __restrict__ W, const i8* __r
     }
 }
 
-// A block of 1–8 warps computes R consecutive weight rows for nr ≤ NR activation rows.
-// Threads take units round-robin; the activation unit is loaded once (two 16-byte loads per
-// row) and serves the R weight rows, each weight unit is unpacked once and serves every
-// activation row. The block reduces at the end. Formats with a STEP go to `mvq_step`.
+// A block is G = blockDim.y groups of 1–8 warps (G·warps ≤ 8); group g computes R
+// consecutive weight rows (blk·G + g)·R .. +R for nr ≤ NR activation rows. Threads take units
+// round-robin; the activation unit is loaded once (two 16-byte loads per row) and serves the
+// R weight rows, each weight unit is unpacked once and serves every activation row. The
+// group's warps reduce through shared memory, in warp order, and thread o writes output o
+// of the block as mvq_step does (mvqg_impl relies on it). Several groups of one warp take
+// rows of at most 32 units: Gemma 3's 640-wide head in 131,072 one-warp blocks ran at
+// 1.1 TB/s. Formats with a STEP go to `mvq_step`.
 template <class F, int NR, int R>
 __device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
                                          const float2* __restrict__ xds, float* __restrict__ y,
                                          int rows, int units, i64 row_bytes, int nr, int blk) {
     if constexpr (step_of<F>::v > 1) {
         mvq_step<F, NR, R>(W, xq, xds, y, rows, units, row_bytes, nr, blk);
-    } else if (blockDim.y > 1) {
-        // Rows of at most 32 units in G = blockDim.y groups of one warp: group g computes rows
-        // (blk·G + g)·R .. +R, its sums are the one-warp block's below (same bits), and
-        // thread o writes output o as in mvq_step (mvqg_impl relies on it). Gemma 3's
-        // 640-wide head in 131,072 one-warp blocks ran at 1.1 TB/s.
-        const int lane = threadIdx.x, G = blockDim.y, tid = threadIdx.y * 32 + lane;
+    } else {
+        const int T = blockDim.x, G = blockDim.y, nw = T >> 5;
+        const int tid = threadIdx.y * T + threadIdx.x, nthr = T * G, lane = threadIdx.x & 31;
         const int row0 = (blk * G + (int)threadIdx.y) * R;
         float acc[R][NR];
 #pragma unroll
         for (int q = 0; q < R; q++)
 #pragma unroll
             for (int r = 0; r < NR; r++) acc[q][r] = 0.f;
-        for (int u = lane; u < units; u += 32) {
-            int x[NR][8];
-            float2 ds[NR];
-            load_xq<NR>(xq, xds, units, u, nr, x, ds);
-#pragma unroll
-            for (int q = 0; q < R; q++)
-                F::template dot<NR>(W + (i64)min(row0 + q, rows - 1) * row_bytes, u, x, ds,
-                                    acc[q]);
-        }
-        __shared__ float gsum[MVQ_WARPS][R * NR];
-#pragma unroll
-        for (int q = 0; q < R; q++)
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-                const float s = warp_sum(acc[q][r]);
-                if (lane == 0) gsum[threadIdx.y][q * NR + r] = 0.f + s;
-            }
-        __syncthreads();
-        for (int o = tid; o < G * R * NR; o += 32 * G) {
-            const int g = o / (R * NR), qr = o % (R * NR);
-            const int q = qr / NR, r = qr % NR, row = (blk * G + g) * R + q;
-            if (r < nr && row < rows) y[(i64)r * rows + row] = gsum[g][qr];
-        }
-    } else {
-        const int tid = threadIdx.x, nthr = blockDim.x;
-        const int lane = tid & 31, warp = tid >> 5;
-        const int row0 = blk * R;
-        float acc[R][NR];
-#pragma unroll
-        for (int q = 0; q < R; q++)
-#pragma unroll
-            for (int r = 0; r < NR; r++) acc[q][r] = 0.f;
-        for (int u = tid; u < units; u += nthr) {
+        for (int u = threadIdx.x; u < units; u += T) {
             int x[NR][8];
             float2 ds[NR];
             load_xq<NR>(xq, xds, units, u, nr, x, ds);
@@ -192,15 +161,16 @@ __device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, const i8* __r
 #pragma unroll
             for (int r = 0; r < NR; r++) {
                 const float s = warp_sum(acc[q][r]);
-                if (lane == 0) red[q * NR + r][warp] = s;
+                if (lane == 0) red[q * NR + r][tid >> 5] = s;
             }
         __syncthreads();
-        if (tid < R * NR) {
-            const int q = tid / NR, r = tid % NR;
-            if (r < nr && row0 + q < rows) {
+        for (int o = tid; o < G * R * NR; o += nthr) {
+            const int g = o / (R * NR), qr = o % (R * NR);
+            const int q = qr / NR, r = qr % NR, row = (blk * G + g) * R + q;
+            if (r < nr && row < rows) {
                 float s = 0.f;
-                for (int k = 0; k < (nthr >> 5); k++) s += red[tid][k];
-                y[(i64)r * rows + row0 + q] = s;
+                for (int k = 0; k < nw; k++) s += red[qr][g * nw + k];
+                y[(i64)r * rows + row] = s;
             }
         }
     }
