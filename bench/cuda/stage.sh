@@ -23,6 +23,6 @@ for t in cuda_ops cuda_hybrid cuda_models cuda_hybrid_models; do
     cp "$f" "$D/$t"
 done
 strip "$D"/*
-if [ -f "$prev" ]; then mv "$prev" "$D/neagari_prev"; fi
+if [ -f "$prev" ]; then mv "$prev" "$D/neagari_prev" && chmod 755 "$D/neagari_prev"; fi
 tar czf target/cuda-stage.tgz -C target cuda-stage/bin
 du -sh "$D" target/cuda-stage.tgz
