@@ -1092,8 +1092,11 @@ fn fused_qk_norm_rope() {
 
 /// Prefill then decode steps of `attention_block` on a fresh cache (layer 1), every output.
 #[allow(clippy::too_many_arguments)]
+/// Each chunk's output, and where `wo` is given its product with `wo` (the output
+/// projection, which reads the q8_1 the attention kernel wrote on the GPU).
 fn attention_block_run<B: Backend>(
     be: &B,
+    wo: Option<&B::Mat>,
     attn: &Attn,
     gated: bool,
     rope: &Rope,
@@ -1102,7 +1105,7 @@ fn attention_block_run<B: Backend>(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-) -> Vec<f32> {
+) -> (Vec<f32>, Vec<f32>) {
     let hd = attn.head_dim;
     let qd = attn.n_heads * hd * if gated { 2 } else { 1 };
     let kvd = attn.n_kv_heads * hd;
@@ -1125,7 +1128,7 @@ fn attention_block_run<B: Backend>(
         rope_k: rope,
         freq_factors: None,
     };
-    let (mut all, mut pos) = (Vec::new(), 0);
+    let (mut all, mut proj, mut pos) = (Vec::new(), Vec::new(), 0);
     for &m in chunks {
         let mut qb = upload(be, &q[pos * qd..(pos + m) * qd], m, qd);
         let mut kb = upload(be, &k[pos * kvd..(pos + m) * kvd], m, kvd);
@@ -1136,22 +1139,27 @@ fn attention_block_run<B: Backend>(
         )
         .unwrap();
         be.kv_commit(&mut kv, pos + m).unwrap();
+        if let Some(w) = wo {
+            let mut o = be.buf(1, 1).unwrap();
+            be.matmul(w, &out, &mut o).unwrap();
+            proj.extend(download(be, &o));
+        }
         all.extend(download(be, &out));
         pos += m;
     }
-    all
+    (all, proj)
 }
 
-/// `attention_block` in two launches (NEAGARI_CUDA_FUSE_ATTN=1: `qk_norm_rope` reading a
+/// `attention_block` in two launches (the default: `qk_norm_rope` reading a
 /// gated layer's queries and storing k, v; `attention` gating its output) against the
 /// separate GPU ops (the same arithmetic) and the CPU: Qwen3.6's gated heads with a partial
 /// rotation, ungated with and without norms, and a cache long enough that the decode
 /// steps split over the positions (`att_combine` gates).
 #[test]
 fn attention_block_fused_matches_the_ops() {
-    let Some(g) = gpu() else { return };
-    std::env::set_var("NEAGARI_CUDA_FUSE_ATTN", "1");
-    let gf = CudaBackend::new(0).expect("open GPU 0");
+    let Some(gf) = gpu() else { return };
+    std::env::set_var("NEAGARI_CUDA_FUSE_ATTN", "0");
+    let g = CudaBackend::new(0).expect("open GPU 0");
     std::env::remove_var("NEAGARI_CUDA_FUSE_ATTN");
     let c = cpu();
     let mut r = rng();
@@ -1183,9 +1191,29 @@ fn attention_block_fused_matches_the_ops() {
         let norms = with_norm.then_some((&wq[..], &wk[..]));
         let mut chunks = vec![n0];
         chunks.extend(std::iter::repeat_n(1, steps));
-        let fused = attention_block_run(&gf, &attn, gated, &rope, norms, &chunks, &q, &k, &v);
-        let ops = attention_block_run(&g, &attn, gated, &rope, norms, &chunks, &q, &k, &v);
-        let host = attention_block_run(&c, &attn, gated, &rope, norms, &chunks, &q, &k, &v);
+        // The output projection reads the q8_1 that attention (or att_combine) wrote.
+        let (t, deq) = random_mat(&mut r, GgmlType::Q8_0, 48, nh * hd);
+        let wo = gf.load_mat(&t).expect("load_mat");
+        let (fused, proj) = attention_block_run(
+            &gf,
+            Some(&wo),
+            &attn,
+            gated,
+            &rope,
+            norms,
+            &chunks,
+            &q,
+            &k,
+            &v,
+        );
+        let want = exact_product(&deq, &fused, 48, nh * hd);
+        let e = rel(&proj, &want);
+        eprintln!("attention → output projection: rel error {e:.2e}");
+        assert!(e < 1.2e-2, "attention {nh}x{hd} → q8_1 → matmul: {e:.2e}");
+        let (ops, _) =
+            attention_block_run(&g, None, &attn, gated, &rope, norms, &chunks, &q, &k, &v);
+        let (host, _) =
+            attention_block_run(&c, None, &attn, gated, &rope, norms, &chunks, &q, &k, &v);
         let name = format!("attention_block {nh}/{nkv}x{hd} gated {gated} norms {with_norm}");
         eprintln!(
             "{name}: {} of {} values differ from the separate ops",

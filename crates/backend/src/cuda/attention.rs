@@ -174,6 +174,14 @@ impl CudaBackend {
         let qp = self.dptr(&q.data);
         let op = self.dptr(&out.data);
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        // The output projection's q8_1 input, written by the kernel that writes the output
+        // (a `quant_q8_1` launch fewer a layer).
+        let with_q = Self::fuse_q8_1(rows, nh * hd) && hd.is_multiple_of(32);
+        let (xqp, xdsp) = if with_q {
+            self.xq_reserve(&mut sc, rows, nh * hd / 32)?
+        } else {
+            (0, 0)
+        };
         let partp = if nsplit > 1 {
             let need = rows * nh * nsplit * (hd + 2);
             if sc.part.as_ref().is_none_or(|s| s.len() < need) {
@@ -213,7 +221,9 @@ impl CudaBackend {
             &nsplit_i,
             &posp,
             &gate,
-            &g_hs
+            &g_hs,
+            &xqp,
+            &xdsp
         )?;
         if nsplit > 1 {
             let cfg = LaunchConfig {
@@ -231,17 +241,23 @@ impl CudaBackend {
                 &hd_i,
                 &nsplit_i,
                 &gate,
-                &g_hs
+                &g_hs,
+                &xqp,
+                &xdsp
             )?;
+        }
+        if with_q {
+            sc.xq_key = Some((op, rows, nh * hd, self.gen.load(Ordering::Relaxed)));
         }
         Ok(())
     }
 
-    /// `Backend::attention_block`: with NEAGARI_CUDA_FUSE_ATTN=1, two launches where
-    /// `qk_norm_rope` fuses — `qk_norm_rope` reading the queries out of a gated projection
-    /// and storing k, v in the cache, then `attention` gating its output — instead of the
-    /// separate ops' four to six (two column copies, the q/k op, the KV store, attention,
-    /// the gate). Off by default until it has run on a GPU (written without one).
+    /// `Backend::attention_block`: two launches where `qk_norm_rope` fuses — `qk_norm_rope`
+    /// reading the queries out of a gated projection and storing k, v in the cache, then
+    /// `attention` gating its output — instead of the separate ops' four to six (two column
+    /// copies, the q/k op, the KV store, attention, the gate). NEAGARI_CUDA_FUSE_ATTN=0
+    /// keeps the separate ops (H200 tg128: Q1_0 27B shape 229.8 → 232.5, Gemma 3 270M
+    /// shape 1,117 → 1,151 with it).
     #[allow(clippy::too_many_arguments)] // the trait method's arguments, forwarded
     pub(super) fn attention_block_op(
         &self,

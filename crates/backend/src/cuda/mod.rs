@@ -374,8 +374,9 @@ struct OpsKernels {
     add_rms_norm_q: CudaFunction,
     add_rms_norm_row: CudaFunction,
     /// `Backend::norm_add_rms_norm` in one launch.
-    norm_add_norm: CudaFunction,
-    norm_add_norm_q: CudaFunction,
+    /// [rows of ≤ blockDim values, of ≤ 8·blockDim]
+    norm_add_norm: [CudaFunction; 2],
+    norm_add_norm_q: [CudaFunction; 2],
     glu_silu_q: CudaFunction,
     glu_gelu_q: CudaFunction,
     add: CudaFunction,
@@ -480,7 +481,8 @@ pub struct CudaBackend {
     /// Fused ops (`delta_net`, `matmul_glu`, `qk_norm_rope`) run as one launch each, unless
     /// NEAGARI_CUDA_FUSE=0 (the separate ops, for measuring).
     fuse: bool,
-    /// `attention_block` in two launches (attention.rs), with NEAGARI_CUDA_FUSE_ATTN=1.
+    /// `attention_block` in two launches (attention.rs), unless NEAGARI_CUDA_FUSE_ATTN=0
+    /// (or NEAGARI_CUDA_FUSE=0): the separate ops, for measuring.
     fuse_attn: bool,
     /// Q1_0 and TQ2_0 are uploaded in repack.rs's layout, unless NEAGARI_CUDA_REPACK=0
     /// (ggml's blocks and the kernels that read them, for measuring).
@@ -633,8 +635,8 @@ impl CudaBackend {
             add_rms_norm: f("add_rms_norm")?,
             add_rms_norm_q: f("add_rms_norm_q")?,
             add_rms_norm_row: f("add_rms_norm_row")?,
-            norm_add_norm: f("norm_add_norm")?,
-            norm_add_norm_q: f("norm_add_norm_q")?,
+            norm_add_norm: [f("norm_add_norm_1")?, f("norm_add_norm_8")?],
+            norm_add_norm_q: [f("norm_add_norm_q_1")?, f("norm_add_norm_q_8")?],
             glu_silu_q: f("glu_silu_q")?,
             glu_gelu_q: f("glu_gelu_q")?,
             add: f("add")?,
@@ -681,7 +683,7 @@ impl CudaBackend {
             mv_int: std::env::var("NEAGARI_CUDA_MV").as_deref() != Ok("float"),
             fuse: std::env::var("NEAGARI_CUDA_FUSE").as_deref() != Ok("0"),
             fuse_attn: std::env::var("NEAGARI_CUDA_FUSE").as_deref() != Ok("0")
-                && std::env::var("NEAGARI_CUDA_FUSE_ATTN").as_deref() == Ok("1"),
+                && std::env::var("NEAGARI_CUDA_FUSE_ATTN").as_deref() != Ok("0"),
             repack: std::env::var("NEAGARI_CUDA_REPACK").as_deref() != Ok("0"),
             mv_groups: std::env::var("NEAGARI_CUDA_MV_GROUPS")
                 .ok()

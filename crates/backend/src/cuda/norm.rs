@@ -198,6 +198,7 @@ impl CudaBackend {
             self.dptr(&out.data),
         );
         let g_i = g as i32;
+        let wide = usize::from(g > block);
         let cfg = LaunchConfig {
             grid_dim: (x.rows as u32, 1, 1),
             block_dim: (block as u32, 1, 1),
@@ -208,7 +209,7 @@ impl CudaBackend {
             let (qp, dsp) = self.xq_reserve(&mut sc, x.rows, g / 32)?;
             launch!(
                 self,
-                &self.ops.norm_add_norm_q,
+                &self.ops.norm_add_norm_q[wide],
                 cfg,
                 &xp,
                 &yp,
@@ -225,7 +226,7 @@ impl CudaBackend {
         }
         launch!(
             self,
-            &self.ops.norm_add_norm,
+            &self.ops.norm_add_norm[wide],
             cfg,
             &xp,
             &yp,

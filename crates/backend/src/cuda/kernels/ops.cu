@@ -114,14 +114,14 @@ __device__ __forceinline__ double block_sum_rms(double s, double* part) {
 }
 
 // Gemma's sandwich in one launch: y = rms_norm(y) ⊙ wy (in place), x += y, out = rms_norm(x)
-// ⊙ w (and its q8_1 with Q). One block per row of g ≤ 8·blockDim values held in registers;
-// the same arithmetic as rms_norm, add, rms_norm (bit-identical).
-template <bool Q>
+// ⊙ w (and its q8_1 with Q). One block per row of g ≤ V·blockDim values held in registers;
+// the same arithmetic as rms_norm, add, rms_norm (bit-identical). V = 1 for rows of at most
+// 1,024 (Gemma 3 270M's 640): with V = 8 under the 1,024-thread bound the kernel spilled.
+template <bool Q, int V>
 __device__ __forceinline__ void norm_add_norm_impl(float* x, float* y, const float* wy,
                                                    const float* w, float* out, int g, float eps,
                                                    i8* xq, float2* xds) {
     const i64 base = (i64)blockIdx.x * g;
-    constexpr int V = 8;
     __shared__ double part[33];
     float yv[V], xv[V];
     double s = 0.0;
@@ -161,17 +161,21 @@ __device__ __forceinline__ void norm_add_norm_impl(float* x, float* y, const flo
 
 // Up to 1,024 threads: the bound caps registers at 64 a thread (without it a 5120-wide row
 // failed to launch: too many resources requested).
-extern "C" __global__ void __launch_bounds__(1024) norm_add_norm(float* x, float* y, const float* wy, const float* w,
-                                         float* out, int g, float eps) {
-    gdc_wait();
-    norm_add_norm_impl<false>(x, y, wy, w, out, g, eps, nullptr, nullptr);
-}
-
-extern "C" __global__ void __launch_bounds__(1024) norm_add_norm_q(float* x, float* y, const float* wy, const float* w,
-                                           float* out, int g, float eps, i8* xq, float2* xds) {
-    gdc_wait();
-    norm_add_norm_impl<true>(x, y, wy, w, out, g, eps, xq, xds);
-}
+#define NORM_ADD_NORM(V)                                                                     \
+    extern "C" __global__ void __launch_bounds__(1024)                                       \
+        norm_add_norm_##V(float* x, float* y, const float* wy, const float* w, float* out,    \
+                          int g, float eps) {                                                \
+        gdc_wait();                                                                          \
+        norm_add_norm_impl<false, V>(x, y, wy, w, out, g, eps, nullptr, nullptr);            \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(1024)                                       \
+        norm_add_norm_q_##V(float* x, float* y, const float* wy, const float* w, float* out,  \
+                            int g, float eps, i8* xq, float2* xds) {                         \
+        gdc_wait();                                                                          \
+        norm_add_norm_impl<true, V>(x, y, wy, w, out, g, eps, xq, xds);                      \
+    }
+NORM_ADD_NORM(1)
+NORM_ADD_NORM(8)
 
 // add_rms_norm_q of ONE row over gridDim.x blocks, a value per thread (g a multiple of 32,
 // g ≤ blocks · blockDim): one block per row took 9.3 µs on a 5120-wide row (ncu, H200),
@@ -374,11 +378,13 @@ __device__ __forceinline__ float gated(float x, const float* gate, int g_hs, int
 // Flash-decoding: block (head, row, split) runs an online softmax over its share of the
 // visible positions, one position per warp at a time (lanes own dims lane + 32j), then
 // merges its warps. With nsplit == 1 it writes the output; otherwise a partial
-// (max, sum, acc[hd]) that att_combine merges. With gate set the output is gated.
+// (max, sum, acc[hd]) that att_combine merges. With gate set the output is gated. With xq
+// set (hd a multiple of 32) the output is also written as q8_1, the output projection's
+// input (a warp writes 32 consecutive values of one head: one unit).
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention(const float* q, const u16* kc, const u16* vc, float* out, float* part, int nh,
               int nkv, int hd, int n_ctx, int pos0, float scale, int window, float softcap,
-              int nsplit, const int* posp, const float* gate, int g_hs) {
+              int nsplit, const int* posp, const float* gate, int g_hs, i8* xq, float2* xds) {
     gdc_wait();
     if (posp) pos0 = *posp;
     const int h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z;
@@ -446,7 +452,10 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 #pragma unroll
         for (int w = 0; w < ATT_WARPS; w++) a += sacc[w][d] * f[w];
         if (nsplit == 1) {
-            out[(i64)r * nh * hd + (i64)h * hd + d] = gated(a / L, gate, g_hs, nh, r, h, d);
+            const i64 i = (i64)r * nh * hd + (i64)h * hd + d;
+            const float o = gated(a / L, gate, g_hs, nh, r, h, d);
+            out[i] = o;
+            if (xq) q8_1_warp(o, xq, xds, i >> 5, lane);
         } else {
             float* pp = part + (((i64)r * nh + h) * nsplit + sp) * (hd + 2);
             pp[2 + d] = a;
@@ -458,9 +467,10 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
     }
 }
 
-// Merge the nsplit partials of each (row, head). Grid: (nh, rows).
+// Merge the nsplit partials of each (row, head). Grid: (nh, rows). xq as `attention`.
 extern "C" __global__ void att_combine(const float* part, float* out, int nh, int hd,
-                                       int nsplit, const float* gate, int g_hs) {
+                                       int nsplit, const float* gate, int g_hs, i8* xq,
+                                       float2* xds) {
     gdc_wait();
     const int h = blockIdx.x, r = blockIdx.y;
     const float* pp = part + ((i64)r * nh + h) * nsplit * (hd + 2);
@@ -477,7 +487,10 @@ extern "C" __global__ void att_combine(const float* part, float* out, int nh, in
             const float ms = pp[s * (hd + 2)];
             if (ms != NEG_INF) a += pp[s * (hd + 2) + 2 + d] * expf(ms - M);
         }
-        out[(i64)r * nh * hd + (i64)h * hd + d] = gated(a / L, gate, g_hs, nh, r, h, d);
+        const i64 i = (i64)r * nh * hd + (i64)h * hd + d;
+        const float o = gated(a / L, gate, g_hs, nh, r, h, d);
+        out[i] = o;
+        if (xq) q8_1_warp(o, xq, xds, i >> 5, threadIdx.x & 31);
     }
 }
 
