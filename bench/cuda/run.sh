@@ -7,7 +7,8 @@
 #   OPS_FILTER="a b"   only these cuda_ops tests
 #   TYPES="Q1_0 TQ2_0 Q4_K gemma"   files to bench: 27B shapes of those types, Gemma 3 270M
 #   AB_<TYPE>="def VAR=1,VAR2=x prev"  runs per file, each an env (commas between
-#                      variables), or `prev`: the CLI staged before this one (neagari_prev)
+#                      variables), or `prev`: the CLI staged before this one (neagari_prev),
+#                      also with an env: prev,VAR=1
 #   ARGS="-p 512 -n 128 -r 2 --argmax --verify 8"   bench arguments for the 27B files
 #   GEMV="Q1_0 TQ2_0"  time the one-row GEMV at the 27B's shapes first (examples/cuda_gemv.rs)
 #   LLAMA_BENCH=path   a llama-bench binary built elsewhere: the same files, -ngl 99 -fa 1
@@ -64,9 +65,9 @@ for t in $TYPES; do
     f=$(file_of "$t")
     v="AB_$t"
     for e in ${!v:-def}; do
-        envs="" bin=neagari
-        if [ "$e" = prev ]; then bin=neagari_prev
-        elif [ "$e" != def ]; then envs=$(echo "$e" | tr ',' ' '); fi
+        envs="" bin=neagari v=$e
+        case $v in prev*) bin=neagari_prev v=${v#prev} v=${v#,} ;; esac
+        if [ -n "$v" ] && [ "$v" != def ]; then envs=$(echo "$v" | tr ',' ' '); fi
         if [ "$t" = gemma ]; then args="-p 512 -n 128 -r 3 --argmax"
         else args=${ARGS:--p 512 -n 128 -r 2 --argmax --verify 8}; fi
         echo "== neagari $t [$e] $args"

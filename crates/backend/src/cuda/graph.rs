@@ -95,6 +95,28 @@ pub(super) struct Step {
     /// Graphs captured and replayed (for tests and measurements).
     pub(super) captures: u64,
     pub(super) replays: u64,
+    /// With NEAGARI_CUDA_STEP_STATS=1: when the replayed step under way began, and the
+    /// sums over replayed steps of the host's walk (begin to read) and of the whole step
+    /// (begin to the argmax ids on the host), printed every 64 steps.
+    stats: Option<StepStats>,
+}
+
+#[derive(Default)]
+struct StepStats {
+    began: Option<std::time::Instant>,
+    walk: std::time::Duration,
+    whole: std::time::Duration,
+    steps: u32,
+}
+
+impl Step {
+    pub(super) fn new() -> Step {
+        let on = std::env::var("NEAGARI_CUDA_STEP_STATS").as_deref() == Ok("1");
+        Step {
+            stats: on.then(StepStats::default),
+            ..Step::default()
+        }
+    }
 }
 
 impl Drop for CudaBuf {
@@ -235,6 +257,9 @@ impl CudaBackend {
             // code does (only on the upload above), so the GPU runs it while the host walks
             // the model's ops to check the step is the recorded one.
             g.0.launch().map_err(drv)?;
+            if let Some(s) = st.stats.as_mut() {
+                s.began = Some(std::time::Instant::now());
+            }
             REPLAY
         } else if st.warm.contains(&key) {
             st.warm.retain(|k| *k != key);
@@ -301,6 +326,11 @@ impl CudaBackend {
                     )));
                 }
                 st.replays += 1;
+                if let Some(t) = st.stats.as_mut().and_then(|s| s.began) {
+                    if let Some(s) = st.stats.as_mut() {
+                        s.walk += t.elapsed();
+                    }
+                }
             }
             _ => {}
         }
@@ -349,6 +379,24 @@ impl CudaBackend {
     /// at the next `step_begin`.
     pub fn set_graphs(&self, on: bool) {
         self.graphs_on.store(on, Ordering::Relaxed);
+    }
+
+    /// A replayed step's ids are on the host: its time goes into the sums (see
+    /// [`Step::stats`]).
+    fn step_stats_done(&self) {
+        let mut st = self.step.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(s) = st.stats.as_mut() else { return };
+        let Some(t) = s.began.take() else { return };
+        s.whole += t.elapsed();
+        s.steps += 1;
+        if s.steps == 64 {
+            eprintln!(
+                "cuda: 64 replayed steps: host walk {:.1} µs, whole step {:.1} µs a step",
+                s.walk.as_secs_f64() * 1e6 / 64.0,
+                s.whole.as_secs_f64() * 1e6 / 64.0
+            );
+            *s = StepStats::default();
+        }
     }
 
     /// (graphs captured, steps replayed) so far.
@@ -402,6 +450,7 @@ impl CudaBackend {
             .memcpy_dtoh(&keys.slice(0..x.rows), &mut k)
             .map_err(drv)?;
         self.synchronize()?;
+        self.step_stats_done();
         // A zero key: no value that is not NaN (id 0); else the complement of the index.
         Ok(k.iter()
             .map(|&k| if k == 0 { 0 } else { !(k as u32) })

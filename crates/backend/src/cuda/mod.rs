@@ -77,6 +77,8 @@ const MV_ROWS_PER_BLOCK: [usize; 4] = [2, 2, 1, 1];
 /// `add_rms_norm_row`: threads per block (a value each) and the most blocks (its scratch).
 const NORM_ROW_THREADS: usize = 256;
 const NORM_ROW_BLOCKS: usize = 64;
+/// `add_rms_norm_cl`: the most blocks of its cluster (the portable cluster size).
+const NORM_CL_MAX: usize = 8;
 /// Most warps per block of the integer GEMV (MVQ_WARPS in gemv_int.cu).
 const MVQ_WARPS: usize = 8;
 /// The same for mvq1, mvq2, mvq4, mvq8 (gemv_int.cu).
@@ -373,6 +375,7 @@ struct OpsKernels {
     add_rms_norm: CudaFunction,
     add_rms_norm_q: CudaFunction,
     add_rms_norm_row: CudaFunction,
+    add_rms_norm_cl: CudaFunction,
     /// `Backend::norm_add_rms_norm` in one launch.
     /// [rows of ≤ blockDim values, of ≤ 8·blockDim]
     norm_add_norm: [CudaFunction; 2],
@@ -476,6 +479,9 @@ pub struct CudaBackend {
     /// A decode row's `add_rms_norm` spreads over blocks (`add_rms_norm_row`), unless
     /// NEAGARI_CUDA_NORM_ROW=0 (one block, for measuring).
     norm_row: bool,
+    /// … in one thread-block cluster (`add_rms_norm_cl`, Hopper and later), unless
+    /// NEAGARI_CUDA_NORM_CL=0 (`add_rms_norm_row`'s barrier of global atomics).
+    norm_cl: bool,
     /// Quantized formats take the integer GEMV, unless NEAGARI_CUDA_MV=float (measuring).
     mv_int: bool,
     /// Fused ops (`delta_net`, `matmul_glu`, `qk_norm_rope`) run as one launch each, unless
@@ -566,7 +572,18 @@ macro_rules! launch {
             // SAFETY: every pointer argument is a live device allocation of the size the
             // kernel indexes (checked by the caller), and scalars match the kernel's
             // parameter types.
-            unsafe { $be.launch_raw($f, $cfg, &mut [$( $crate::cuda::karg($a) ),*]) }
+            unsafe { $be.launch_raw($f, $cfg, 1, &mut [$( $crate::cuda::karg($a) ),*]) }
+        }
+    }};
+    // Thread-block clusters of $c blocks along x (see `launch_raw`).
+    (@cluster $c:expr, $be:expr, $f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
+        $be.bump();
+        $be.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if $be.replaying() {
+            Ok(())
+        } else {
+            // SAFETY: as above.
+            unsafe { $be.launch_raw($f, $cfg, $c, &mut [$( $crate::cuda::karg($a) ),*]) }
         }
     }};
     ($be:expr, $f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
@@ -635,6 +652,7 @@ impl CudaBackend {
             add_rms_norm: f("add_rms_norm")?,
             add_rms_norm_q: f("add_rms_norm_q")?,
             add_rms_norm_row: f("add_rms_norm_row")?,
+            add_rms_norm_cl: f("add_rms_norm_cl")?,
             norm_add_norm: [f("norm_add_norm_1")?, f("norm_add_norm_8")?],
             norm_add_norm_q: [f("norm_add_norm_q_1")?, f("norm_add_norm_q_8")?],
             glu_silu_q: f("glu_silu_q")?,
@@ -680,6 +698,7 @@ impl CudaBackend {
                 .and_then(|v| v.parse().ok())
                 .filter(|n| (1..=MVQ_WARPS).contains(n)),
             norm_row: std::env::var("NEAGARI_CUDA_NORM_ROW").as_deref() != Ok("0"),
+            norm_cl: maj >= 9 && std::env::var("NEAGARI_CUDA_NORM_CL").as_deref() != Ok("0"),
             mv_int: std::env::var("NEAGARI_CUDA_MV").as_deref() != Ok("float"),
             fuse: std::env::var("NEAGARI_CUDA_FUSE").as_deref() != Ok("0"),
             fuse_attn: std::env::var("NEAGARI_CUDA_FUSE").as_deref() != Ok("0")
@@ -700,7 +719,7 @@ impl CudaBackend {
             mode: AtomicU8::new(graph::OFF),
             launches: AtomicUsize::new(0),
             epoch: AtomicU64::new(0),
-            step: Mutex::new(graph::Step::default()),
+            step: Mutex::new(graph::Step::new()),
             graphs_on: AtomicBool::new(std::env::var("NEAGARI_CUDA_GRAPH").as_deref() != Ok("0")),
             pdl: maj >= 9 && std::env::var("NEAGARI_CUDA_PDL").as_deref() != Ok("0"),
         })
@@ -722,14 +741,17 @@ impl CudaBackend {
     /// `params` holds one pointer per kernel parameter, each to a live value of the
     /// parameter's type; device addresses among them must be valid for what the kernel
     /// accesses.
+    /// A `cluster` above 1 launches thread-block clusters of that many blocks along x
+    /// (Hopper; the grid's x a multiple of it).
     unsafe fn launch_raw(
         &self,
         f: &CudaFunction,
         cfg: LaunchConfig,
+        cluster: u32,
         params: &mut [*mut c_void],
     ) -> Result<()> {
         self.ctx.bind_to_thread().map_err(drv)?;
-        if !self.pdl {
+        if !self.pdl && cluster <= 1 {
             // SAFETY: the caller's contract; function and stream are live handles of this
             // backend's context.
             return unsafe {
@@ -744,12 +766,28 @@ impl CudaBackend {
             }
             .map_err(drv);
         }
-        let mut value = sys::CUlaunchAttributeValue { pad: [0; 64] };
-        value.programmaticStreamSerializationAllowed = 1;
-        let mut attr = sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            value,
+        let mut pdl = sys::CUlaunchAttributeValue { pad: [0; 64] };
+        pdl.programmaticStreamSerializationAllowed = 1;
+        let mut dims = sys::CUlaunchAttributeValue { pad: [0; 64] };
+        dims.clusterDim.x = cluster;
+        dims.clusterDim.y = 1;
+        dims.clusterDim.z = 1;
+        let mut attrs = [
+            sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value: pdl,
+            },
+            sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                pad: [0; 4],
+                value: dims,
+            },
+        ];
+        let (first, n) = match (self.pdl, cluster > 1) {
+            (true, true) => (0, 2),
+            (true, false) => (0, 1),
+            _ => (1, 1),
         };
         let lc = sys::CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
@@ -760,8 +798,8 @@ impl CudaBackend {
             blockDimZ: cfg.block_dim.2,
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
+            attrs: attrs[first..].as_mut_ptr(),
+            numAttrs: n,
         };
         // SAFETY: the caller's contract for `params`; `lc` and the attribute it points to
         // live across the call, which copies them; function and stream are live handles

@@ -89,6 +89,40 @@ impl CudaBackend {
             block_dim: (1024.min(g.div_ceil(32) * 32) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
+        // A decode row in one cluster of up to 8 blocks, a value a thread.
+        let cl = g.div_ceil(NORM_ROW_THREADS).clamp(2, NORM_CL_MAX);
+        let cl_threads = g.div_ceil(cl).next_multiple_of(32);
+        if self.norm_row
+            && self.norm_cl
+            && x.rows == 1
+            && g.is_multiple_of(32)
+            && g > NORM_ROW_THREADS
+            && cl_threads <= 1024
+        {
+            let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            let (qp, dsp) = self.xq_reserve(&mut sc, 1, g / 32)?;
+            let cfg = LaunchConfig {
+                grid_dim: (cl as u32, 1, 1),
+                block_dim: (cl_threads as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(
+                @cluster cl as u32,
+                self,
+                &self.ops.add_rms_norm_cl,
+                cfg,
+                &xp,
+                &yp,
+                &wp,
+                &op,
+                &g_i,
+                &eps,
+                &qp,
+                &dsp
+            )?;
+            sc.xq_key = Some((op, 1, g, self.gen.load(Ordering::Relaxed)));
+            return Ok(());
+        }
         // A decode row: spread over blocks of 256 values (at most one per SM).
         let nb = g.div_ceil(NORM_ROW_THREADS);
         if self.norm_row
