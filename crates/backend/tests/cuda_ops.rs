@@ -486,6 +486,9 @@ fn attention_matches_the_cpu() {
         (6, 6, 16, None, Some(20.0f32), 9, 3),
         (32, 8, 128, None, None, 600, 3),
         (4, 1, 256, Some(512), None, 700, 2),
+        // Head sizes off the 16-byte key loads (20) and off 32 (80: 3 value dims a lane).
+        (2, 1, 20, None, None, 45, 3),
+        (4, 2, 80, Some(40), None, 70, 3),
     ];
     for (nh, nkv, hd, window, softcap, n0, steps) in cases {
         let attn = Attn {

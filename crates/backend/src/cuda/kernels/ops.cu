@@ -434,11 +434,17 @@ __device__ __forceinline__ float gated(float x, const float* gate, int g_hs, int
 }
 
 // Flash-decoding: block (head, row, split) runs an online softmax over its share of the
-// visible positions, one position per warp at a time (lanes own dims lane + 32j), then
-// merges its warps. With nsplit == 1 it writes the output; otherwise a partial
-// (max, sum, acc[hd]) that att_combine merges. With gate set the output is gated. With xq
-// set (hd a multiple of 32) the output is also written as q8_1, the output projection's
-// input (a warp writes 32 consecutive values of one head: one unit).
+// visible positions in tiles of 32 positions a warp: lane i scores position tile + i (its
+// own key row, 16-byte loads, q from shared memory), the tile's max and sum are one warp
+// reduction each, then the lanes, each owning hd/32 consecutive dims, add the 32 value
+// rows. One position a warp at a time (a dot product, five shuffles and the exps between
+// one key load and the next) made a decode attention of 128 positions ~20 µs a block on
+// the H200, a quarter of a Gemma 3 270M step (tg128 1,144 → 1,294 tok/s with the tiles,
+// 27B Q1_0 240.4 → 247.3, same call). Then the block merges its warps. With
+// nsplit == 1 it writes the output; otherwise a partial (max, sum, acc[hd]) that
+// att_combine merges. With gate set the output is gated. With xq set (hd a multiple of 32)
+// the output is also written as q8_1, the output projection's input (a warp writes 32
+// consecutive values of one head: one unit).
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention(const float* q, const u16* kc, const u16* vc, float* out, float* part, int nh,
               int nkv, int hd, int n_ctx, int pos0, float scale, int window, float softcap,
@@ -454,35 +460,72 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
     const int per = (n_pos + nsplit - 1) / nsplit;
     const int t0 = lo + sp * per, t1 = min(p + 1, t0 + per);
 
-    float qv[ATT_MAXD], acc[ATT_MAXD];
+    // q rounded to f16, as the CPU does before q·k; zero past hd (the 8-wide loads read it).
+    __shared__ __align__(16) float sq[32 * ATT_MAXD];
     const float* qr = q + (i64)r * nh * hd + (i64)h * hd;
+    for (int d = threadIdx.x; d < 32 * ATT_MAXD; d += blockDim.x)
+        sq[d] = d < hd ? h2f(f2h(qr[d])) : 0.f;
+    __syncthreads();
+    // Lane l owns dims l·vd .. l·vd + vd of the value rows (vd = hd/32 rounded up).
+    const int vd = (hd + 31) >> 5, d0 = lane * vd;
+    const bool vec = (hd & 7) == 0;  // key rows 16-byte aligned: 8 halves a load
+    float acc[ATT_MAXD];
 #pragma unroll
-    for (int j = 0; j < ATT_MAXD; j++) {
-        const int d = lane + 32 * j;
-        qv[j] = d < hd ? h2f(f2h(qr[d])) : 0.f;
-        acc[j] = 0.f;
-    }
+    for (int j = 0; j < ATT_MAXD; j++) acc[j] = 0.f;
     const u16* kb = kc + (i64)kh * n_ctx * hd;
     const u16* vb = vc + (i64)kh * n_ctx * hd;
     float m = NEG_INF, l = 0.f;
-    for (int t = t0 + warp; t < t1; t += ATT_WARPS) {
-        const u16* kt = kb + (i64)t * hd;
-        float s = 0.f;
-#pragma unroll
-        for (int j = 0; j < ATT_MAXD; j++) {
-            const int d = lane + 32 * j;
-            if (d < hd) s += qv[j] * h2f(kt[d]);
+    for (int tb = t0 + warp * 32; tb < t1; tb += ATT_WARPS * 32) {
+        const int t = tb + lane;
+        float s = NEG_INF;
+        if (t < t1) {
+            const u16* kt = kb + (i64)t * hd;
+            float a = 0.f;
+            if (vec) {
+                for (int d = 0; d < hd; d += 8) {
+                    const uint4 k8 = *(const uint4*)(kt + d);
+                    const float4 qa = *(const float4*)(sq + d), qb = *(const float4*)(sq + d + 4);
+                    a += qa.x * h2f((u16)(k8.x & 0xffff)) + qa.y * h2f((u16)(k8.x >> 16)) +
+                         qa.z * h2f((u16)(k8.y & 0xffff)) + qa.w * h2f((u16)(k8.y >> 16)) +
+                         qb.x * h2f((u16)(k8.z & 0xffff)) + qb.y * h2f((u16)(k8.z >> 16)) +
+                         qb.z * h2f((u16)(k8.w & 0xffff)) + qb.w * h2f((u16)(k8.w >> 16));
+                }
+            } else {
+                for (int d = 0; d < hd; d++) a += sq[d] * h2f(kt[d]);
+            }
+            s = a * scale;
+            if (softcap > 0.f) s = softcap * tanhf(s / softcap);
         }
-        s = warp_sum(s) * scale;
-        if (softcap > 0.f) s = softcap * tanhf(s / softcap);
-        const float mn = fmaxf(m, s);
-        const float corr = expf(m - mn), pw = expf(s - mn);
-        l = l * corr + pw;
-        const u16* vt = vb + (i64)t * hd;
+        // Lane 0's position is always visible, so the tile's max is finite.
+        const float mn = fmaxf(m, warp_max(s));
+        const float corr = expf(m - mn);
+        const float pw = t < t1 ? expf(s - mn) : 0.f;
+        l = l * corr + warp_sum(pw);
 #pragma unroll
-        for (int j = 0; j < ATT_MAXD; j++) {
-            const int d = lane + 32 * j;
-            if (d < hd) acc[j] = acc[j] * corr + pw * h2f(vt[d]);
+        for (int j = 0; j < ATT_MAXD; j++) acc[j] *= corr;
+        const int nt = min(32, t1 - tb);
+        if (hd == 32 * ATT_MAXD) {  // a 16-byte load a lane a row
+#pragma unroll 4
+            for (int u = 0; u < nt; u++) {
+                const float pu = __shfl_sync(0xffffffffu, pw, u);
+                const uint4 v8 = *(const uint4*)(vb + (i64)(tb + u) * hd + d0);
+                acc[0] += pu * h2f((u16)(v8.x & 0xffff));
+                acc[1] += pu * h2f((u16)(v8.x >> 16));
+                acc[2] += pu * h2f((u16)(v8.y & 0xffff));
+                acc[3] += pu * h2f((u16)(v8.y >> 16));
+                acc[4] += pu * h2f((u16)(v8.z & 0xffff));
+                acc[5] += pu * h2f((u16)(v8.z >> 16));
+                acc[6] += pu * h2f((u16)(v8.w & 0xffff));
+                acc[7] += pu * h2f((u16)(v8.w >> 16));
+            }
+        } else {
+            for (int u = 0; u < nt; u++) {
+                const float pu = __shfl_sync(0xffffffffu, pw, u);
+                const u16* vt = vb + (i64)(tb + u) * hd;
+#pragma unroll
+                for (int j = 0; j < ATT_MAXD; j++)
+                    if (j < vd && d0 + j < hd) acc[j] += pu * h2f(vt[d0 + j]);
+            }
         }
         m = mn;
     }
@@ -493,7 +536,8 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
         sl[warp] = l;
     }
 #pragma unroll
-    for (int j = 0; j < ATT_MAXD; j++) sacc[warp][lane + 32 * j] = acc[j];
+    for (int j = 0; j < ATT_MAXD; j++)
+        if (j < vd && d0 + j < hd) sacc[warp][d0 + j] = acc[j];
     __syncthreads();
     float M = NEG_INF;
 #pragma unroll
