@@ -535,6 +535,12 @@ pub trait Backend: Send + Sync + 'static {
         }
         Ok(())
     }
+    /// A model calls this at load for each group of matrices it will pass to one
+    /// `matmul_multi`, so a device backend can build what that group needs (the CUDA
+    /// backend: the kernels of a group of two weight formats) before the first reply.
+    fn prepare_multi(&self, _ws: &[&Self::Mat]) -> Result<()> {
+        Ok(())
+    }
     /// `x += y`, then `out = rms_norm(x, w)`: a residual add and the norm that reads the
     /// sum, which a device backend may fuse.
     fn add_rms_norm(

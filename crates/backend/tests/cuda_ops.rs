@@ -764,6 +764,41 @@ fn multi_matches_single(g: &CudaBackend, r: &mut StdRng) {
         .unwrap();
     assert!(rel(&download(g, &oa), &exact_product(&da, &x, 64, 512)) < 1.2e-2);
     assert!(rel(&download(g, &ob), &exact_product(&db, &x, 32, 512)) < 1.2e-2);
+    // Two formats after `prepare_multi` (one `mvqp*` launch for one row, the first
+    // matrix's format first whatever the order): bit for bit the separate matmuls. Gemma
+    // 3's Q4_K_M q, k, v (Q5_0, Q5_0, Q8_0 at 640), a Q8_0 first, and Q4_K beside Q6_K.
+    use GgmlType::*;
+    let groups: [(&[(GgmlType, usize)], usize); 3] = [
+        (&[(Q5_0, 1024), (Q5_0, 256), (Q8_0, 256)], 640),
+        (&[(Q8_0, 40), (Q5_0, 300), (Q8_0, 7), (Q5_0, 64)], 2048),
+        (&[(Q4_K, 96), (Q6_K, 130)], 1536),
+    ];
+    for (group, cols) in groups {
+        let dm: Vec<_> = group
+            .iter()
+            .map(|&(ty, rows)| g.load_mat(&random_mat(r, ty, rows, cols).0).unwrap())
+            .collect();
+        let ws: Vec<_> = dm.iter().collect();
+        g.prepare_multi(&ws).unwrap();
+        for n in [1usize, 2] {
+            let xb = upload(g, &randv(r, n * cols, 1.0), n, cols);
+            let mut outs: Vec<_> = group.iter().map(|_| g.buf(1, 1).unwrap()).collect();
+            {
+                let mut os: Vec<_> = outs.iter_mut().collect();
+                g.matmul_multi(&ws, &xb, &mut os).unwrap();
+            }
+            for (i, m) in dm.iter().enumerate() {
+                let mut one = g.buf(1, 1).unwrap();
+                g.matmul(m, &xb, &mut one).unwrap();
+                assert_eq!(g.buf_shape(&outs[i]), (n, group[i].1));
+                assert!(
+                    download(g, &outs[i]) == download(g, &one),
+                    "{:?} matrix {i} of two formats, {n} rows: multi ≠ single",
+                    group[i].0
+                );
+            }
+        }
+    }
 }
 
 /// The tensor-core GEMV of 3–8 activation rows (gemv_rows.cu) on every format that has

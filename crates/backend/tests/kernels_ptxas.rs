@@ -31,8 +31,11 @@ fn kernels_fit_their_registers_on_hopper() {
         ("hybrid", "delta_step"),
         ("hybrid", "gated_delta"),
         ("ops", "attention"),
+        ("ops", "attention_dec"),
+        ("ops", "qk_norm_rope"),
         ("ops", "add_rms_norm_cl"),
         ("ops", "norm_add_norm_q_1"),
+        ("pair_Q_Q5_0_Q_Q8_0", "mvqp1x2"),
     ];
     let mut hot_seen = 0;
     for ty in [
@@ -40,6 +43,7 @@ fn kernels_fit_their_registers_on_hopper() {
         Some(GgmlType::Q1_0),
         Some(GgmlType::TQ2_0),
         Some(GgmlType::Q4_K),
+        Some(GgmlType::Q5_0),
         Some(GgmlType::Q8_0),
         Some(GgmlType::F16),
     ] {

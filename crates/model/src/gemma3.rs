@@ -174,6 +174,7 @@ impl<B: Backend> Gemma3<B> {
         let output_norm = src.vector(be, "output_norm.weight", h)?;
         let mut decode_bytes = be.mat_bytes(output.as_ref().unwrap_or(&tok_embd));
         for l in &layers {
+            be.prepare_multi(&[&l.wq, &l.wk, &l.wv])?;
             for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down] {
                 decode_bytes += be.mat_bytes(m);
             }

@@ -186,6 +186,43 @@ impl CudaBackend {
             && prep.freq_factors.is_none_or(|f| f.len >= rope_q.dims / 2)
     }
 
+    /// The RoPE and norm constants of `prep` at `pos0` for ops.cu's `QkArgs` (the host-side
+    /// constants of rope_op and the CPU's rope_cache, so the angles round alike).
+    pub(super) fn qk_args(&self, prep: &QkPrep<CudaVector>, pos0: usize) -> QkArgs {
+        let rope = prep.rope_q;
+        let n_dims = rope.dims;
+        let corr = |n_rot: f32| {
+            n_dims as f32 * (rope.n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * rope.base.ln())
+        };
+        let (c0, c1) = if rope.ext_factor != 0.0 {
+            (
+                corr(rope.beta_fast).floor().max(0.0),
+                corr(rope.beta_slow).ceil().min(n_dims as f32 - 1.0),
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        QkArgs {
+            wq: prep.q_norm.map_or(0, |w| self.dptr(&w.data)),
+            wk: prep.k_norm.map_or(0, |w| self.dptr(&w.data)),
+            ff: prep.freq_factors.map_or(0, |v| self.dptr(&v.data)),
+            posp: self.step_posp(),
+            eps: prep.eps,
+            theta_scale: rope.base.powf(-2.0 / n_dims as f32),
+            freq_scale: rope.freq_scale,
+            ext_factor: rope.ext_factor,
+            attn_q: prep.rope_q.attn_factor,
+            attn_k: prep.rope_k.attn_factor,
+            c0,
+            c1,
+            mscale_yarn: 1.0 + 0.1 * (1.0 / rope.freq_scale).ln(),
+            dims: n_dims as i32,
+            neox: rope.neox as i32,
+            pos0: pos0 as i32,
+        }
+    }
+
     /// One `qk_norm_rope` launch (shapes checked by `qk_fusable`): the queries are q's
     /// heads `q_hs` values apart, written to `qo` (a device address; 0: in place), k in
     /// place; with `store` (v's address, the layer's k and v cache, n_ctx) k and v also go
@@ -206,28 +243,8 @@ impl CudaBackend {
         if q.rows == 0 || nh + nkv == 0 {
             return Ok(());
         }
-        // The same host-side constants as rope_op (and the CPU's rope_cache).
-        let rope = prep.rope_q;
-        let n_dims = rope.dims;
-        let theta_scale = rope.base.powf(-2.0 / n_dims as f32);
-        let corr = |n_rot: f32| {
-            n_dims as f32 * (rope.n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
-                / (2.0 * rope.base.ln())
-        };
-        let (c0, c1) = if rope.ext_factor != 0.0 {
-            (
-                corr(rope.beta_fast).floor().max(0.0),
-                corr(rope.beta_slow).ceil().min(n_dims as f32 - 1.0),
-            )
-        } else {
-            (0.0, 0.0)
-        };
-        let mscale_yarn = 1.0 + 0.1 * (1.0 / rope.freq_scale).ln();
+        let args = self.qk_args(prep, pos0);
         let (qp, kp) = (self.dptr(&q.data), self.dptr(&k.data));
-        let wqp = prep.q_norm.map_or(0u64, |w| self.dptr(&w.data));
-        let wkp = prep.k_norm.map_or(0u64, |w| self.dptr(&w.data));
-        let ffp = prep.freq_factors.map_or(0u64, |v| self.dptr(&v.data));
-        let posp = self.step_posp();
         let (vs, kc, vc, n_ctx) = store.unwrap_or((0, 0, 0, 0));
         // v's heads take nkv more blocks when they are stored here.
         let heads = nh + nkv + if store.is_some() { nkv } else { 0 };
@@ -236,14 +253,7 @@ impl CudaBackend {
             block_dim: (hd.div_ceil(32) as u32 * 32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (nh_i, nkv_i, hd_i, dims_i, pos_i, neox_i) = (
-            nh as i32,
-            nkv as i32,
-            hd as i32,
-            n_dims as i32,
-            pos0 as i32,
-            rope.neox as i32,
-        );
+        let (nh_i, nkv_i, hd_i) = (nh as i32, nkv as i32, hd as i32);
         let (q_hs_i, n_ctx_i) = (q_hs as i32, n_ctx as i32);
         launch!(
             self,
@@ -251,25 +261,10 @@ impl CudaBackend {
             cfg,
             &qp,
             &kp,
-            &wqp,
-            &wkp,
-            &prep.eps,
+            &args,
             &nh_i,
             &nkv_i,
             &hd_i,
-            &dims_i,
-            &pos_i,
-            &neox_i,
-            &theta_scale,
-            &rope.freq_scale,
-            &rope.ext_factor,
-            &prep.rope_q.attn_factor,
-            &prep.rope_k.attn_factor,
-            &c0,
-            &c1,
-            &mscale_yarn,
-            &ffp,
-            &posp,
             &q_hs_i,
             &qo,
             &vs,
@@ -279,3 +274,30 @@ impl CudaBackend {
         )
     }
 }
+
+/// ops.cu's `QkArgs`, field for field (device addresses as u64; 0 is null).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(super) struct QkArgs {
+    wq: u64,
+    wk: u64,
+    ff: u64,
+    posp: u64,
+    eps: f32,
+    theta_scale: f32,
+    freq_scale: f32,
+    ext_factor: f32,
+    attn_q: f32,
+    attn_k: f32,
+    c0: f32,
+    c1: f32,
+    mscale_yarn: f32,
+    dims: i32,
+    neox: i32,
+    pos0: i32,
+}
+
+// SAFETY: plain old data of the kernel parameter's C layout (8-byte pointers first, then
+// 4-byte fields: 80 bytes, no padding), passed by value.
+unsafe impl DeviceRepr for QkArgs {}
+const _: () = assert!(std::mem::size_of::<QkArgs>() == 80);

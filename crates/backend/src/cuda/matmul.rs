@@ -717,6 +717,9 @@ impl CudaBackend {
                 format!("{} matrices, {} outputs", ws.len(), outs.len()),
             ));
         }
+        if self.matmul_pair(ws, x, outs)? {
+            return Ok(());
+        }
         // One launch per format (and row size) among the matrices that take the integer
         // GEMV; the rest one by one.
         let int_ok = |w: &CudaMat| {
@@ -754,6 +757,131 @@ impl CudaBackend {
             }
         }
         Ok(())
+    }
+}
+
+impl CudaBackend {
+    /// The two formats of a `matmul_multi` group that `mvqp*` takes (every matrix on the
+    /// integer GEMV of one unit a step, at most four, exactly two formats): the first
+    /// matrix's format, then the other.
+    fn pair_of(&self, ws: &[&CudaMat]) -> Option<(GgmlType, GgmlType)> {
+        let a = ws.first()?.ty;
+        let b = ws.iter().find(|w| w.ty != a)?.ty;
+        let one_step = |w: &CudaMat| w.k.int.as_ref().is_some_and(|k| k.step == 1);
+        let fits = self.mv_int
+            && ws.len() <= 4
+            && ws
+                .iter()
+                .all(|w| (w.ty == a || w.ty == b) && w.cols == ws[0].cols && one_step(w));
+        fits.then_some((a, b))
+    }
+
+    /// `Backend::prepare_multi`: a two-format group's `mvqp*` module, compiled and loaded
+    /// now (at load), so the group's one-row `matmul_multi` is one launch.
+    pub(super) fn prepare_pair(&self, ws: &[&CudaMat]) -> Result<()> {
+        let Some((a, b)) = self.pair_of(ws).filter(|_| self.pair) else {
+            return Ok(());
+        };
+        let mut pairs = self.pairs.lock().unwrap_or_else(|e| e.into_inner());
+        if pairs.contains_key(&(a, b)) {
+            return Ok(());
+        }
+        let names = |ty| fmt_structs(ty, self.repack).and_then(|n| n.q);
+        let (Some(qa), Some(qb)) = (names(a), names(b)) else {
+            return Ok(());
+        };
+        let (name, defines, src) = pair_module(&qa, &qb);
+        let ptx = compile(&name, &self.arch, &defines, &src)?;
+        let m = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .map_err(drv)?;
+        let f = |n: &str| m.load_function(n).map_err(drv);
+        let k = [f("mvqp1x1")?, f("mvqp1x2")?, f("mvqp1x4")?, f("mvqp1x8")?];
+        pairs.insert((a, b), Arc::new(k));
+        Ok(())
+    }
+
+    /// `matmul_multi` of one activation row over matrices of two formats in one `mvqp*`
+    /// launch, where `prepare_multi` loaded the pair's module: the first format's matrices
+    /// go first (the kernel's `na`). `false` where it does not apply (nothing launched).
+    fn matmul_pair(&self, ws: &[&CudaMat], x: &CudaBuf, outs: &mut [&mut CudaBuf]) -> Result<bool> {
+        if x.rows != 1 {
+            return Ok(false);
+        }
+        let Some((a, b)) = self.pair_of(ws) else {
+            return Ok(false);
+        };
+        let Some(pk) = self
+            .pairs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(a, b))
+            .cloned()
+        else {
+            return Ok(false);
+        };
+        let cols = x.cols;
+        if ws[0].cols != cols {
+            return Ok(false);
+        }
+        let order: Vec<usize> = (0..ws.len())
+            .filter(|&j| ws[j].ty == a)
+            .chain((0..ws.len()).filter(|&j| ws[j].ty == b))
+            .collect();
+        let (ia, ib) = (order[0], order[order.len() - 1]);
+        let (Some(ka), true) = (&ws[ia].k.int, ws[ib].k.int.is_some()) else {
+            return Ok(false);
+        };
+        for (w, o) in ws.iter().zip(outs.iter_mut()) {
+            self.reshape(o, 1, w.rows)?;
+        }
+        let units = cols.div_ceil(32);
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let (qp, dsp) = self.xq_input(&mut sc, ka, x, cols)?;
+        let total: usize = ws.iter().map(|w| w.rows).sum();
+        let (func, r) = match self.mv_per_block(total, cols, ws[ia].row_bytes, 1) {
+            1 => (&pk[0], 1),
+            2 => (&pk[1], 2),
+            8 => (&pk[3], 8),
+            _ => (&pk[2], 4),
+        };
+        let (bx, by) = self.mv_block(ka, units, total, r);
+        let ops: Vec<u64> = order.iter().map(|&j| self.dptr(&outs[j].data)).collect();
+        let mats: Vec<MvsMat> = order
+            .iter()
+            .zip(&ops)
+            .map(|(&j, &y)| MvsMat {
+                w: self.dptr(&ws[j].data),
+                y,
+                rows: ws[j].rows,
+            })
+            .collect();
+        let m = MultiArgs::new(&mats, r * by);
+        let cfg = LaunchConfig {
+            grid_dim: (m.blocks as u32, 1, 1),
+            block_dim: (bx as u32, by as u32, 1),
+            shared_mem_bytes: 0,
+        };
+        let na = order.iter().filter(|&&j| ws[j].ty == a).count() as i32;
+        let (units_i, ra, rb) = (
+            units as i32,
+            ws[ia].row_bytes as i64,
+            ws[ib].row_bytes as i64,
+        );
+        launch!(
+            @keep self, func, cfg, &m.w[0], &m.w[1], &m.w[2], &m.w[3], &m.y[0], &m.y[1],
+            &m.y[2], &m.y[3], &m.rows[0], &m.rows[1], &m.rows[2], &m.rows[3], &m.starts[1],
+            &m.starts[2], &m.starts[3], &qp, &dsp, &units_i, &ra, &rb, &na
+        )?;
+        // The outputs are new data at their addresses: a cached quantization is stale.
+        if sc.xq_key.is_some_and(|(p, ..)| ops.contains(&p)) {
+            sc.xq_key = None;
+        }
+        if sc.xq_alt_key.is_some_and(|(p, ..)| ops.contains(&p)) {
+            sc.xq_alt_key = None;
+        }
+        Ok(true)
     }
 }
 

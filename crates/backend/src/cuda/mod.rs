@@ -339,7 +339,7 @@ fn module_sources(ty: Option<GgmlType>) -> Result<Vec<(String, String, String)>>
         ]);
     };
     // Both layouts of the formats that are repacked at upload.
-    [false, true]
+    let mut out = [false, true]
         .iter()
         .map(|&repack| {
             let names = fmt_structs(ty, repack).ok_or(BackendError::NoKernel {
@@ -349,7 +349,22 @@ fn module_sources(ty: Option<GgmlType>) -> Result<Vec<(String, String, String)>>
             })?;
             Ok(fmt_module(&names))
         })
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    // Gemma 3's Q4_K_M q/k/v: the one pair module every model test meets.
+    if ty == GgmlType::Q5_0 {
+        out.push(pair_module("Q_Q5_0", "Q_Q8_0"));
+    }
+    Ok(out)
+}
+
+/// Module name, defines and source of the two-format one-row GEMV `mvqp*` (gemv_int.cu) of
+/// integer-dot structs `qa` (the first matrices) and `qb`.
+fn pair_module(qa: &str, qb: &str) -> (String, String, String) {
+    (
+        format!("pair_{qa}_{qb}"),
+        format!("#define FMTQ {qa}\n#define FMTQ2 {qb}"),
+        format!("{DEQUANT}\n{LOWBIT}\n{VECDOT}\n{GEMV_INT}"),
+    )
 }
 
 /// Compiles every kernel module for `arch` (e.g. `sm_90`) without a GPU: NVRTC alone
@@ -391,10 +406,14 @@ struct OpsKernels {
     rope: CudaFunction,
     kv_store: CudaFunction,
     attention: CudaFunction,
+    attention_dec: CudaFunction,
     att_combine: CudaFunction,
     argmax_rows: CudaFunction,
     qk_norm_rope: CudaFunction,
 }
+
+/// `mvqp1x{1,2,4,8}` of one pair of formats (matmul.rs `prepare_pair`).
+type PairKernels = Arc<[CudaFunction; 4]>;
 
 /// The kernels of one weight format.
 struct FmtKernels {
@@ -467,6 +486,9 @@ pub struct CudaBackend {
     ops: OpsKernels,
     hybrid: hybrid::HybridKernels,
     fmts: Mutex<HashMap<GgmlType, Arc<FmtKernels>>>,
+    /// `mvqp1x{1,2,4,8}` (gemv_int.cu) of the two-format `matmul_multi` groups that
+    /// `prepare_multi` met, by (first format, second format).
+    pairs: Mutex<HashMap<(GgmlType, GgmlType), PairKernels>>,
     blas: Option<CudaBlas>,
     scratch: Mutex<Scratch>,
     /// Rows per block of the single-row GEMV: `None` picks by shape (four from 4096-wide
@@ -490,6 +512,12 @@ pub struct CudaBackend {
     /// `attention_block` in two launches (attention.rs), unless NEAGARI_CUDA_FUSE_ATTN=0
     /// (or NEAGARI_CUDA_FUSE=0): the separate ops, for measuring.
     fuse_attn: bool,
+    /// A one-row `attention_block` in ONE launch (`attention_dec`: the q/k norms, RoPE and
+    /// the cache store inside the attention kernel), unless NEAGARI_CUDA_ATT_DEC=0.
+    att_dec: bool,
+    /// `prepare_multi` loads a two-format group's one-launch GEMV (`mvqp*`), unless
+    /// NEAGARI_CUDA_PAIR=0 (a launch a format, for measuring).
+    pair: bool,
     /// Q1_0 and TQ2_0 are uploaded in repack.rs's layout, unless NEAGARI_CUDA_REPACK=0
     /// (ggml's blocks and the kernels that read them, for measuring).
     repack: bool,
@@ -666,6 +694,7 @@ impl CudaBackend {
             rope: f("rope")?,
             kv_store: f("kv_store")?,
             attention: f("attention")?,
+            attention_dec: f("attention_dec")?,
             att_combine: f("att_combine")?,
             argmax_rows: f("argmax_rows")?,
             qk_norm_rope: f("qk_norm_rope")?,
@@ -687,6 +716,7 @@ impl CudaBackend {
             ops,
             hybrid,
             fmts: Mutex::new(HashMap::new()),
+            pairs: Mutex::new(HashMap::new()),
             blas,
             scratch: Mutex::new(Scratch::default()),
             mv_rows: std::env::var("NEAGARI_CUDA_MV_ROWS")
@@ -703,6 +733,8 @@ impl CudaBackend {
             fuse: std::env::var("NEAGARI_CUDA_FUSE").as_deref() != Ok("0"),
             fuse_attn: std::env::var("NEAGARI_CUDA_FUSE").as_deref() != Ok("0")
                 && std::env::var("NEAGARI_CUDA_FUSE_ATTN").as_deref() != Ok("0"),
+            att_dec: std::env::var("NEAGARI_CUDA_ATT_DEC").as_deref() != Ok("0"),
+            pair: std::env::var("NEAGARI_CUDA_PAIR").as_deref() != Ok("0"),
             repack: std::env::var("NEAGARI_CUDA_REPACK").as_deref() != Ok("0"),
             mv_groups: std::env::var("NEAGARI_CUDA_MV_GROUPS")
                 .ok()
@@ -1051,6 +1083,10 @@ impl Backend for CudaBackend {
         self.matmul_multi_op(ws, x, outs)
     }
 
+    fn prepare_multi(&self, ws: &[&CudaMat]) -> Result<()> {
+        self.prepare_pair(ws)
+    }
+
     fn add_rms_norm(
         &self,
         x: &mut CudaBuf,
@@ -1272,7 +1308,7 @@ impl Backend for CudaBackend {
         attn: &Attn,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        self.attention_launch(kv, layer, pos0, q, k, v, attn, out, true, 0)
+        self.attention_launch(kv, layer, pos0, q, k, v, attn, out, true, 0, None)
     }
 
     fn attention_block(

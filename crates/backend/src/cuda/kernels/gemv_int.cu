@@ -185,6 +185,7 @@ __device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, const i8* __r
         gdc_wait();                                                                          \
         mvq_impl<FMTQ, NR, R>(W, xq, xds, y, rows, units, row_bytes, nr, blockIdx.x);        \
     }
+#ifndef FMTQ2  // a pair module (below) holds only its own kernels
 MVQ(mvq1, 1, 2)
 MVQ(mvq2, 2, 2)
 MVQ(mvq4, 4, 1)
@@ -192,6 +193,7 @@ MVQ(mvq8, 8, 1)
 MVQ(mvq1x4, 1, 4)
 MVQ(mvq1x8, 1, 8)
 MVQ(mvq1x1, 1, 1)
+#endif
 
 // mvqmN: the same over up to four matrices of one format and width that read one input
 // (q/k/v, gate/up): blocks [0, b1) run matrix 0, [b1, b2) matrix 1, and so on (unused
@@ -213,6 +215,7 @@ MVQ(mvq1x1, 1, 1)
         gdc_wait();                                                                          \
         mvq_impl<FMTQ, NR, R>(W, xq, xds, y, rows, units, row_bytes, nr, b);                 \
     }
+#ifndef FMTQ2  // a pair module (below) holds only its own kernels
 MVQM(mvqm1x1, 1, 1)
 MVQM(mvqm1x2, 1, 2)
 MVQM(mvqm1x4, 1, 4)
@@ -220,6 +223,7 @@ MVQM(mvqm1x8, 1, 8)
 MVQM(mvqm2, 2, 2)
 MVQM(mvqm4, 4, 1)
 MVQM(mvqm8, 8, 1)
+#endif
 
 // act(g)·u of the GLU kernels in ops.cu (the same arithmetic, so the same bits): act 0 is
 // SiLU, 1 GELU (tanh form) of the f16-rounded gate, rounded to f16.
@@ -309,6 +313,7 @@ __device__ __forceinline__ void mvqg_impl(const u8* Wg, const u8* Wu, const i8* 
         mvqg_impl<NR, R>(wg, wu, xq, xds, g, u, rows, units, row_bytes, nr, act, oq, ods,     \
                          cnt);                                                               \
     }
+#ifndef FMTQ2  // a pair module (below) holds only its own kernels
 MVQG(mvqg1x1, 1, 1)
 MVQG(mvqg1x2, 1, 2)
 MVQG(mvqg1x4, 1, 4)
@@ -316,3 +321,34 @@ MVQG(mvqg1x8, 1, 8)
 MVQG(mvqg2, 2, 2)
 MVQG(mvqg4, 4, 1)
 MVQG(mvqg8, 8, 1)
+#endif
+
+#ifdef FMTQ2
+// mvqpN: `matmul_multi` of one activation row over matrices of TWO formats that read one
+// input, as mvqm: matrices [0, na) are FMTQ (row_bytes ra), the rest FMTQ2 (rb), one launch
+// instead of one a format (Gemma 3's Q4_K_M q, k in Q5_0 beside its v in Q8_0). Both
+// formats take one 32-value unit a thread step (no STEP), so mv_block's shape suits both.
+// A module of its own (matmul.rs `pair_kernels`), compiled at load.
+#define MVQP(NAME, R)                                                                        \
+    extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32)                             \
+        NAME(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0, float* y1,    \
+             float* y2, float* y3, int n0, int n1, int n2, int n3, int b1, int b2, int b3,    \
+             const i8* xq, const float2* xds, int units, i64 ra, i64 rb, int na) {            \
+        int b = blockIdx.x, m = 0;                                                           \
+        const u8* W = w0;                                                                    \
+        float* y = y0;                                                                       \
+        int rows = n0;                                                                       \
+        if (b >= b3) { b -= b3; W = w3; y = y3; rows = n3; m = 3; }                          \
+        else if (b >= b2) { b -= b2; W = w2; y = y2; rows = n2; m = 2; }                     \
+        else if (b >= b1) { b -= b1; W = w1; y = y1; rows = n1; m = 1; }                     \
+        const i64 row_bytes = m < na ? ra : rb;                                              \
+        gdc_prefetch_rows(W, rows, row_bytes, R, b);                                         \
+        gdc_wait();                                                                          \
+        if (m < na) mvq_impl<FMTQ, 1, R>(W, xq, xds, y, rows, units, row_bytes, 1, b);       \
+        else mvq_impl<FMTQ2, 1, R>(W, xq, xds, y, rows, units, row_bytes, 1, b);             \
+    }
+MVQP(mvqp1x1, 1)
+MVQP(mvqp1x2, 2)
+MVQP(mvqp1x4, 4)
+MVQP(mvqp1x8, 8)
+#endif

@@ -191,53 +191,69 @@ __device__ __forceinline__ double warp_sum_d(double v) {
     return v;
 }
 
-extern "C" __global__ void add_rms_norm_row(float* x, const float* y, const float* w, float* out,
-                                            int g, float eps, i8* xq, float2* xds,
-                                            double* part, u32* bar) {
-    gdc_wait();
-    const int nb = gridDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+// The two halves of a row norm over several blocks, a value a thread: the residual add
+// (x[i] += y[i], stored) and the block's sum of squares (returned to warp 0's lane 0),
+// then, given the row's total, the normed value and its q8_1.
+__device__ __forceinline__ double add_sumsq_block(float* x, const float* y, const float* w,
+                                                  int g, float& v, float& wi) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    float v = 0.f, wi = 0.f;
+    v = 0.f;
+    wi = 0.f;
     if (i < g) {
         v = x[i] + y[i];
         x[i] = v;
         wi = w[i];
     }
     __shared__ double red[32];
-    __shared__ double total;
     const double s = warp_sum_d((double)v * (double)v);
     if (lane == 0) red[warp] = s;
     __syncthreads();
-    if (warp == 0) {
-        double t = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.0;
-        t = warp_sum_d(t);
-        if (lane == 0) {
-            // The generation cannot move before this block arrives, so this is the call's.
-            const u32 gen = ((volatile u32*)bar)[1];
-            ((volatile double*)part)[blockIdx.x] = t;
-            __threadfence();
-            if (atomicAdd(bar, 1u) == (u32)nb - 1) {
-                atomicExch(bar, 0u);
-                __threadfence();
-                atomicAdd(bar + 1, 1u);
-            } else {
-                while (((volatile u32*)bar)[1] == gen) {
-                }
-            }
-            __threadfence();
-            double sum = 0.0;
-            for (int b = 0; b < nb; b++) sum += ((volatile double*)part)[b];
-            total = sum;
-        }
-    }
-    __syncthreads();
+    double t = 0.0;
+    if (warp == 0) t = warp_sum_d(lane < (int)(blockDim.x >> 5) ? red[lane] : 0.0);
+    return t;
+}
+
+__device__ __forceinline__ void norm_out_row(float v, float wi, double total, int g, float eps,
+                                             float* out, i8* xq, float2* xds) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
     const float mean = (float)(total / (double)g);
     const float scale = 1.0f / sqrtf(mean + eps);
     if (i < g) {
         const float o = v * scale * wi;
         out[i] = o;
-        q8_1_warp(o, xq, xds, i >> 5, lane);
+        q8_1_warp(o, xq, xds, i >> 5, threadIdx.x & 31);
     }
+}
+
+extern "C" __global__ void add_rms_norm_row(float* x, const float* y, const float* w, float* out,
+                                            int g, float eps, i8* xq, float2* xds,
+                                            double* part, u32* bar) {
+    gdc_wait();
+    const int nb = gridDim.x;
+    float v, wi;
+    const double t = add_sumsq_block(x, y, w, g, v, wi);
+    __shared__ double total;
+    if (threadIdx.x == 0) {
+        // The generation cannot move before this block arrives, so this is the call's.
+        const u32 gen = ((volatile u32*)bar)[1];
+        ((volatile double*)part)[blockIdx.x] = t;
+        __threadfence();
+        if (atomicAdd(bar, 1u) == (u32)nb - 1) {
+            atomicExch(bar, 0u);
+            __threadfence();
+            atomicAdd(bar + 1, 1u);
+        } else {
+            while (((volatile u32*)bar)[1] == gen) {
+            }
+        }
+        __threadfence();
+        double sum = 0.0;
+        for (int b = 0; b < nb; b++) sum += ((volatile double*)part)[b];
+        total = sum;
+    }
+    __syncthreads();
+    norm_out_row(v, wi, total, g, eps, out, xq, xds);
 }
 
 // add_rms_norm_row's arithmetic in one thread-block cluster (Hopper): the blocks meet at
@@ -251,25 +267,11 @@ extern "C" __global__ void add_rms_norm_cl(float* x, const float* y, const float
                                            int g, float eps, i8* xq, float2* xds) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     gdc_wait();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    float v = 0.f, wi = 0.f;
-    if (i < g) {
-        v = x[i] + y[i];
-        x[i] = v;
-        wi = w[i];
-    }
-    __shared__ double red[32];
+    float v, wi;
+    const double t = add_sumsq_block(x, y, w, g, v, wi);
     __shared__ double bsum;
     __shared__ double total;
-    const double s = warp_sum_d((double)v * (double)v);
-    if (lane == 0) red[warp] = s;
-    __syncthreads();
-    if (warp == 0) {
-        double t = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.0;
-        t = warp_sum_d(t);
-        if (lane == 0) bsum = t;
-    }
+    if (threadIdx.x == 0) bsum = t;
     // Every block's bsum is written and visible cluster-wide after this.
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
     if (threadIdx.x == 0) {
@@ -287,13 +289,7 @@ extern "C" __global__ void add_rms_norm_cl(float* x, const float* y, const float
     // No block may leave while another still reads its bsum: arrive here, wait at the end.
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
     __syncthreads();
-    const float mean = (float)(total / (double)g);
-    const float scale = 1.0f / sqrtf(mean + eps);
-    if (i < g) {
-        const float o = v * scale * wi;
-        out[i] = o;
-        q8_1_warp(o, xq, xds, i >> 5, lane);
-    }
+    norm_out_row(v, wi, total, g, eps, out, xq, xds);
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 #endif
 }
@@ -421,6 +417,91 @@ extern "C" __global__ void kv_store(const float* k, const float* v, u16* kc, u16
     vc[dst] = f2h(v[t]);
 }
 
+// RoPE and the per-head norms of `qk_norm_rope` and `attention_dec`, with every constant
+// from the host (fused.rs `QkArgs`, the same layout) so they round exactly as the CPU's.
+struct QkArgs {
+    const float* wq;  // q's per-head norm weight (null: no norm)
+    const float* wk;
+    const float* ff;    // Llama 3.1's frequency factors (null: none)
+    const int* posp;    // the step's position when set (a replayed CUDA graph), else pos0
+    float eps, theta_scale, freq_scale, ext_factor, attn_q, attn_k, c0, c1, mscale_yarn;
+    int dims, neox, pos0;
+};
+
+// The angle of rotated pair i at position pos, as `rope` computes it (repeated products).
+__device__ __forceinline__ float rope_theta(const QkArgs& a, int i, int pos) {
+    float theta = (float)pos;
+    for (int j = 0; j < i; j++) theta *= a.theta_scale;
+    const float f = a.ff ? a.ff[i] : 1.0f;
+    const float extrap = theta / f;
+    const float interp = a.freq_scale * extrap;
+    if (a.ext_factor == 0.0f) return interp;
+    const float y = ((float)i - a.c0) / fmaxf(a.c1 - a.c0, 0.001f);
+    const float ramp = 1.0f - fminf(fmaxf(y, 0.0f), 1.0f);
+    const float mix = ramp * a.ext_factor;
+    return interp * (1.0f - mix) + extrap * mix;
+}
+
+// n ≤ 2 heads of hd ≤ 1024 values in shared memory (h0, h1), in place: each RMS-normed by
+// its weight (w0, w1; none where null), then its first a.dims values rotated at position pos
+// with attention factor at0 / at1. Any block size of whole warps (≥ 2 warps when n = 2): the
+// sums of squares follow rms_norm's order for a block of ceil32(hd) threads, a value each
+// (a virtual warp of 32 values, a butterfly, then one warp over the virtual warps' parts),
+// so the results are the separate ops' bits. Starts and ends with the block's barrier.
+__device__ __forceinline__ void norm_rope_heads(float* h0, float* h1, int n, int hd,
+                                                const float* w0, const float* w1, float at0,
+                                                float at1, const QkArgs& a, int pos) {
+    __shared__ double part[2][32];
+    __shared__ float scale[2];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const int nvw = (hd + 31) >> 5;
+    __syncthreads();
+    for (int j = 0; j < n; j++) {
+        const float* hs = j ? h1 : h0;
+        if (!(j ? w1 : w0)) continue;
+        for (int vw = warp; vw < nvw; vw += nw) {
+            const int i = vw * 32 + lane;
+            const float x = i < hd ? hs[i] : 0.f;
+            double s = (double)x * (double)x;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            if (lane == 0) part[j][vw] = s;
+        }
+    }
+    __syncthreads();
+    if (warp < n && (warp ? w1 : w0)) {
+        double t = lane < nvw ? part[warp][lane] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        const float mean = (float)(t / (double)hd);
+        if (lane == 0) scale[warp] = 1.0f / sqrtf(mean + a.eps);
+    }
+    __syncthreads();
+    for (int j = 0; j < n; j++) {
+        float* hs = j ? h1 : h0;
+        const float* w = j ? w1 : w0;
+        if (w)
+            for (int i = tid; i < hd; i += blockDim.x) hs[i] = hs[i] * scale[j] * w[i];
+    }
+    __syncthreads();
+    const int half = a.dims / 2;
+    for (int i = tid; i < half; i += blockDim.x) {
+        const float th = rope_theta(a, i, pos);
+        const float cs = cosf(th), sn = sinf(th);
+        const int ia = a.neox ? i : 2 * i, ib = a.neox ? i + half : 2 * i + 1;
+        for (int j = 0; j < n; j++) {
+            float* hs = j ? h1 : h0;
+            float ms = j ? at1 : at0;
+            if (a.ext_factor != 0.0f) ms *= a.mscale_yarn;
+            const float c = cs * ms, s = sn * ms;
+            const float x0 = hs[ia], x1 = hs[ib];
+            hs[ia] = x0 * c - x1 * s;
+            hs[ib] = x0 * s + x1 * c;
+        }
+    }
+    __syncthreads();
+}
+
 #define ATT_WARPS 4
 #define ATT_MAXD 8  // head_dim ≤ 256
 
@@ -445,35 +526,20 @@ __device__ __forceinline__ float gated(float x, const float* gate, int g_hs, int
 // att_combine merges. With gate set the output is gated. With xq set (hd a multiple of 32)
 // the output is also written as q8_1, the output projection's input (a warp writes 32
 // consecutive values of one head: one unit).
-extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
-    attention(const float* q, const u16* kc, const u16* vc, float* out, float* part, int nh,
-              int nkv, int hd, int n_ctx, int pos0, float scale, int window, float softcap,
-              int nsplit, const int* posp, const float* gate, int g_hs, i8* xq, float2* xds) {
-    gdc_wait();
-    if (posp) pos0 = *posp;
-    const int h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z;
+// The block's query head is in sq (shared, f16-rounded, zero past hd), positions t0..t1 of
+// its kv head's cache rows kb, vb are visible to it.
+__device__ __forceinline__ void attention_tiles(const float* sq, const u16* kb, const u16* vb,
+                                                float* out, float* part, int h, int r, int sp,
+                                                int t0, int t1, int nh, int hd, float scale,
+                                                float softcap, int nsplit, const float* gate,
+                                                int g_hs, i8* xq, float2* xds) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int kh = h / (nh / nkv);
-    const int p = pos0 + r;
-    const int lo = window > 0 ? max(0, p + 1 - window) : 0;
-    const int n_pos = p + 1 - lo;
-    const int per = (n_pos + nsplit - 1) / nsplit;
-    const int t0 = lo + sp * per, t1 = min(p + 1, t0 + per);
-
-    // q rounded to f16, as the CPU does before q·k; zero past hd (the 8-wide loads read it).
-    __shared__ __align__(16) float sq[32 * ATT_MAXD];
-    const float* qr = q + (i64)r * nh * hd + (i64)h * hd;
-    for (int d = threadIdx.x; d < 32 * ATT_MAXD; d += blockDim.x)
-        sq[d] = d < hd ? h2f(f2h(qr[d])) : 0.f;
-    __syncthreads();
     // Lane l owns dims l·vd .. l·vd + vd of the value rows (vd = hd/32 rounded up).
     const int vd = (hd + 31) >> 5, d0 = lane * vd;
     const bool vec = (hd & 7) == 0;  // key rows 16-byte aligned: 8 halves a load
     float acc[ATT_MAXD];
 #pragma unroll
     for (int j = 0; j < ATT_MAXD; j++) acc[j] = 0.f;
-    const u16* kb = kc + (i64)kh * n_ctx * hd;
-    const u16* vb = vc + (i64)kh * n_ctx * hd;
     float m = NEG_INF, l = 0.f;
     for (int tb = t0 + warp * 32; tb < t1; tb += ATT_WARPS * 32) {
         const int t = tb + lane;
@@ -567,6 +633,91 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
             }
         }
     }
+}
+
+// The visible positions of block (row r, split sp): [*t0, *t1).
+__device__ __forceinline__ void att_range(int p, int window, int nsplit, int sp, int* t0,
+                                          int* t1) {
+    const int lo = window > 0 ? max(0, p + 1 - window) : 0;
+    const int per = (p + 1 - lo + nsplit - 1) / nsplit;
+    *t0 = lo + sp * per;
+    *t1 = min(p + 1, *t0 + per);
+}
+
+// Ask L2 for the cache rows [t0, t1) of one kv head (k and v): positions before this
+// step's, which no kernel of the step writes, so this may run before gdc_wait().
+__device__ __forceinline__ void att_prefetch(const u16* kb, const u16* vb, int t0, int t1,
+                                             int hd) {
+    if (t1 <= t0) return;
+    const i64 off = (i64)t0 * hd, bytes = (i64)(t1 - t0) * hd * 2;
+    gdc_prefetch((const u8*)(kb + off), bytes);
+    gdc_prefetch((const u8*)(vb + off), bytes);
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
+    attention(const float* q, const u16* kc, const u16* vc, float* out, float* part, int nh,
+              int nkv, int hd, int n_ctx, int pos0, float scale, int window, float softcap,
+              int nsplit, const int* posp, const float* gate, int g_hs, i8* xq, float2* xds) {
+    // The host uploads the step's position before the step's first kernel.
+    if (posp) pos0 = *posp;
+    const int h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z;
+    const int kh = h / (nh / nkv);
+    int t0, t1;
+    att_range(pos0 + r, window, nsplit, sp, &t0, &t1);
+    const u16* kb = kc + (i64)kh * n_ctx * hd;
+    const u16* vb = vc + (i64)kh * n_ctx * hd;
+    att_prefetch(kb, vb, t0, min(t1, pos0), hd);
+    gdc_wait();
+    // q rounded to f16, as the CPU does before q·k; zero past hd (the 8-wide loads read it).
+    __shared__ __align__(16) float sq[32 * ATT_MAXD];
+    const float* qr = q + (i64)r * nh * hd + (i64)h * hd;
+    for (int d = threadIdx.x; d < 32 * ATT_MAXD; d += blockDim.x)
+        sq[d] = d < hd ? h2f(f2h(qr[d])) : 0.f;
+    __syncthreads();
+    attention_tiles(sq, kb, vb, out, part, h, r, sp, t0, t1, nh, hd, scale, softcap, nsplit,
+                    gate, g_hs, xq, xds);
+}
+
+// One decode row's attention layer in one launch: `qk_norm_rope` of the block's query head
+// and of its kv head's new k (and v), then `attention`. The blocks whose split holds the new
+// position p store its k, v in the cache (each the same bits, the writes race harmlessly)
+// and read them back after the block's barrier; the others never read p. Saves the
+// qk_norm_rope launch a layer. q's heads are q_hs apart (a gated layer's [query | gate]);
+// q and k are left as they were. Grid (nh, 1, nsplit).
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
+    attention_dec(const float* q, const float* k, const float* v, QkArgs a, int q_hs, u16* kc,
+                  u16* vc, float* out, float* part, int nh, int nkv, int hd, int n_ctx,
+                  float scale, int window, float softcap, int nsplit, const float* gate,
+                  int g_hs, i8* xq, float2* xds) {
+    const int p = a.posp ? *a.posp : a.pos0;
+    const int h = blockIdx.x, sp = blockIdx.z;
+    const int kh = h / (nh / nkv);
+    int t0, t1;
+    att_range(p, window, nsplit, sp, &t0, &t1);
+    u16* kb = kc + (i64)kh * n_ctx * hd;
+    u16* vb = vc + (i64)kh * n_ctx * hd;
+    att_prefetch(kb, vb, t0, min(t1, p), hd);
+    gdc_wait();
+    const bool holds_p = t0 <= p && p < t1;
+    __shared__ __align__(16) float sq[32 * ATT_MAXD];
+    __shared__ float sk[32 * ATT_MAXD];
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        sq[d] = q[(i64)h * q_hs + d];
+        if (holds_p) {
+            sk[d] = k[(i64)kh * hd + d];
+            vb[(i64)p * hd + d] = f2h(v[(i64)kh * hd + d]);
+        }
+    }
+    __syncthreads();
+    norm_rope_heads(sq, sk, holds_p ? 2 : 1, hd, a.wq, a.wk, a.attn_q, a.attn_k, a, p);
+    for (int d = threadIdx.x; d < 32 * ATT_MAXD; d += blockDim.x) {
+        if (holds_p && d < hd) kb[(i64)p * hd + d] = f2h(sk[d]);
+        sq[d] = d < hd ? h2f(f2h(sq[d])) : 0.f;
+    }
+    // Also makes the block's cache writes visible to all its threads.
+    __syncthreads();
+    attention_tiles(sq, kb, vb, out, part, h, 0, sp, t0, t1, nh, hd, scale, softcap, nsplit,
+                    gate, g_hs, xq, xds);
 }
 
 // Merge the nsplit partials of each (row, head). Grid: (nh, rows). xq as `attention`.
@@ -667,15 +818,11 @@ extern "C" __global__ void argmax_rows(const float* x, int cols, int chunk, u64*
 // For `attention_block` (attention.rs): q's heads may be read q_hs apart (a gated layer's
 // [query | gate] heads) and written to qo; with kc set, k's heads also go to the f16 cache
 // at their positions and nkv more blocks (h ≥ nh + nkv) store v's heads there (kv_store).
-extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* wq, const float* wk,
-                                        float eps, int nh, int nkv, int hd, int dims, int pos0,
-                                        int neox, float theta_scale, float freq_scale,
-                                        float ext_factor, float attn_q, float attn_k, float c0,
-                                        float c1, float mscale_yarn, const float* ff,
-                                        const int* posp, int q_hs, float* qo, const float* vs,
-                                        u16* kc, u16* vc, int n_ctx) {
+extern "C" __global__ void qk_norm_rope(float* q, float* k, QkArgs a, int nh, int nkv, int hd,
+                                        int q_hs, float* qo, const float* vs, u16* kc, u16* vc,
+                                        int n_ctx) {
     gdc_wait();
-    if (posp) pos0 = *posp;
+    const int pos0 = a.posp ? *a.posp : a.pos0;
     const int r = blockIdx.x, hh = blockIdx.y, tid = threadIdx.x;
     if (hh >= nh + nkv) {
         const int h = hh - nh - nkv;
@@ -687,58 +834,12 @@ extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* wq, con
                            : k + ((i64)r * nkv + hh - nh) * hd;
     float* hp = isq ? (qo ? qo : q) + ((i64)r * nh + hh) * hd : k + ((i64)r * nkv + hh - nh) * hd;
     u16* cache = (!isq && kc) ? kc + ((i64)(hh - nh) * n_ctx + pos0 + r) * hd : nullptr;
-    auto put = [&](int i, float x) {
-        hp[i] = x;
-        if (cache) cache[i] = f2h(x);
-    };
-    const float* w = isq ? wq : wk;
     __shared__ float xs[1024];
-    __shared__ double part[32];
-    float v = tid < hd ? src[tid] : 0.f;
-    if (w) {
-        // rms_norm_impl's sum: a thread's first value (its others are 0 here), the warp's
-        // butterfly, then warp 0 over the warps' parts.
-        double s = 0.0;
-        s += (double)v * (double)v;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if ((tid & 31) == 0) part[tid >> 5] = s;
-        __syncthreads();
-        if (tid < 32) {
-            double t = tid < (int)(blockDim.x >> 5) ? part[tid] : 0.0;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-            if (tid == 0) part[0] = t;
-        }
-        __syncthreads();
-        const float mean = (float)(part[0] / (double)hd);
-        const float scale = 1.0f / sqrtf(mean + eps);
-        if (tid < hd) v = v * scale * w[tid];
-    }
-    if (tid < hd) xs[tid] = v;
-    __syncthreads();
-    const int half = dims / 2;
-    if (tid < half) {
-        const int i = tid;
-        float theta = (float)(pos0 + r);
-        for (int j = 0; j < i; j++) theta *= theta_scale;
-        const float f = ff ? ff[i] : 1.0f;
-        const float extrap = theta / f;
-        const float interp = freq_scale * extrap;
-        float th = interp, ms = isq ? attn_q : attn_k;
-        if (ext_factor != 0.0f) {
-            const float y = ((float)i - c0) / fmaxf(c1 - c0, 0.001f);
-            const float ramp = 1.0f - fminf(fmaxf(y, 0.0f), 1.0f);
-            const float mix = ramp * ext_factor;
-            th = interp * (1.0f - mix) + extrap * mix;
-            ms *= mscale_yarn;
-        }
-        const float c = cosf(th) * ms, s = sinf(th) * ms;
-        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-        const float x0 = xs[a], x1 = xs[b];
-        put(a, x0 * c - x1 * s);
-        put(b, x0 * s + x1 * c);
-    } else if (tid >= dims && tid < hd) {
-        put(tid, v);  // past the rotated dims: the (normed) value
+    if (tid < hd) xs[tid] = src[tid];
+    norm_rope_heads(xs, nullptr, 1, hd, isq ? a.wq : a.wk, nullptr, isq ? a.attn_q : a.attn_k,
+                    0.f, a, pos0 + r);
+    if (tid < hd) {
+        hp[tid] = xs[tid];
+        if (cache) cache[tid] = f2h(xs[tid]);
     }
 }
