@@ -31,7 +31,6 @@ fn kernels_fit_their_registers_on_hopper() {
         ("hybrid", "delta_step"),
         ("hybrid", "gated_delta"),
         ("ops", "attention"),
-        ("ops", "attention_dec"),
         ("ops", "qk_norm_rope"),
         ("ops", "add_rms_norm_cl"),
         ("ops", "norm_add_norm_q_1"),

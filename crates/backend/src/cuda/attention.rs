@@ -1,7 +1,6 @@
 //! RoPE, the f16 KV-cache store and attention (split over the KV for decode) on the CUDA
 //! backend; kernels in ops.cu.
 
-use super::fused::QkArgs;
 use super::*;
 
 impl CudaBackend {
@@ -112,17 +111,14 @@ impl CudaBackend {
         out: &mut CudaBuf,
         store: bool,
         gate: u64,
-        dec: Option<&DecPrep>,
     ) -> Result<()> {
         let (nh, nkv, hd) = (attn.n_heads, attn.n_kv_heads, attn.head_dim);
         let rows = q.rows;
-        // attention_dec reads the queries out of [query | gate] heads where q_hs = 2·hd.
-        let q_cols = dec.map_or(q.cols, |d| q.cols / d.q_hs * hd);
         attn.check(
             &kv.shape,
             layer,
             pos0,
-            (q.rows, q_cols),
+            (q.rows, q.cols),
             (k.rows, k.cols),
             (v.rows, v.cols),
         )?;
@@ -205,60 +201,30 @@ impl CudaBackend {
         let window_i = attn.window.map_or(0, |w| w as i32);
         let softcap = attn.softcap.unwrap_or(0.0);
         let nsplit_i = nsplit as i32;
-        if let Some(d) = dec {
-            let q_hs_i = d.q_hs as i32;
-            launch!(
-                self,
-                &self.ops.attention_dec,
-                cfg,
-                &qp,
-                &kp,
-                &vp,
-                &d.args,
-                &q_hs_i,
-                &kc,
-                &vc,
-                &op,
-                &partp,
-                &nh_i,
-                &nkv_i,
-                &hd_i,
-                &nctx_i,
-                &attn.scale,
-                &window_i,
-                &softcap,
-                &nsplit_i,
-                &gate,
-                &g_hs,
-                &xqp,
-                &xdsp
-            )?;
-        } else {
-            launch!(
-                self,
-                &self.ops.attention,
-                cfg,
-                &qp,
-                &kc,
-                &vc,
-                &op,
-                &partp,
-                &nh_i,
-                &nkv_i,
-                &hd_i,
-                &nctx_i,
-                &pos_i,
-                &attn.scale,
-                &window_i,
-                &softcap,
-                &nsplit_i,
-                &posp,
-                &gate,
-                &g_hs,
-                &xqp,
-                &xdsp
-            )?;
-        }
+        launch!(
+            self,
+            &self.ops.attention,
+            cfg,
+            &qp,
+            &kc,
+            &vc,
+            &op,
+            &partp,
+            &nh_i,
+            &nkv_i,
+            &hd_i,
+            &nctx_i,
+            &pos_i,
+            &attn.scale,
+            &window_i,
+            &softcap,
+            &nsplit_i,
+            &posp,
+            &gate,
+            &g_hs,
+            &xqp,
+            &xdsp
+        )?;
         if nsplit > 1 {
             let cfg = LaunchConfig {
                 grid_dim: (nh as u32, rows as u32, 1),
@@ -334,43 +300,17 @@ impl CudaBackend {
         } else {
             None
         }; // [rows, n_heads·hd]
+        let (kc, vc) = self.kv_layer_ptrs(kv, layer);
+        let store = (self.dptr(&v.data), kc, vc, kv.shape.n_ctx);
         let q_hs = if gated { 2 * hd } else { hd };
+        let qo_p = qo.as_ref().map_or(0, |b| self.dptr(&b.data));
+        self.qk_norm_rope_launch(q, q_hs, qo_p, k, prep, hd, pos0, Some(store))?;
         let gate = if gated {
             self.dptr(&q.data) + (hd * 4) as u64
         } else {
             0
         };
-        if rows == 1 && self.att_dec && hd <= 256 {
-            let dec = DecPrep {
-                args: self.qk_args(prep, pos0),
-                q_hs,
-            };
-            return self.attention_launch(
-                kv,
-                layer,
-                pos0,
-                q,
-                k,
-                v,
-                attn,
-                out,
-                false,
-                gate,
-                Some(&dec),
-            );
-        }
-        let (kc, vc) = self.kv_layer_ptrs(kv, layer);
-        let store = (self.dptr(&v.data), kc, vc, kv.shape.n_ctx);
-        let qo_p = qo.as_ref().map_or(0, |b| self.dptr(&b.data));
-        self.qk_norm_rope_launch(q, q_hs, qo_p, k, prep, hd, pos0, Some(store))?;
         let qa = qo.as_ref().unwrap_or(q);
-        self.attention_launch(kv, layer, pos0, qa, k, v, attn, out, false, gate, None)
+        self.attention_launch(kv, layer, pos0, qa, k, v, attn, out, false, gate)
     }
-}
-
-/// `attention_dec`'s query and key preparation (a one-row `attention_block`): the queries'
-/// heads are `q_hs` apart in q.
-pub(super) struct DecPrep {
-    pub(super) args: QkArgs,
-    pub(super) q_hs: usize,
 }

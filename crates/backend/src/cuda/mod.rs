@@ -406,7 +406,6 @@ struct OpsKernels {
     rope: CudaFunction,
     kv_store: CudaFunction,
     attention: CudaFunction,
-    attention_dec: CudaFunction,
     att_combine: CudaFunction,
     argmax_rows: CudaFunction,
     qk_norm_rope: CudaFunction,
@@ -512,9 +511,6 @@ pub struct CudaBackend {
     /// `attention_block` in two launches (attention.rs), unless NEAGARI_CUDA_FUSE_ATTN=0
     /// (or NEAGARI_CUDA_FUSE=0): the separate ops, for measuring.
     fuse_attn: bool,
-    /// A one-row `attention_block` in ONE launch (`attention_dec`: the q/k norms, RoPE and
-    /// the cache store inside the attention kernel), unless NEAGARI_CUDA_ATT_DEC=0.
-    att_dec: bool,
     /// `prepare_multi` loads a two-format group's one-launch GEMV (`mvqp*`), unless
     /// NEAGARI_CUDA_PAIR=0 (a launch a format, for measuring).
     pair: bool,
@@ -694,7 +690,6 @@ impl CudaBackend {
             rope: f("rope")?,
             kv_store: f("kv_store")?,
             attention: f("attention")?,
-            attention_dec: f("attention_dec")?,
             att_combine: f("att_combine")?,
             argmax_rows: f("argmax_rows")?,
             qk_norm_rope: f("qk_norm_rope")?,
@@ -733,7 +728,6 @@ impl CudaBackend {
             fuse: std::env::var("NEAGARI_CUDA_FUSE").as_deref() != Ok("0"),
             fuse_attn: std::env::var("NEAGARI_CUDA_FUSE").as_deref() != Ok("0")
                 && std::env::var("NEAGARI_CUDA_FUSE_ATTN").as_deref() != Ok("0"),
-            att_dec: std::env::var("NEAGARI_CUDA_ATT_DEC").as_deref() != Ok("0"),
             pair: std::env::var("NEAGARI_CUDA_PAIR").as_deref() != Ok("0"),
             repack: std::env::var("NEAGARI_CUDA_REPACK").as_deref() != Ok("0"),
             mv_groups: std::env::var("NEAGARI_CUDA_MV_GROUPS")
@@ -1308,7 +1302,7 @@ impl Backend for CudaBackend {
         attn: &Attn,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        self.attention_launch(kv, layer, pos0, q, k, v, attn, out, true, 0, None)
+        self.attention_launch(kv, layer, pos0, q, k, v, attn, out, true, 0)
     }
 
     fn attention_block(
