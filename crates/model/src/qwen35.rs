@@ -364,6 +364,19 @@ impl<B: Backend> Qwen35<B> {
                 layer,
             });
         }
+        // The groups `matmul_multi` reads together (a device backend builds a two-format
+        // group's kernels now, not in a reply).
+        for l in &layers {
+            match &l.mixer {
+                Mixer::Attn(a) => be.prepare_multi(&[&a.wq, &a.wk, &a.wv])?,
+                Mixer::Delta(d) => match &d.beta_alpha {
+                    BetaAlpha::Split { beta, alpha } => {
+                        be.prepare_multi(&[&d.qkv, &d.gate, beta, alpha])?
+                    }
+                    BetaAlpha::Fused(w) => be.prepare_multi(&[&d.qkv, &d.gate, w])?,
+                },
+            }
+        }
         let head = output.as_ref().unwrap_or(&tok_embd);
         let mut decode_bytes = be.mat_bytes(head);
         for l in &layers {

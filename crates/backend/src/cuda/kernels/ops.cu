@@ -417,8 +417,8 @@ extern "C" __global__ void kv_store(const float* k, const float* v, u16* kc, u16
     vc[dst] = f2h(v[t]);
 }
 
-// RoPE and the per-head norms of `qk_norm_rope`, with every constant
-// from the host (fused.rs `QkArgs`, the same layout) so they round exactly as the CPU's.
+// RoPE and the per-head norms of `qk_norm_rope`, every constant from the host (fused.rs
+// `QkArgs`, the same layout) so they round exactly as the CPU's.
 struct QkArgs {
     const float* wq;  // q's per-head norm weight (null: no norm)
     const float* wk;
