@@ -39,22 +39,13 @@ impl CudaBackend {
         if x.rows == 0 || rope.dims == 0 {
             return Ok(());
         }
-        // The same host-side constants as the CPU's rope_cache, so they round identically.
         let n_dims = rope.dims;
-        let theta_scale = rope.base.powf(-2.0 / n_dims as f32);
-        let corr = |n_rot: f32| {
-            n_dims as f32 * (rope.n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
-                / (2.0 * rope.base.ln())
-        };
-        let (c0, c1) = if rope.ext_factor != 0.0 {
-            (
-                corr(rope.beta_fast).floor().max(0.0),
-                corr(rope.beta_slow).ceil().min(n_dims as f32 - 1.0),
-            )
-        } else {
-            (0.0, 0.0)
-        };
-        let mscale_yarn = 1.0 + 0.1 * (1.0 / rope.freq_scale).ln();
+        let RopeConsts {
+            theta_scale,
+            c0,
+            c1,
+            mscale_yarn,
+        } = RopeConsts::of(rope);
         let xp = self.dptr(&x.data);
         let ffp = freq_factors.map_or(0u64, |v| self.dptr(&v.data));
         let posp = self.step_posp();
@@ -312,5 +303,39 @@ impl CudaBackend {
         };
         let qa = qo.as_ref().unwrap_or(q);
         self.attention_launch(kv, layer, pos0, qa, k, v, attn, out, false, gate)
+    }
+}
+
+/// The host-side RoPE constants of the `rope` and `qk_norm_rope` kernels, computed as the
+/// CPU's rope_cache computes them, so the angles round identically.
+pub(super) struct RopeConsts {
+    pub(super) theta_scale: f32,
+    /// YaRN's ramp ends (0 without extrapolation mixing).
+    pub(super) c0: f32,
+    pub(super) c1: f32,
+    pub(super) mscale_yarn: f32,
+}
+
+impl RopeConsts {
+    pub(super) fn of(rope: &Rope) -> Self {
+        let n_dims = rope.dims;
+        let corr = |n_rot: f32| {
+            n_dims as f32 * (rope.n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * rope.base.ln())
+        };
+        let (c0, c1) = if rope.ext_factor != 0.0 {
+            (
+                corr(rope.beta_fast).floor().max(0.0),
+                corr(rope.beta_slow).ceil().min(n_dims as f32 - 1.0),
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        RopeConsts {
+            theta_scale: rope.base.powf(-2.0 / n_dims as f32),
+            c0,
+            c1,
+            mscale_yarn: 1.0 + 0.1 * (1.0 / rope.freq_scale).ln(),
+        }
     }
 }

@@ -186,38 +186,26 @@ impl CudaBackend {
             && prep.freq_factors.is_none_or(|f| f.len >= rope_q.dims / 2)
     }
 
-    /// The RoPE and norm constants of `prep` at `pos0` for ops.cu's `QkArgs` (the host-side
-    /// constants of rope_op and the CPU's rope_cache, so the angles round alike).
+    /// The RoPE and norm constants of `prep` at `pos0` for ops.cu's `QkArgs` (q and k share
+    /// every RoPE parameter but the attention factor).
     pub(super) fn qk_args(&self, prep: &QkPrep<CudaVector>, pos0: usize) -> QkArgs {
         let rope = prep.rope_q;
-        let n_dims = rope.dims;
-        let corr = |n_rot: f32| {
-            n_dims as f32 * (rope.n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
-                / (2.0 * rope.base.ln())
-        };
-        let (c0, c1) = if rope.ext_factor != 0.0 {
-            (
-                corr(rope.beta_fast).floor().max(0.0),
-                corr(rope.beta_slow).ceil().min(n_dims as f32 - 1.0),
-            )
-        } else {
-            (0.0, 0.0)
-        };
+        let c = super::attention::RopeConsts::of(rope);
         QkArgs {
             wq: prep.q_norm.map_or(0, |w| self.dptr(&w.data)),
             wk: prep.k_norm.map_or(0, |w| self.dptr(&w.data)),
             ff: prep.freq_factors.map_or(0, |v| self.dptr(&v.data)),
             posp: self.step_posp(),
             eps: prep.eps,
-            theta_scale: rope.base.powf(-2.0 / n_dims as f32),
+            theta_scale: c.theta_scale,
             freq_scale: rope.freq_scale,
             ext_factor: rope.ext_factor,
             attn_q: prep.rope_q.attn_factor,
             attn_k: prep.rope_k.attn_factor,
-            c0,
-            c1,
-            mscale_yarn: 1.0 + 0.1 * (1.0 / rope.freq_scale).ln(),
-            dims: n_dims as i32,
+            c0: c.c0,
+            c1: c.c1,
+            mscale_yarn: c.mscale_yarn,
+            dims: rope.dims as i32,
             neox: rope.neox as i32,
             pos0: pos0 as i32,
         }

@@ -7,6 +7,18 @@ use cudarc::cublas::sys as blas_sys;
 use super::*;
 
 impl CudaBackend {
+    /// A module (name, defines, source) compiled for this device (or from the PTX caches)
+    /// and loaded.
+    fn load_module(
+        &self,
+        (name, defines, src): (String, String, String),
+    ) -> Result<Arc<cudarc::driver::CudaModule>> {
+        let ptx = compile(&name, &self.arch, &defines, &src)?;
+        self.ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .map_err(drv)
+    }
+
     pub(super) fn fmt_kernels(&self, ty: GgmlType) -> Result<Arc<FmtKernels>> {
         let mut fm = self.fmts.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(k) = fm.get(&ty) {
@@ -17,12 +29,7 @@ impl CudaBackend {
             device: "cuda",
             ty,
         })?;
-        let (name, defines, src) = fmt_module(&names);
-        let ptx = compile(&name, &self.arch, &defines, &src)?;
-        let m = self
-            .ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-            .map_err(drv)?;
+        let m = self.load_module(fmt_module(&names))?;
         let f = |n: &str| m.load_function(n).map_err(drv);
         let k = Arc::new(FmtKernels {
             mv: [f("mv1")?, f("mv2")?, f("mv4")?, f("mv8")?],
@@ -790,12 +797,7 @@ impl CudaBackend {
         let (Some(qa), Some(qb)) = (names(a), names(b)) else {
             return Ok(());
         };
-        let (name, defines, src) = pair_module(&qa, &qb);
-        let ptx = compile(&name, &self.arch, &defines, &src)?;
-        let m = self
-            .ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-            .map_err(drv)?;
+        let m = self.load_module(pair_module(&qa, &qb))?;
         let f = |n: &str| m.load_function(n).map_err(drv);
         let k = [f("mvqp1x1")?, f("mvqp1x2")?, f("mvqp1x4")?, f("mvqp1x8")?];
         pairs.insert((a, b), Arc::new(k));
