@@ -803,14 +803,19 @@ fn multi_matches_single(g: &CudaBackend, r: &mut StdRng) {
 
 /// The tensor-core GEMV of 3–8 activation rows (gemv_rows.cu) on every format that has
 /// one, 2–8 rows, ragged shapes (rows not a multiple of its 16, a few units per warp and
-/// many): the q8_1-rounded product (`check_q8_1`), close to the dp4a GEMV it replaces (`NEAGARI_CUDA_MV_TC=0`), and
-/// `matmul_multi` equal to the single matmuls bit for bit.
+/// many): the q8_1-rounded product (`check_q8_1`), close to the dp4a GEMV it replaces
+/// (`NEAGARI_CUDA_MV_TC=0`) and to the tile loaded into registers (NEAGARI_CUDA_MVRT=0;
+/// sm_90 takes it by bulk copy), and `matmul_multi` equal to the single matmuls bit for bit.
 #[test]
 fn multi_row_gemv_on_tensor_cores() {
     let Some(g) = gpu() else { return };
     std::env::set_var("NEAGARI_CUDA_MV_TC", "0");
     let off = CudaBackend::new(0).expect("open GPU 0");
     std::env::remove_var("NEAGARI_CUDA_MV_TC");
+    // The tiles loaded into registers (`mvr`) rather than by bulk copies (`mvrt`, sm_90).
+    std::env::set_var("NEAGARI_CUDA_MVRT", "0");
+    let regs = CudaBackend::new(0).expect("open GPU 0");
+    std::env::remove_var("NEAGARI_CUDA_MVRT");
     let c = cpu();
     let mut r = rng();
     for ty in [
@@ -829,10 +834,11 @@ fn multi_row_gemv_on_tensor_cores() {
             (16, block * 7),
         ] {
             let (t, deq) = random_mat(&mut r, ty, rows, cols);
-            let (m, mo, mc) = (
+            let (m, mo, mc, mr) = (
                 g.load_mat(&t).unwrap(),
                 off.load_mat(&t).unwrap(),
                 c.load_mat(&t).unwrap(),
+                regs.load_mat(&t).unwrap(),
             );
             let (t2, _) = random_mat(&mut r, ty, 21, cols);
             let m2 = g.load_mat(&t2).unwrap();
@@ -847,6 +853,16 @@ fn multi_row_gemv_on_tensor_cores() {
                 off.matmul(&mo, &upload(&off, &x, n, cols), &mut oo)
                     .unwrap();
                 let dp4a = download(&off, &oo);
+                let mut ro = regs.buf(1, 1).unwrap();
+                regs.matmul(&mr, &upload(&regs, &x, n, cols), &mut ro)
+                    .unwrap();
+                // The tile in shared memory takes 8 warps a block, so its units meet in
+                // another order.
+                let er = rel(&got, &download(&regs, &ro));
+                assert!(
+                    er < 1e-4,
+                    "{ty} {rows}x{cols}, {n} rows: bulk-copy tile vs register tile {er:.2e}"
+                );
                 let mut co = c.buf(1, 1).unwrap();
                 c.matmul(&mc, &upload(&c, &x, n, cols), &mut co).unwrap();
                 let ce = rel(&download(&c, &co), &want);

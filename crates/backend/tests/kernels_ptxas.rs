@@ -28,6 +28,8 @@ fn kernels_fit_their_registers_on_hopper() {
     let hot = [
         ("matmul_F_Q1_0R", "mvs_8"),
         ("matmul_F_TQ2_0R", "mvs_4"),
+        ("matmul_F_Q1_0R", "mvrt"),
+        ("matmul_F_TQ2_0R", "mvrmt"),
         ("hybrid", "delta_step"),
         ("hybrid", "gated_delta"),
         ("ops", "attention"),

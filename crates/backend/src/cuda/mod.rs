@@ -109,6 +109,9 @@ fn mvs_shape(v: Option<&str>) -> Option<MvsShape> {
 
 /// Weight rows per block of the tensor-core GEMV (one m16n8k32 tile, gemv_rows.cu).
 const MVR_ROWS: usize = 16;
+/// The largest 16-row tile `mvrt` copies into shared memory (bigger ones take `mvr`): the
+/// 27B's TQ2_0 ffn_down (72 KB) fits three blocks an SM.
+const MVR_TMA_MAX: usize = 80 << 10;
 /// Most warps per block of it (MVR_WARPS in gemv_rows.cu).
 const MVR_WARPS: usize = 8;
 
@@ -443,6 +446,9 @@ struct IntKernels {
     /// gemv_rows.cu's `mvr` and `mvrm` (3–8 activation rows on the tensor cores), for the
     /// formats that have them.
     rows: Option<[CudaFunction; 2]>,
+    /// Their `mvrt` and `mvrmt` (the 16-row tile by one bulk copy; sm_90+, the repacked
+    /// formats).
+    rows_tma: Option<[CudaFunction; 2]>,
     /// gemv_stream.cu's `mvs_R` (one activation row, the repacked formats), by R.
     stream: Vec<(usize, CudaFunction)>,
 }
@@ -531,6 +537,9 @@ pub struct CudaBackend {
     /// (rows of at most 256 steps) with this shape, unless NEAGARI_CUDA_MVS=0 (then
     /// `mvq_step`); NEAGARI_CUDA_MVS=R,K,G picks one.
     mvs: Option<MvsShape>,
+    /// The tensor-core GEMV of the repacked formats takes its tile by bulk copy (`mvrt`):
+    /// sm_90 and newer, unless NEAGARI_CUDA_MVRT=0.
+    mvrt_on: bool,
     /// Counts kernel launches and device writes (see [`Scratch::xq_key`]).
     gen: AtomicU64,
     /// Decode-step recording (graph.rs): the mode (OFF, WARM, CAPTURE, REPLAY), launches
@@ -740,6 +749,7 @@ impl CudaBackend {
                 .filter(|n| (1..=16).contains(n))
                 .unwrap_or(4),
             mvs: mvs_shape(std::env::var("NEAGARI_CUDA_MVS").ok().as_deref()),
+            mvrt_on: maj >= 9 && std::env::var("NEAGARI_CUDA_MVRT").as_deref() != Ok("0"),
             mvr_on: maj >= 8 && std::env::var("NEAGARI_CUDA_MV_TC").as_deref() != Ok("0"),
             gen: AtomicU64::new(0),
             mode: AtomicU8::new(graph::OFF),

@@ -93,3 +93,57 @@ __device__ __forceinline__ void gdc_wait() {
 #endif
 #endif
 }
+
+// Bulk copies from global into shared memory by the tensor memory accelerator (sm_90+;
+// no-ops before): one thread inits an mbarrier (one arrival), says how many bytes its phase
+// waits for (`mbar_expect`), issues the copies (`bulk_load`: 16-byte aligned addresses and
+// a multiple of 16 bytes); the threads then wait on the phase (`mbar_wait`). A GEMV's
+// weights do not depend on the kernel before, so they are asked for before gdc_wait()
+// (gemv_rows.cu's `mvrt`).
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(u64* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+#endif
+}
+
+// The barriers' initialisation visible to the async proxy (the bulk copies).
+__device__ __forceinline__ void mbar_init_fence() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+// This phase of `bar` completes once `bytes` have landed (one arrival, the caller's).
+__device__ __forceinline__ void mbar_expect(u64* bar, u32 bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+                 "r"(bytes)
+                 : "memory");
+#endif
+}
+
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes, u64* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+        ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar))
+        : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+#if __CUDA_ARCH__ >= 900
+    u32 done;
+    do {
+        asm volatile(
+            "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+            "selp.u32 %0, 1, 0, p;\n\t}"
+            : "=r"(done)
+            : "r"(smem_u32(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+#endif
+}
+

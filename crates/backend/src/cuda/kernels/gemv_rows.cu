@@ -194,17 +194,18 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const int (&a)[4], int b0, i
 #endif
 }
 
-// Weight rows 16·blk .. 16·blk + 15 for nr ≤ 8 activation rows.
+// Weight rows 16·blk .. 16·blk + 15 for nr ≤ 8 activation rows; `tile` is where row
+// 16·blk is (in W, or its copy in shared memory: `mvrt`).
 template <class F>
-__device__ __forceinline__ void mvr_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
+__device__ __forceinline__ void mvr_impl(const u8* __restrict__ tile, const i8* __restrict__ xq,
                                          const float2* __restrict__ xds, float* __restrict__ y,
                                          int rows, int units, i64 row_bytes, int nr, int blk) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int r0 = blk * 16 + g, r1 = r0 + 8;
+    const int r0 = blk * 16 + g, r1 = r0 + 8, last = rows - 1 - blk * 16;
     // Rows past the end re-read the last row (their sums are dropped).
-    const u8* wa = W + (i64)min(r0, rows - 1) * row_bytes;
-    const u8* wb = W + (i64)min(r1, rows - 1) * row_bytes;
+    const u8* wa = tile + (i64)min(g, last) * row_bytes;
+    const u8* wb = tile + (i64)min(g + 8, last) * row_bytes;
     // This thread's activation words (row g) and the scales of its output columns.
     const bool xin = g < nr;
     const int2* xr = (const int2*)(xq + (i64)(xin ? g : 0) * units * 32) + t;
@@ -267,7 +268,8 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
     mvr(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units,
         i64 row_bytes, int nr) {
     gdc_wait();
-    mvr_impl<FMTR>(W, xq, xds, y, rows, units, row_bytes, nr, blockIdx.x);
+    mvr_impl<FMTR>(W + (i64)blockIdx.x * 16 * row_bytes, xq, xds, y, rows, units, row_bytes, nr,
+                   blockIdx.x);
 }
 
 // The same over up to four matrices of one format and width (`mvqm*`'s block ranges).
@@ -283,5 +285,61 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
     if (b >= b3) { b -= b3; W = w3; y = y3; rows = n3; }
     else if (b >= b2) { b -= b2; W = w2; y = y2; rows = n2; }
     else if (b >= b1) { b -= b1; W = w1; y = y1; rows = n1; }
-    mvr_impl<FMTR>(W, xq, xds, y, rows, units, row_bytes, nr, b);
+    mvr_impl<FMTR>(W + (i64)b * 16 * row_bytes, xq, xds, y, rows, units, row_bytes, nr, b);
+}
+
+// The same with the block's 16 weight rows brought into shared memory by one bulk copy
+// (sm_90+) before the wait: `mvr` keeps about one unit of its rows in flight a warp (ptxas
+// puts each unit's loads just before its mma), and ncu gave the 27B Q1_0 gate/up (25 MB,
+// 2,176 blocks of 16 rows) 78.6 µs alone, 0.32 TB/s. Here a block's whole tile is asked for
+// at once (16 rows × row_bytes, at most the host's cap) and the warps then read it from
+// shared memory with the same loads (the host gives it 8 warps: `mvr_warps`). The 27B's
+// 8-row step: Q1_0 12.34 → 11.36 ms, TQ2_0 14.91 → 12.99 (H200); Q4_K 20.88 → 21.42, so
+// the host gives it the repacked formats only. Dynamic shared memory: the tile (row_bytes a
+// multiple of 16, W 16-byte aligned). `wait` is the kernel's gdc_wait, called once the copy
+// is asked for.
+template <class F, class Wait>
+__device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
+                                          const float2* __restrict__ xds, float* __restrict__ y,
+                                          int rows, int units, i64 row_bytes, int nr, int blk,
+                                          Wait wait) {
+#if __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) u8 sm[];
+    __shared__ u64 bar;
+    if (threadIdx.x == 0) {
+        const u32 bytes = (u32)(min(16, rows - blk * 16) * row_bytes);
+        mbar_init(&bar);
+        mbar_init_fence();
+        mbar_expect(&bar, bytes);
+        bulk_load(sm, W + (i64)blk * 16 * row_bytes, bytes, &bar);
+    }
+    // The barrier is initialised before any thread waits on it.
+    __syncthreads();
+    wait();
+    mbar_wait(&bar, 0);
+    mvr_impl<F>(sm, xq, xds, y, rows, units, row_bytes, nr, blk);
+#else
+    // The host runs these kernels only on sm_90 and newer (CudaBackend::mvrt_on).
+    __trap();
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
+    mvrt(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units,
+         i64 row_bytes, int nr) {
+    mvrt_impl<FMTR>(W, xq, xds, y, rows, units, row_bytes, nr, blockIdx.x, [] { gdc_wait(); });
+}
+
+extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
+    mvrmt(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0, float* y1,
+          float* y2, float* y3, int n0, int n1, int n2, int n3, int b1, int b2, int b3,
+          const i8* xq, const float2* xds, int units, i64 row_bytes, int nr) {
+    int b = blockIdx.x;
+    const u8* W = w0;
+    float* y = y0;
+    int rows = n0;
+    if (b >= b3) { b -= b3; W = w3; y = y3; rows = n3; }
+    else if (b >= b2) { b -= b2; W = w2; y = y2; rows = n2; }
+    else if (b >= b1) { b -= b1; W = w1; y = y1; rows = n1; }
+    mvrt_impl<FMTR>(W, xq, xds, y, rows, units, row_bytes, nr, b, [] { gdc_wait(); });
 }
