@@ -282,17 +282,15 @@ impl CudaBackend {
 
     /// The tensor-core GEMV's kernels [single, multi] with the tile by bulk copy and its
     /// shared memory, where they run (sm_90, the repacked formats, a tile of at most
-    /// MVR_TMA_MAX, 16-byte rows and weights at `ptrs`); `None`: `mvr`'s.
+    /// MVR_TMA_MAX, 16-byte rows, weights 16-byte `aligned`); `None`: `mvr`'s.
     fn mvr_tma<'a>(
         &self,
         k: &'a IntKernels,
         row_bytes: usize,
-        ptrs: &[u64],
+        aligned: bool,
     ) -> Option<(&'a [CudaFunction; 2], u32)> {
         let tile = MVR_ROWS * row_bytes;
-        let ok = tile <= MVR_TMA_MAX
-            && row_bytes.is_multiple_of(16)
-            && ptrs.iter().all(|p| p.is_multiple_of(16));
+        let ok = tile <= MVR_TMA_MAX && row_bytes.is_multiple_of(16) && aligned;
         k.rows_tma.as_ref().filter(|_| ok).map(|f| (f, tile as u32))
     }
 
@@ -359,12 +357,20 @@ impl CudaBackend {
         // The activation rows' share of the launch picks the kernel; one weight row per
         // block from 4 activation rows, as `mvq4` / `mvq8`.
         let total: usize = ws.iter().map(|w| w.rows).sum();
+        let ops: Vec<u64> = outs.iter().map(|o| self.dptr(&o.data)).collect();
+        let mats: Vec<MvsMat> = ws
+            .iter()
+            .zip(&ops)
+            .map(|(w, &y)| MvsMat {
+                w: self.dptr(&w.data),
+                y,
+                rows: w.rows,
+            })
+            .collect();
         let tc = self.mvr_kernels(k, n);
-        let ptrs: Vec<u64> = ws.iter().map(|w| self.dptr(&w.data)).collect();
-        let tma = tc.and_then(|_| self.mvr_tma(k, ws[0].row_bytes, &ptrs));
-        let (func, r) = if let Some((f, _)) = tma {
-            (&f[1], MVR_ROWS)
-        } else if let Some(f) = tc {
+        let aligned = mats.iter().all(|m| m.w.is_multiple_of(16));
+        let tma = tc.and_then(|_| self.mvr_tma(k, ws[0].row_bytes, aligned));
+        let (func, r) = if let Some(f) = tma.map(|(f, _)| f).or(tc) {
             (&f[1], MVR_ROWS)
         } else {
             match n {
@@ -384,16 +390,6 @@ impl CudaBackend {
             None => self.mv_block(k, units, total, r),
         };
         let (units_i, rb, nr_i) = (units as i32, ws[0].row_bytes as i64, n as i32);
-        let ops: Vec<u64> = outs.iter().map(|o| self.dptr(&o.data)).collect();
-        let mats: Vec<MvsMat> = ws
-            .iter()
-            .zip(&ops)
-            .map(|(w, &y)| MvsMat {
-                w: self.dptr(&w.data),
-                y,
-                rows: w.rows,
-            })
-            .collect();
         let streamed = n == 1 && self.mvs_launch(k, &mats, (qp, dsp), units, ws[0].row_bytes)?;
         let chunks = if streamed { 0 } else { ws.len().div_ceil(4) };
         for c in mats.chunks(4).take(chunks) {
@@ -456,10 +452,8 @@ impl CudaBackend {
             // k/v (1024 × 4096) in 256 blocks ran at 10% of the DRAM peak (ncu, H200).
             let per_block = self.mv_per_block(w.rows, w.cols, w.row_bytes, k.step);
             let tc = self.mvr_kernels(k, nr);
-            let tma = tc.and_then(|_| self.mvr_tma(k, w.row_bytes, &[wp]));
-            let (func, rows_per_block) = if let Some((f, _)) = tma {
-                (&f[0], MVR_ROWS)
-            } else if let Some(f) = tc {
+            let tma = tc.and_then(|_| self.mvr_tma(k, w.row_bytes, wp.is_multiple_of(16)));
+            let (func, rows_per_block) = if let Some(f) = tma.map(|(f, _)| f).or(tc) {
                 (&f[0], MVR_ROWS)
             } else if which == 0 && per_block == 8 {
                 (&k.mv1x8, 8)
