@@ -812,7 +812,7 @@ fn multi_row_gemv_on_tensor_cores() {
     std::env::set_var("NEAGARI_CUDA_MV_TC", "0");
     let off = CudaBackend::new(0).expect("open GPU 0");
     std::env::remove_var("NEAGARI_CUDA_MV_TC");
-    // The tiles loaded into registers (`mvr`) rather than by bulk copies (`mvrt`, sm_90).
+    // The tiles loaded into registers (`mvr`) rather than by bulk copies (`mvrt_*`, sm_90).
     std::env::set_var("NEAGARI_CUDA_MVRT", "0");
     let regs = CudaBackend::new(0).expect("open GPU 0");
     std::env::remove_var("NEAGARI_CUDA_MVRT");
@@ -827,11 +827,16 @@ fn multi_row_gemv_on_tensor_cores() {
         GgmlType::Q5_0,
     ] {
         let block = if ty.row_bytes(32).is_some() { 32 } else { 256 };
+        // The wide rows take `mvrt_*` with 4, 2 and 1 tiles a block (Q1_0: 48, 80 and 144
+        // blocks a row; TQ2_0: 3, 20 and 48) or, over its cap, `mvr`.
         for (rows, cols) in [
             (5, block),
             (37, block * 3),
             (130, block * 20),
             (16, block * 7),
+            (19, block * 48),
+            (19, block * 80),
+            (19, block * 144),
         ] {
             let (t, deq) = random_mat(&mut r, ty, rows, cols);
             let (m, mo, mc, mr) = (

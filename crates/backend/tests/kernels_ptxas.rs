@@ -28,8 +28,10 @@ fn kernels_fit_their_registers_on_hopper() {
     let hot = [
         ("matmul_F_Q1_0R", "mvs_8"),
         ("matmul_F_TQ2_0R", "mvs_4"),
-        ("matmul_F_Q1_0R", "mvrt"),
-        ("matmul_F_TQ2_0R", "mvrmt"),
+        ("matmul_F_Q1_0R", "mvrmt_4"),
+        ("matmul_F_Q1_0R", "mvrt_2"),
+        ("matmul_F_TQ2_0R", "mvrmt_2"),
+        ("matmul_F_TQ2_0R", "mvrt_1"),
         ("hybrid", "delta_step"),
         ("hybrid", "gated_delta"),
         ("ops", "attention"),

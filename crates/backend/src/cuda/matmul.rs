@@ -71,17 +71,23 @@ impl CudaBackend {
                         None => None,
                     },
                     rows_tma: match names.rows {
-                        Some(_) if self.mvrt_on && names.stream => {
-                            let fs = [f("mvrt")?, f("mvrmt")?];
-                            for func in &fs {
-                                func.set_attribute(
-                                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    MVR_TMA_MAX as i32,
-                                )
-                                .map_err(drv)?;
-                            }
-                            Some(fs)
-                        }
+                        Some(_) if self.mvrt_mt > 0 && names.stream => Some(
+                            MVRT_TILES
+                                .iter()
+                                .filter(|&&mt| mt <= self.mvrt_mt)
+                                .map(|&mt| {
+                                    let fs = [f(&format!("mvrt_{mt}"))?, f(&format!("mvrmt_{mt}"))?];
+                                    for func in &fs {
+                                        func.set_attribute(
+                                            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                            MVR_TMA_MAX as i32,
+                                        )
+                                        .map_err(drv)?;
+                                    }
+                                    Ok((mt, fs))
+                                })
+                                .collect::<Result<Vec<_>>>()?,
+                        ),
                         _ => None,
                     },
                     stream: if names.stream {
@@ -280,18 +286,26 @@ impl CudaBackend {
             .filter(|_| self.mvr_on && (3..=MV_MAX_ROWS).contains(&nr))
     }
 
-    /// The tensor-core GEMV's kernels [single, multi] with the tile by bulk copy and its
-    /// shared memory, where they run (sm_90, the repacked formats, a tile of at most
-    /// MVR_TMA_MAX, 16-byte rows, weights 16-byte `aligned`); `None`: `mvr`'s.
+    /// The tensor-core GEMV's kernels [single, multi] with the tile by bulk copy, its shared
+    /// memory and its weight rows, where they run (sm_90, the repacked formats, a tile of at
+    /// most MVR_TMA_MAX, 16-byte rows, weights 16-byte `aligned`): the most 16-row tiles a
+    /// block that fit; `None`: `mvr`'s.
     fn mvr_tma<'a>(
         &self,
         k: &'a IntKernels,
         row_bytes: usize,
         aligned: bool,
-    ) -> Option<(&'a [CudaFunction; 2], u32)> {
-        let tile = MVR_ROWS * row_bytes;
-        let ok = tile <= MVR_TMA_MAX && row_bytes.is_multiple_of(16) && aligned;
-        k.rows_tma.as_ref().filter(|_| ok).map(|f| (f, tile as u32))
+    ) -> Option<(&'a [CudaFunction; 2], u32, usize)> {
+        if !(row_bytes.is_multiple_of(16) && aligned) {
+            return None;
+        }
+        let (mt, f) = k
+            .rows_tma
+            .as_ref()?
+            .iter()
+            .find(|(mt, _)| mt * MVR_ROWS * row_bytes <= MVR_TMA_MAX)?;
+        let rows = mt * MVR_ROWS;
+        Some((f, (rows * row_bytes) as u32, rows))
     }
 
     /// Warps per block of the tensor-core GEMV: one per 32 units (a warp takes 4 units a
@@ -370,7 +384,9 @@ impl CudaBackend {
         let tc = self.mvr_kernels(k, n);
         let aligned = mats.iter().all(|m| m.w.is_multiple_of(16));
         let tma = tc.and_then(|_| self.mvr_tma(k, ws[0].row_bytes, aligned));
-        let (func, r) = if let Some(f) = tma.map(|(f, _)| f).or(tc) {
+        let (func, r) = if let Some((f, _, rows)) = tma {
+            (&f[1], rows)
+        } else if let Some(f) = tc {
             (&f[1], MVR_ROWS)
         } else {
             match n {
@@ -397,7 +413,7 @@ impl CudaBackend {
             let cfg = LaunchConfig {
                 grid_dim: (a.blocks as u32, 1, 1),
                 block_dim: (bx as u32, by as u32, 1),
-                shared_mem_bytes: tma.map_or(0, |(_, smem)| smem),
+                shared_mem_bytes: tma.map_or(0, |(_, smem, _)| smem),
             };
             launch!(
                 @keep self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1],
@@ -453,7 +469,9 @@ impl CudaBackend {
             let per_block = self.mv_per_block(w.rows, w.cols, w.row_bytes, k.step);
             let tc = self.mvr_kernels(k, nr);
             let tma = tc.and_then(|_| self.mvr_tma(k, w.row_bytes, wp.is_multiple_of(16)));
-            let (func, rows_per_block) = if let Some(f) = tma.map(|(f, _)| f).or(tc) {
+            let (func, rows_per_block) = if let Some((f, _, rows)) = tma {
+                (&f[0], rows)
+            } else if let Some(f) = tc {
                 (&f[0], MVR_ROWS)
             } else if which == 0 && per_block == 8 {
                 (&k.mv1x8, 8)
@@ -471,7 +489,7 @@ impl CudaBackend {
             let cfg = LaunchConfig {
                 grid_dim: (w.rows.div_ceil(rows_per_block * by) as u32, 1, 1),
                 block_dim: (bx as u32, by as u32, 1),
-                shared_mem_bytes: tma.map_or(0, |(_, smem)| smem),
+                shared_mem_bytes: tma.map_or(0, |(_, smem, _)| smem),
             };
             let xr = qp + (r0 * units * 32) as u64;
             let dr = dsp + (r0 * units * 8) as u64;

@@ -109,9 +109,11 @@ fn mvs_shape(v: Option<&str>) -> Option<MvsShape> {
 
 /// Weight rows per block of the tensor-core GEMV (one m16n8k32 tile, gemv_rows.cu).
 const MVR_ROWS: usize = 16;
-/// The largest 16-row tile `mvrt` copies into shared memory (bigger ones take `mvr`): the
-/// 27B's TQ2_0 ffn_down (72 KB) fits three blocks an SM.
+/// The largest tile `mvrt_*` copies into shared memory (bigger ones take `mvr`): the
+/// 27B's TQ2_0 ffn_down (16 rows, 72 KB) fits three blocks an SM.
 const MVR_TMA_MAX: usize = 80 << 10;
+/// The 16-row tiles a block of `mvrt_*` takes (gemv_rows.cu's MVRT), most first.
+const MVRT_TILES: [usize; 3] = [4, 2, 1];
 /// Most warps per block of it (MVR_WARPS in gemv_rows.cu).
 const MVR_WARPS: usize = 8;
 
@@ -220,7 +222,14 @@ fn fmt_module(n: &FmtNames) -> (String, String, String) {
     match (n.q.as_deref(), n.rows.as_deref()) {
         (Some(q), Some(r)) => (
             format!("matmul_{st}"),
-            format!("#define FMT {st}\n#define FMTQ {q}\n#define FMTR {r}{minb}"),
+            // The repacked formats' block-scaled tensor-core GEMV (gemv_rows.cu's B_ structs).
+            format!(
+                "#define FMT {st}\n#define FMTQ {q}\n#define FMTR {r}{minb}{}",
+                match r.strip_prefix("R_") {
+                    Some(b) if n.stream => format!("\n#define FMTB B_{b}"),
+                    _ => String::new(),
+                }
+            ),
             format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}\n{VECDOT}\n{GEMV_INT}\n{GEMV_ROWS}\n{stream}"),
         ),
         (Some(q), None) => (
@@ -446,9 +455,9 @@ struct IntKernels {
     /// gemv_rows.cu's `mvr` and `mvrm` (3–8 activation rows on the tensor cores), for the
     /// formats that have them.
     rows: Option<[CudaFunction; 2]>,
-    /// Their `mvrt` and `mvrmt` (the 16-row tile by one bulk copy; sm_90+, the repacked
-    /// formats).
-    rows_tma: Option<[CudaFunction; 2]>,
+    /// Their `mvrt_MT` and `mvrmt_MT` by MT, most first (MT 16-row tiles a block by one
+    /// bulk copy; sm_90+, the repacked formats).
+    rows_tma: Option<Vec<(usize, [CudaFunction; 2])>>,
     /// gemv_stream.cu's `mvs_R` (one activation row, the repacked formats), by R.
     stream: Vec<(usize, CudaFunction)>,
 }
@@ -537,9 +546,10 @@ pub struct CudaBackend {
     /// (rows of at most 256 steps) with this shape, unless NEAGARI_CUDA_MVS=0 (then
     /// `mvq_step`); NEAGARI_CUDA_MVS=R,K,G picks one.
     mvs: Option<MvsShape>,
-    /// The tensor-core GEMV of the repacked formats takes its tile by bulk copy (`mvrt`):
-    /// sm_90 and newer, unless NEAGARI_CUDA_MVRT=0.
-    mvrt_on: bool,
+    /// The tensor-core GEMV of the repacked formats takes its tile by bulk copy (`mvrt_*`),
+    /// at most this many 16-row tiles a block: 4 on sm_90 and newer, NEAGARI_CUDA_MVRT=N
+    /// (1, 2 or 4; 0 = `mvr` instead).
+    mvrt_mt: usize,
     /// Counts kernel launches and device writes (see [`Scratch::xq_key`]).
     gen: AtomicU64,
     /// Decode-step recording (graph.rs): the mode (OFF, WARM, CAPTURE, REPLAY), launches
@@ -749,7 +759,13 @@ impl CudaBackend {
                 .filter(|n| (1..=16).contains(n))
                 .unwrap_or(4),
             mvs: mvs_shape(std::env::var("NEAGARI_CUDA_MVS").ok().as_deref()),
-            mvrt_on: maj >= 9 && std::env::var("NEAGARI_CUDA_MVRT").as_deref() != Ok("0"),
+            mvrt_mt: match std::env::var("NEAGARI_CUDA_MVRT").as_deref() {
+                _ if maj < 9 => 0,
+                Ok("0") => 0,
+                Ok("1") => 1,
+                Ok("2") => 2,
+                _ => 4,
+            },
             mvr_on: maj >= 8 && std::env::var("NEAGARI_CUDA_MV_TC").as_deref() != Ok("0"),
             gen: AtomicU64::new(0),
             mode: AtomicU8::new(graph::OFF),

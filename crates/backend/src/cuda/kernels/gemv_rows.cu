@@ -175,6 +175,43 @@ struct R_TQ2_0R {
     }
 };
 
+// The repacked Q1_0 / TQ2_0 again, a step of 4 units at a time (`mvrb_impl`): one scale per
+// weight block, so a row's value is d·(A·code − 1) and a step adds
+// d_w · (A · Σ_units d_x·c − Σ_units d_x·Σq) to the row's sum: per unit only the integer dot
+// takes the unit's activation scale, the weight scale comes once per step. `load(row, s, t)`
+// reads step s (units 4s..4s+3, within one block), `unpack(raw, j, t, w0, w1)` makes unit
+// j's words 2t and 2t + 1 as R_ above.
+struct B_Q1_0R {
+    static constexpr float A = 2.f;
+    struct Raw { uint4 w; u32 d; };
+    static __device__ __forceinline__ Raw load(const u8* row, int s, int t) {
+        // Step s is block s: its body's four words (16-byte aligned) and its scale.
+        const u8* g = row + (i64)(s >> 3) * (16 + 8 * 16);
+        return Raw{*(const uint4*)(g + 16 + 16 * (s & 7)), ld16(g + 2 * (s & 7))};
+    }
+    static __device__ __forceinline__ void unpack(const Raw& r, int j, int t, int& w0, int& w1) {
+        const u32 word = j == 0 ? r.w.x : j == 1 ? r.w.y : j == 2 ? r.w.z : r.w.w;
+        w0 = (word >> (2 * t)) & 0x01010101u;
+        w1 = (word >> (2 * t + 1)) & 0x01010101u;
+    }
+};
+
+struct B_TQ2_0R {
+    static constexpr float A = 1.f;
+    struct Raw { uint2 v; u32 d; };
+    static __device__ __forceinline__ Raw load(const u8* row, int s, int t) {
+        // Step s is half s % 2 of block s / 2: thread t's 8 bytes of that half's 32.
+        const int b = s >> 1;
+        const u8* g = row + (i64)(b >> 3) * (16 + 8 * 64);
+        return Raw{*(const uint2*)(g + 16 + 64 * (b & 7) + 32 * (s & 1) + 8 * t),
+                   ld16(g + 2 * (b & 7))};
+    }
+    static __device__ __forceinline__ void unpack(const Raw& r, int j, int t, int& w0, int& w1) {
+        w0 = (r.v.x >> (2 * j)) & 0x03030303;
+        w1 = (r.v.y >> (2 * j)) & 0x03030303;
+    }
+};
+
 // Up to 8 warps a block split the units of the block's 16 weight rows (the host picks as
 // many as the units fill, `mvr_warps`); they meet in shared memory at the end.
 #define MVR_WARPS 8
@@ -288,17 +325,101 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
     mvr_impl<FMTR>(W + (i64)b * 16 * row_bytes, xq, xds, y, rows, units, row_bytes, nr, b);
 }
 
-// The same with the block's 16 weight rows brought into shared memory by one bulk copy
+// The repacked formats (FMTB, their B_ struct): the block-scaled GEMV, its tile by bulk copy.
+#ifdef FMTB
+// The bits of the float 1.5·2^23 (12582912.f).
+#define MVRB_K 0x4B400000
+
+// `mvr_impl` for the block-scaled formats (B_ above) over MT tiles of 16 weight rows: a
+// warp takes a step of 4 units (one weight scale) at a time, with no tail (rows are whole
+// blocks: 4 or 8 units), and each activation fragment it loads serves MT tiles. With one
+// tile a block (MT = 1) the eight rows' activations went through L1 once per 16 weight rows,
+// 4.4 times the weight bytes: ncu gave the 27B Q1_0 gate/up L1 89% busy at 0.41 TB/s. Per
+// unit and tile: the unpack, the mma and a multiply-add a sum; the scales once a step.
+template <class F, int MT>
+__device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8* __restrict__ xq,
+                                          const float2* __restrict__ xds, float* __restrict__ y,
+                                          int rows, int units, i64 row_bytes, int nr, int blk) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int base = blk * 16 * MT, last = rows - 1 - base;
+    // Column g of B is activation row g (rows past nr re-read the last; those columns'
+    // sums are dropped); the scales of this thread's output columns 2t and 2t + 1, two
+    // units a 16-byte load (units is a multiple of 4). The pointers start at the warp's
+    // first step and move a stride a step.
+    const int2* xr = (const int2*)(xq + (i64)min(g, nr - 1) * units * 32) + t + 16 * warp;
+    const int c0 = 2 * t, c1 = 2 * t + 1;
+    const float4* s0 = (const float4*)(xds + (i64)min(c0, nr - 1) * units) + 2 * warp;
+    const float4* s1 = (const float4*)(xds + (i64)min(c1, nr - 1) * units) + 2 * warp;
+    float acc[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    const int steps = units >> 2;
+    for (int s = warp; s < steps; s += nw, xr += 16 * nw, s0 += 2 * nw, s1 += 2 * nw) {
+        int2 x[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) x[j] = __ldg(xr + 4 * j);
+        // (d, d·Σq) of units 4s, 4s + 1 and 4s + 2, 4s + 3 of each column.
+        const float4 e0a = __ldg(s0), e0b = __ldg(s0 + 1);
+        const float4 e1a = __ldg(s1), e1b = __ldg(s1 + 1);
+        const float d0[4] = {e0a.x, e0a.z, e0b.x, e0b.z}, d1[4] = {e1a.x, e1a.z, e1b.x, e1b.z};
+        const float q0 = (e0a.y + e0a.w) + (e0b.y + e0b.w);
+        const float q1 = (e1a.y + e1a.w) + (e1b.y + e1b.w);
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            // Rows past the end re-read the last row (their sums are dropped).
+            const typename F::Raw ra = F::load(tile + (i64)min(16 * i + g, last) * row_bytes, s, t);
+            const typename F::Raw rb =
+                F::load(tile + (i64)min(16 * i + g + 8, last) * row_bytes, s, t);
+            float m[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int a[4];
+                F::unpack(ra, j, t, a[0], a[2]);
+                F::unpack(rb, j, t, a[1], a[3]);
+                // The sums start at 1.5·2^23, so their bits are the float 1.5·2^23 + Σ
+                // (|Σ| ≤ 32·2·127 < 2^22) and one subtraction makes Σ exact: a float add
+                // instead of an int→float conversion (a quarter-rate pipe, 4 a unit).
+                int c[4] = {MVRB_K, MVRB_K, MVRB_K, MVRB_K};
+                mma_s8(c, a, x[j].x, x[j].y);
+                m[0] += d0[j] * (__int_as_float(c[0]) - 12582912.f);
+                m[1] += d1[j] * (__int_as_float(c[1]) - 12582912.f);
+                m[2] += d0[j] * (__int_as_float(c[2]) - 12582912.f);
+                m[3] += d1[j] * (__int_as_float(c[3]) - 12582912.f);
+            }
+            const float da = h2f((u16)ra.d), db = h2f((u16)rb.d);
+            acc[i][0] += da * (F::A * m[0] - q0);
+            acc[i][1] += da * (F::A * m[1] - q1);
+            acc[i][2] += db * (F::A * m[2] - q0);
+            acc[i][3] += db * (F::A * m[3] - q1);
+        }
+    }
+    __shared__ float red[MVR_WARPS][MT][4][32];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) red[warp][i][k][lane] = acc[i][k];
+    __syncthreads();
+    // Warp i sums tile i, in warp order: the result does not depend on timing.
+    if (warp < MT) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float v = 0.f;
+            for (int w = 0; w < nw; w++) v += red[w][warp][k][lane];
+            const int r = base + 16 * warp + g + (k < 2 ? 0 : 8), c = (k & 1) ? c1 : c0;
+            if (r < rows && c < nr) y[(i64)c * rows + r] = v;
+        }
+    }
+}
+
+// `mvrb_impl` with the block's MT·16 weight rows brought into shared memory by one bulk copy
 // (sm_90+) before the wait: `mvr` keeps about one unit of its rows in flight a warp (ptxas
 // puts each unit's loads just before its mma), and ncu gave the 27B Q1_0 gate/up (25 MB,
 // 2,176 blocks of 16 rows) 78.6 µs alone, 0.32 TB/s. Here a block's whole tile is asked for
-// at once (16 rows × row_bytes, at most the host's cap) and the warps then read it from
-// shared memory with the same loads (the host gives it 8 warps: `mvr_warps`). The 27B's
-// 8-row step: Q1_0 12.34 → 11.36 ms, TQ2_0 14.91 → 12.99 (H200); Q4_K 20.88 → 21.42, so
-// the host gives it the repacked formats only. Dynamic shared memory: the tile (row_bytes a
-// multiple of 16, W 16-byte aligned). `wait` is the kernel's gdc_wait, called once the copy
-// is asked for.
-template <class F, class Wait>
+// at once (at most the host's cap) and the warps then read it from shared memory. Dynamic
+// shared memory: the tile (row_bytes a multiple of 16, W 16-byte aligned). `wait` is the
+// kernel's gdc_wait, called once the copy is asked for.
+template <class F, int MT, class Wait>
 __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, i64 row_bytes, int nr, int blk,
@@ -307,39 +428,48 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 bar;
     if (threadIdx.x == 0) {
-        const u32 bytes = (u32)(min(16, rows - blk * 16) * row_bytes);
+        const u32 bytes = (u32)(min(16 * MT, rows - blk * 16 * MT) * row_bytes);
         mbar_init(&bar);
         mbar_init_fence();
         mbar_expect(&bar, bytes);
-        bulk_load(sm, W + (i64)blk * 16 * row_bytes, bytes, &bar);
+        bulk_load(sm, W + (i64)blk * 16 * MT * row_bytes, bytes, &bar);
     }
     // The barrier is initialised before any thread waits on it.
     __syncthreads();
     wait();
     mbar_wait(&bar, 0);
-    mvr_impl<F>(sm, xq, xds, y, rows, units, row_bytes, nr, blk);
+    mvrb_impl<F, MT>(sm, xq, xds, y, rows, units, row_bytes, nr, blk);
 #else
-    // The host runs these kernels only on sm_90 and newer (CudaBackend::mvrt_on).
+    // The host runs these kernels only on sm_90 and newer (CudaBackend::mvrt_mt).
     __trap();
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
-    mvrt(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units,
-         i64 row_bytes, int nr) {
-    mvrt_impl<FMTR>(W, xq, xds, y, rows, units, row_bytes, nr, blockIdx.x, [] { gdc_wait(); });
-}
-
-extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
-    mvrmt(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0, float* y1,
-          float* y2, float* y3, int n0, int n1, int n2, int n3, int b1, int b2, int b3,
-          const i8* xq, const float2* xds, int units, i64 row_bytes, int nr) {
-    int b = blockIdx.x;
-    const u8* W = w0;
-    float* y = y0;
-    int rows = n0;
-    if (b >= b3) { b -= b3; W = w3; y = y3; rows = n3; }
-    else if (b >= b2) { b -= b2; W = w2; y = y2; rows = n2; }
-    else if (b >= b1) { b -= b1; W = w1; y = y1; rows = n1; }
-    mvrt_impl<FMTR>(W, xq, xds, y, rows, units, row_bytes, nr, b, [] { gdc_wait(); });
-}
+// mvrt_<MT>: one matrix, MT tiles of 16 rows a block; mvrmt_<MT>: up to four matrices of one
+// format and width (`mvqm*`'s block ranges).
+#define MVRT(MT, MINB)                                                                             \
+    extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
+        mvrt_##MT(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units, \
+                  i64 row_bytes, int nr) {                                                     \
+        mvrt_impl<FMTB, MT>(W, xq, xds, y, rows, units, row_bytes, nr, blockIdx.x,            \
+                            [] { gdc_wait(); });                                              \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
+        mvrmt_##MT(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0,          \
+                   float* y1, float* y2, float* y3, int n0, int n1, int n2, int n3, int b1,    \
+                   int b2, int b3, const i8* xq, const float2* xds, int units, i64 row_bytes,  \
+                   int nr) {                                                                   \
+        int b = blockIdx.x;                                                                    \
+        const u8* W = w0;                                                                      \
+        float* y = y0;                                                                         \
+        int rows = n0;                                                                         \
+        if (b >= b3) { b -= b3; W = w3; y = y3; rows = n3; }                                  \
+        else if (b >= b2) { b -= b2; W = w2; y = y2; rows = n2; }                             \
+        else if (b >= b1) { b -= b1; W = w1; y = y1; rows = n1; }                             \
+        mvrt_impl<FMTB, MT>(W, xq, xds, y, rows, units, row_bytes, nr, b,                     \
+                            [] { gdc_wait(); });                                              \
+    }
+MVRT(1, 3)
+MVRT(2, 2)
+MVRT(4, 2)
+#endif
