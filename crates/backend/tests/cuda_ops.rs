@@ -827,13 +827,15 @@ fn multi_row_gemv_on_tensor_cores() {
         GgmlType::Q5_0,
     ] {
         let block = if ty.row_bytes(32).is_some() { 32 } else { 256 };
-        // The wide rows take `mvrt_*` with 4, 2 and 1 tiles a block (Q1_0: 48, 80 and 144
-        // blocks a row; TQ2_0: 3, 20 and 48) or, over its cap, `mvr`.
+        // `mvrt_*` takes 4, 2 or 1 tiles a block by the row's size (Q1_0: 48, 80 and 144
+        // blocks a row; TQ2_0: 3, 20 and 24 or 48; Q4_K: 7, 20 and 24) or, over its cap,
+        // leaves the matrix to `mvr`.
         for (rows, cols) in [
             (5, block),
             (37, block * 3),
             (130, block * 20),
             (16, block * 7),
+            (19, block * 24),
             (19, block * 48),
             (19, block * 80),
             (19, block * 144),

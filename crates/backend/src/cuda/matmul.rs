@@ -71,7 +71,7 @@ impl CudaBackend {
                         None => None,
                     },
                     rows_tma: match names.rows {
-                        Some(_) if self.mvrt_mt > 0 && names.stream => Some(
+                        Some(_) if self.mvrt_mt > 0 && names.block.is_some() => Some(
                             MVRT_TILES
                                 .iter()
                                 .filter(|&&mt| mt <= self.mvrt_mt)
@@ -286,10 +286,10 @@ impl CudaBackend {
             .filter(|_| self.mvr_on && (3..=MV_MAX_ROWS).contains(&nr))
     }
 
-    /// The tensor-core GEMV's kernels [single, multi] with the tile by bulk copy, its shared
-    /// memory and its weight rows, where they run (sm_90, the repacked formats, a tile of at
-    /// most MVR_TMA_MAX, 16-byte rows, weights 16-byte `aligned`): the most 16-row tiles a
-    /// block that fit; `None`: `mvr`'s.
+    /// The tensor-core GEMV's kernels [single, multi] with the tile by bulk copies, its
+    /// shared memory and its weight rows, where they run (sm_90, a format with a `B_` struct,
+    /// a tile of at most MVR_TMA_MAX, 16-byte rows, weights 16-byte `aligned`): the most
+    /// 16-row tiles a block that fit; `None`: `mvr`'s.
     fn mvr_tma<'a>(
         &self,
         k: &'a IntKernels,
@@ -299,13 +299,16 @@ impl CudaBackend {
         if !(row_bytes.is_multiple_of(16) && aligned) {
             return None;
         }
+        // Rows of an even number of 16-byte words get 16 bytes more in shared memory
+        // (gemv_rows.cu `mvrt_stride`).
+        let stride = row_bytes + if (row_bytes / 16) % 2 == 1 { 0 } else { 16 };
         let (mt, f) = k
             .rows_tma
             .as_ref()?
             .iter()
-            .find(|(mt, _)| mt * MVR_ROWS * row_bytes <= MVR_TMA_MAX)?;
+            .find(|(mt, _)| mt * MVR_ROWS * stride <= MVR_TMA_MAX)?;
         let rows = mt * MVR_ROWS;
-        Some((f, (rows * row_bytes) as u32, rows))
+        Some((f, (rows * stride) as u32, rows))
     }
 
     /// Warps per block of the tensor-core GEMV: one per 32 units (a warp takes 4 units a

@@ -109,9 +109,9 @@ fn mvs_shape(v: Option<&str>) -> Option<MvsShape> {
 
 /// Weight rows per block of the tensor-core GEMV (one m16n8k32 tile, gemv_rows.cu).
 const MVR_ROWS: usize = 16;
-/// The largest tile `mvrt_*` copies into shared memory (bigger ones take `mvr`): the
-/// 27B's TQ2_0 ffn_down (16 rows, 72 KB) fits three blocks an SM.
-const MVR_TMA_MAX: usize = 80 << 10;
+/// The largest tile `mvrt_*` copies into shared memory (bigger ones take `mvr`): two fit
+/// an SM (27B: Q4_K's 32 rows of 5120 are 92.7 KB with their padding).
+const MVR_TMA_MAX: usize = 96 << 10;
 /// The 16-row tiles a block of `mvrt_*` takes (gemv_rows.cu's MVRT), most first.
 const MVRT_TILES: [usize; 3] = [4, 2, 1];
 /// Most warps per block of it (MVR_WARPS in gemv_rows.cu).
@@ -193,6 +193,8 @@ struct FmtNames {
     rows: Option<String>,
     /// The format has gemv_stream.cu's one-row GEMV (the repacked ones).
     stream: bool,
+    /// gemv_rows.cu's step-of-4-units struct (`B_…`, the verify GEMV `mvrt_*`), if any.
+    block: Option<&'static str>,
 }
 
 fn fmt_structs(ty: GgmlType, repack: bool) -> Option<FmtNames> {
@@ -204,6 +206,12 @@ fn fmt_structs(ty: GgmlType, repack: bool) -> Option<FmtNames> {
         q: int_struct(ty).map(|q| format!("{q}{r}")),
         rows: rows_struct(ty).map(|q| format!("{q}{r}")),
         stream: repacked,
+        block: match (ty, repacked) {
+            (GgmlType::Q1_0, true) => Some("B_Q1_0R"),
+            (GgmlType::TQ2_0, true) => Some("B_TQ2_0R"),
+            (GgmlType::Q4_K, _) => Some("B_Q4_K"),
+            _ => None,
+        },
     })
 }
 
@@ -222,13 +230,11 @@ fn fmt_module(n: &FmtNames) -> (String, String, String) {
     match (n.q.as_deref(), n.rows.as_deref()) {
         (Some(q), Some(r)) => (
             format!("matmul_{st}"),
-            // The repacked formats' block-scaled tensor-core GEMV (gemv_rows.cu's B_ structs).
+            // The verify GEMV by steps of 4 units (gemv_rows.cu's B_ structs).
             format!(
                 "#define FMT {st}\n#define FMTQ {q}\n#define FMTR {r}{minb}{}",
-                match r.strip_prefix("R_") {
-                    Some(b) if n.stream => format!("\n#define FMTB B_{b}"),
-                    _ => String::new(),
-                }
+                n.block
+                    .map_or(String::new(), |b| format!("\n#define FMTB {b}"))
             ),
             format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}\n{VECDOT}\n{GEMV_INT}\n{GEMV_ROWS}\n{stream}"),
         ),
@@ -455,8 +461,8 @@ struct IntKernels {
     /// gemv_rows.cu's `mvr` and `mvrm` (3–8 activation rows on the tensor cores), for the
     /// formats that have them.
     rows: Option<[CudaFunction; 2]>,
-    /// Their `mvrt_MT` and `mvrmt_MT` by MT, most first (MT 16-row tiles a block by one
-    /// bulk copy; sm_90+, the repacked formats).
+    /// Their `mvrt_MT` and `mvrmt_MT` by MT, most first (MT 16-row tiles a block by bulk
+    /// copies; sm_90+, the formats with a `B_` struct: repacked Q1_0 and TQ2_0, Q4_K).
     rows_tma: Option<Vec<(usize, [CudaFunction; 2])>>,
     /// gemv_stream.cu's `mvs_R` (one activation row, the repacked formats), by R.
     stream: Vec<(usize, CudaFunction)>,
@@ -546,7 +552,7 @@ pub struct CudaBackend {
     /// (rows of at most 256 steps) with this shape, unless NEAGARI_CUDA_MVS=0 (then
     /// `mvq_step`); NEAGARI_CUDA_MVS=R,K,G picks one.
     mvs: Option<MvsShape>,
-    /// The tensor-core GEMV of the repacked formats takes its tile by bulk copy (`mvrt_*`),
+    /// The tensor-core GEMV of the B_ formats takes its tile by bulk copies (`mvrt_*`),
     /// at most this many 16-row tiles a block: 4 on sm_90 and newer, NEAGARI_CUDA_MVRT=N
     /// (1, 2 or 4; 0 = `mvr` instead).
     mvrt_mt: usize,

@@ -182,6 +182,7 @@ struct R_TQ2_0R {
 // reads step s (units 4s..4s+3, within one block), `unpack(raw, j, t, w0, w1)` makes unit
 // j's words 2t and 2t + 1 as R_ above.
 struct B_Q1_0R {
+    static constexpr bool PER_UNIT = false;
     static constexpr float A = 2.f;
     struct Raw { uint4 w; u32 d; };
     static __device__ __forceinline__ Raw load(const u8* row, int s, int t) {
@@ -197,6 +198,7 @@ struct B_Q1_0R {
 };
 
 struct B_TQ2_0R {
+    static constexpr bool PER_UNIT = false;
     static constexpr float A = 1.f;
     struct Raw { uint2 v; u32 d; };
     static __device__ __forceinline__ Raw load(const u8* row, int s, int t) {
@@ -209,6 +211,46 @@ struct B_TQ2_0R {
     static __device__ __forceinline__ void unpack(const Raw& r, int j, int t, int& w0, int& w1) {
         w0 = (r.v.x >> (2 * j)) & 0x03030303;
         w1 = (r.v.y >> (2 * j)) & 0x03030303;
+    }
+};
+
+// Q4_K: a scale and a min per unit (PER_UNIT), so a step adds Σ_units (d·sc)·d_x·c − (dmin·m)·
+// d_x·Σq, as R_Q4_K. Step s is half s % 2 of super-block s / 2 (sub-blocks 4(s % 2) ..
+// + 3): the super-block's 16-byte head (d, dmin, 12 scale bytes) and thread t's 8 bytes of
+// each of the half's two 32-byte qs runs (low nibbles: the even sub-block, high: the odd).
+struct B_Q4_K {
+    static constexpr bool PER_UNIT = true;
+    struct Raw { uint4 h; uint2 q0, q1; };
+    static __device__ __forceinline__ Raw load(const u8* row, int s, int t) {
+        const u8* b = row + (i64)(s >> 1) * 144;
+        const u8* q = b + 16 + 64 * (s & 1) + 8 * t;
+        return Raw{*(const uint4*)b, *(const uint2*)q, *(const uint2*)(q + 32)};
+    }
+    static __device__ __forceinline__ void unpack(const Raw& r, int j, int t, int& w0, int& w1) {
+        const uint2 q = j < 2 ? r.q0 : r.q1;
+        w0 = (q.x >> (4 * (j & 1))) & 0x0F0F0F0F;
+        w1 = (q.y >> (4 * (j & 1))) & 0x0F0F0F0F;
+    }
+    // The step's four 6-bit scales and mins as floats (dequant.cuh's scale_min_k4, four
+    // bytes at a time), d and dmin.
+    static __device__ __forceinline__ void scales(const Raw& r, int s, float (&sc)[4],
+                                                  float (&mn)[4], float& d, float& dmin) {
+        u32 a, b;
+        if ((s & 1) == 0) {
+            a = r.h.y & 0x3F3F3F3F;
+            b = r.h.z & 0x3F3F3F3F;
+        } else {
+            a = (r.h.w & 0x0F0F0F0F) | ((r.h.y >> 2) & 0x30303030);
+            b = ((r.h.w >> 4) & 0x0F0F0F0F) | ((r.h.z >> 2) & 0x30303030);
+        }
+        // Byte j under the exponent of 2^23: the float 2^23 + byte, less 2^23.
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            sc[j] = __int_as_float(__byte_perm(a, 0x4B000000, 0x7540 | j)) - 8388608.f;
+            mn[j] = __int_as_float(__byte_perm(b, 0x4B000000, 0x7540 | j)) - 8388608.f;
+        }
+        d = h2f((u16)r.h.x);
+        dmin = h2f((u16)(r.h.x >> 16));
     }
 };
 
@@ -339,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
 template <class F, int MT>
 __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
-                                          int rows, int units, i64 row_bytes, int nr, int blk) {
+                                          int rows, int units, int stride, int nr, int blk) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int base = blk * 16 * MT, last = rows - 1 - base;
@@ -363,35 +405,65 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
         const float4 e0a = __ldg(s0), e0b = __ldg(s0 + 1);
         const float4 e1a = __ldg(s1), e1b = __ldg(s1 + 1);
         const float d0[4] = {e0a.x, e0a.z, e0b.x, e0b.z}, d1[4] = {e1a.x, e1a.z, e1b.x, e1b.z};
-        const float q0 = (e0a.y + e0a.w) + (e0b.y + e0b.w);
-        const float q1 = (e1a.y + e1a.w) + (e1b.y + e1b.w);
+        const float y0[4] = {e0a.y, e0a.w, e0b.y, e0b.w}, y1[4] = {e1a.y, e1a.w, e1b.y, e1b.w};
+        // Block-scaled: Σ_units d_x·Σq of each column, for every tile.
+        const float q0 = (y0[0] + y0[1]) + (y0[2] + y0[3]);
+        const float q1 = (y1[0] + y1[1]) + (y1[2] + y1[3]);
 #pragma unroll
         for (int i = 0; i < MT; i++) {
             // Rows past the end re-read the last row (their sums are dropped).
-            const typename F::Raw ra = F::load(tile + (i64)min(16 * i + g, last) * row_bytes, s, t);
+            const typename F::Raw ra = F::load(tile + (i64)min(16 * i + g, last) * stride, s, t);
             const typename F::Raw rb =
-                F::load(tile + (i64)min(16 * i + g + 8, last) * row_bytes, s, t);
+                F::load(tile + (i64)min(16 * i + g + 8, last) * stride, s, t);
             float m[4] = {0.f, 0.f, 0.f, 0.f};
+            // PER_UNIT: the mins' Σ_units m·d_x·Σq.
+            float n[4] = {0.f, 0.f, 0.f, 0.f};
+            float sa[4], ma[4], sb[4], mb[4], da, dma, db, dmb;
+            if constexpr (F::PER_UNIT) {
+                F::scales(ra, s, sa, ma, da, dma);
+                F::scales(rb, s, sb, mb, db, dmb);
+            }
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 int a[4];
                 F::unpack(ra, j, t, a[0], a[2]);
                 F::unpack(rb, j, t, a[1], a[3]);
                 // The sums start at 1.5·2^23, so their bits are the float 1.5·2^23 + Σ
-                // (|Σ| ≤ 32·2·127 < 2^22) and one subtraction makes Σ exact: a float add
+                // (|Σ| ≤ 32·15·127 < 2^22) and one subtraction makes Σ exact: a float add
                 // instead of an int→float conversion (a quarter-rate pipe, 4 a unit).
                 int c[4] = {MVRB_K, MVRB_K, MVRB_K, MVRB_K};
                 mma_s8(c, a, x[j].x, x[j].y);
-                m[0] += d0[j] * (__int_as_float(c[0]) - 12582912.f);
-                m[1] += d1[j] * (__int_as_float(c[1]) - 12582912.f);
-                m[2] += d0[j] * (__int_as_float(c[2]) - 12582912.f);
-                m[3] += d1[j] * (__int_as_float(c[3]) - 12582912.f);
+                float v[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) v[k] = __int_as_float(c[k]) - 12582912.f;
+                if constexpr (F::PER_UNIT) {
+                    m[0] += sa[j] * d0[j] * v[0];
+                    m[1] += sa[j] * d1[j] * v[1];
+                    m[2] += sb[j] * d0[j] * v[2];
+                    m[3] += sb[j] * d1[j] * v[3];
+                    n[0] += ma[j] * y0[j];
+                    n[1] += ma[j] * y1[j];
+                    n[2] += mb[j] * y0[j];
+                    n[3] += mb[j] * y1[j];
+                } else {
+                    m[0] += d0[j] * v[0];
+                    m[1] += d1[j] * v[1];
+                    m[2] += d0[j] * v[2];
+                    m[3] += d1[j] * v[3];
+                }
             }
-            const float da = h2f((u16)ra.d), db = h2f((u16)rb.d);
-            acc[i][0] += da * (F::A * m[0] - q0);
-            acc[i][1] += da * (F::A * m[1] - q1);
-            acc[i][2] += db * (F::A * m[2] - q0);
-            acc[i][3] += db * (F::A * m[3] - q1);
+            if constexpr (F::PER_UNIT) {
+                acc[i][0] += da * m[0] - dma * n[0];
+                acc[i][1] += da * m[1] - dma * n[1];
+                acc[i][2] += db * m[2] - dmb * n[2];
+                acc[i][3] += db * m[3] - dmb * n[3];
+            } else {
+                const float wa = h2f((u16)ra.d), wb = h2f((u16)rb.d);
+                acc[i][0] += wa * (F::A * m[0] - q0);
+                acc[i][1] += wa * (F::A * m[1] - q1);
+                acc[i][2] += wb * (F::A * m[2] - q0);
+                acc[i][3] += wb * (F::A * m[3] - q1);
+            }
         }
     }
     __shared__ float red[MVR_WARPS][MT][4][32];
@@ -400,25 +472,34 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
 #pragma unroll
         for (int k = 0; k < 4; k++) red[warp][i][k][lane] = acc[i][k];
     __syncthreads();
-    // Warp i sums tile i, in warp order: the result does not depend on timing.
-    if (warp < MT) {
+    // Warp w sums tiles w, w + nw, …, in warp order: the result does not depend on timing.
+    for (int i = warp; i < MT; i += nw) {
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             float v = 0.f;
-            for (int w = 0; w < nw; w++) v += red[w][warp][k][lane];
-            const int r = base + 16 * warp + g + (k < 2 ? 0 : 8), c = (k & 1) ? c1 : c0;
+            for (int w = 0; w < nw; w++) v += red[w][i][k][lane];
+            const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = (k & 1) ? c1 : c0;
             if (r < rows && c < nr) y[(i64)c * rows + r] = v;
         }
     }
 }
 
-// `mvrb_impl` with the block's MT·16 weight rows brought into shared memory by one bulk copy
-// (sm_90+) before the wait: `mvr` keeps about one unit of its rows in flight a warp (ptxas
-// puts each unit's loads just before its mma), and ncu gave the 27B Q1_0 gate/up (25 MB,
-// 2,176 blocks of 16 rows) 78.6 µs alone, 0.32 TB/s. Here a block's whole tile is asked for
-// at once (at most the host's cap) and the warps then read it from shared memory. Dynamic
-// shared memory: the tile (row_bytes a multiple of 16, W 16-byte aligned). `wait` is the
-// kernel's gdc_wait, called once the copy is asked for.
+// Bytes between two rows of a tile in shared memory: the row's, plus 16 where that is an
+// even number of 16-byte words, so the 8 rows a warp reads at once start in 8 different
+// 16-byte bank groups (Q4_K's 2,880-byte rows put rows g and g + 2 in the same banks).
+// The host sizes the tile the same way (matmul.rs `mvr_tma`).
+__device__ __forceinline__ int mvrt_stride(i64 row_bytes) {
+    return (int)row_bytes + ((row_bytes >> 4) & 1 ? 0 : 16);
+}
+
+// `mvrb_impl` with the block's MT·16 weight rows brought into shared memory by bulk copies
+// (sm_90+; one a row where rows are padded, by the lanes of warp 0) before the wait: `mvr`
+// keeps about one unit of its rows in flight a warp (ptxas puts each unit's loads just
+// before its mma), and ncu gave the 27B Q1_0 gate/up (25 MB, 2,176 blocks of 16 rows) 78.6
+// µs alone, 0.32 TB/s. Here a block's whole tile is asked for at once (at most the host's
+// cap) and the warps then read it from shared memory. Dynamic shared memory: the tile, MT·16
+// rows of `mvrt_stride` (row_bytes a multiple of 16, W 16-byte aligned). `wait` is the
+// kernel's gdc_wait, called once the copies are asked for.
 template <class F, int MT, class Wait>
 __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
@@ -427,18 +508,30 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 bar;
-    if (threadIdx.x == 0) {
-        const u32 bytes = (u32)(min(16 * MT, rows - blk * 16 * MT) * row_bytes);
-        mbar_init(&bar);
-        mbar_init_fence();
-        mbar_expect(&bar, bytes);
-        bulk_load(sm, W + (i64)blk * 16 * MT * row_bytes, bytes, &bar);
+    const int stride = mvrt_stride(row_bytes), n = min(16 * MT, rows - blk * 16 * MT);
+    if (threadIdx.x < 32) {
+        if (threadIdx.x == 0) {
+            mbar_init(&bar);
+            mbar_init_fence();
+            mbar_expect(&bar, (u32)(n * row_bytes));
+        }
+        // The expected bytes are set before any copy can land.
+        __syncwarp();
+        const u8* src = W + (i64)blk * 16 * MT * row_bytes;
+        // Unpadded: one copy (64 copies of Q1_0's 720-byte rows made the 27B's gate/up
+        // 24.1 → 28.5 µs).
+        if (stride == row_bytes) {
+            if (threadIdx.x == 0) bulk_load(sm, src, (u32)(n * row_bytes), &bar);
+        } else {
+            for (int r = threadIdx.x; r < n; r += 32)
+                bulk_load(sm + r * stride, src + r * row_bytes, (u32)row_bytes, &bar);
+        }
     }
     // The barrier is initialised before any thread waits on it.
     __syncthreads();
     wait();
     mbar_wait(&bar, 0);
-    mvrb_impl<F, MT>(sm, xq, xds, y, rows, units, row_bytes, nr, blk);
+    mvrb_impl<F, MT>(sm, xq, xds, y, rows, units, stride, nr, blk);
 #else
     // The host runs these kernels only on sm_90 and newer (CudaBackend::mvrt_mt).
     __trap();
