@@ -10,7 +10,8 @@
 #                      variables), or `prev`: the CLI staged before this one (neagari_prev),
 #                      also with an env: prev,VAR=1
 #   ARGS="-p 512 -n 128 -r 2 --argmax --verify 8"   bench arguments for the 27B files
-#   GEMV="Q1_0 TQ2_0"  time the one-row GEMV at the 27B's shapes first (examples/cuda_gemv.rs)
+#   GEMV="Q1_0 TQ2_0"  time the one-row GEMV at the 27B's shapes first (examples/cuda_gemv.rs);
+#                      GEMV_ROWS=8 times it with 8 activation rows (the verify's kernels)
 #   LLAMA_BENCH=path   a llama-bench binary built elsewhere: the same files, -ngl 99 -fa 1
 set -uo pipefail
 R0=$(pwd)
@@ -60,7 +61,7 @@ if [ -n "${TESTS:-}" ]; then
     echo "suites done after $(( $(date +%s) - T0 )) s"
 fi
 wait
-if [ -n "${GEMV:-}" ]; then timeout 300 "$B/cuda_gemv" $GEMV; fi
+if [ -n "${GEMV:-}" ]; then ROWS=${GEMV_ROWS:-1} timeout 300 "$B/cuda_gemv" $GEMV; fi
 for t in $TYPES; do
     f=$(file_of "$t")
     v="AB_$t"

@@ -1,13 +1,15 @@
 //! Writes the PTX of the CUDA kernel modules NVRTC makes for an architecture (no GPU
-//! needed, only libnvrtc.so), one `<TYPE>-<i>-<arch>.ptx` a module, so their SASS can be read
-//! where ptxas and nvdisasm are (the PyPI wheels nvidia-cuda-nvcc and nvidia-cuda-nvdisasm
-//! carry them):
+//! needed, only libnvrtc.so), one `<TYPE>-<i>-<arch>.ptx` a module, so their SASS can be
+//! read where ptxas and cuobjdump are (the PyPI wheels nvidia-cuda-nvcc and
+//! nvidia-cuda-cuobjdump carry them):
 //!
 //!     cargo run --release -p neagari-backend --example cuda_sass -- DIR [ARCH [TYPE ...]]
-//!     ptxas -arch=sm_90 DIR/Q1_0-1-sm_90.ptx -o q1.cubin && nvdisasm -c q1.cubin
+//!     ptxas -v -arch=sm_90 DIR/Q1_0-1-sm_90.ptx -o q1.cubin
+//!     cuobjdump -sass -fun mvrmt_4 q1.cubin
 //!
 //! TYPE is a GGUF type name (Q1_0, TQ2_0, Q4_K, …) or `ops` for the float-op and hybrid
-//! modules; all of Q1_0, TQ2_0, Q4_K and ops without one.
+//! modules; all of Q1_0, TQ2_0, Q4_K and ops without one. A format's modules are numbered
+//! in cuda/mod.rs's order: 0 its ggml layout, 1 the repacked one where it has one.
 #![cfg_attr(not(feature = "cuda"), allow(unused))]
 
 #[cfg(feature = "cuda")]
@@ -35,8 +37,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .ok_or(format!("{n}: not a GGUF type name"))?,
             ),
         };
-        // The modules in cuda/mod.rs's order: for a format, its plain layout, then the
-        // repacked one where it has one.
         for (i, ptx) in neagari_backend::cuda::module_ptx(&arch, ty)?
             .iter()
             .enumerate()
