@@ -185,9 +185,11 @@ fn statuses(port: u16) -> std::collections::HashMap<String, f64> {
 
 /// Claude Code's verdict on one run: it printed the model's reply, or it read the whole
 /// streamed reply and stopped at its own output limit (stop_reason max_tokens, after its
-/// continuation retries). The 270M test model rarely ends a reply after Claude Code's
-/// 27K-token agent prompt, so the second is the usual outcome; any other failure
-/// (a stream it could not parse, a timeout, an API error) fails the test.
+/// continuation retries), or the reply asked for a tool and Claude Code stopped at
+/// `--max-turns 1` (the 270M model writes a tool call now and then: CI of 2026-12-02). The
+/// 270M test model rarely ends a reply after Claude Code's 27K-token agent prompt, so the
+/// second is the usual outcome; any other failure (a stream it could not parse, a timeout,
+/// an API error) fails the test.
 fn check_claude(out: &std::process::Output, what: &str) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -199,12 +201,13 @@ fn check_claude(out: &std::process::Output, what: &str) {
         eprintln!("{what}: claude replied: {}", stdout.trim());
     } else {
         assert!(
-            stdout.contains("exceeded the 32 output token maximum"),
+            stdout.contains("exceeded the 32 output token maximum")
+                || stdout.contains("Reached max turns (1)"),
             "{what}: claude failed: {}\nstdout: {stdout}\nstderr: {stderr}",
             out.status
         );
         eprintln!(
-            "{what}: claude read the reply to its output limit: {}",
+            "{what}: claude read the reply to its output or turn limit: {}",
             stdout.trim()
         );
     }
