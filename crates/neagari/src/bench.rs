@@ -41,6 +41,10 @@ pub struct BenchArgs {
     /// kernels) against a one-token step at the same position (0 skips it).
     #[arg(long, default_value_t = 0)]
     pub verify: usize,
+    /// Time each GPU kernel of one greedy decode step (and of one `--verify` step) after
+    /// 64 tokens and print where the step's time goes.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 #[derive(Serialize)]
@@ -161,6 +165,9 @@ fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
             v.step_greedy * 1e3,
             v.fwd_greedy / v.step_greedy
         );
+    }
+    if args.profile {
+        profile_steps(&l, args.verify, vocab)?;
     }
     let peak = crate::load::peak_rss_bytes();
     let bw = if args.no_bandwidth {
@@ -311,6 +318,75 @@ fn time_verify<B: DeviceBackend>(
         fwd_greedy: median(&mut t[2]),
         step_greedy: median(&mut t[3]),
     })
+}
+
+/// Prints the kernel times of one greedy decode step and, with `verify` > 0, of one
+/// `verify`-token greedy step, after 64 tokens (graphs off: every kernel is timed alone).
+fn profile_steps<B: DeviceBackend>(l: &Loaded<B>, verify: usize, vocab: usize) -> Result<()> {
+    let m = l.model.as_ref();
+    let mut sess = l.session(64 + verify.max(1) + 1)?;
+    let toks = random_tokens(64 + verify.max(1), vocab, 400);
+    sess.prefill(m, &l.be, &toks[..64], l.n_batch, |_, _| true)?;
+    let cp = sess.checkpoint(&l.be)?;
+    let mut steps = vec![(1, "decode step")];
+    if verify > 0 {
+        steps.push((verify, "verify step"));
+    }
+    for (n, what) in steps {
+        // One untimed run first, so lazily made buffers and kernels are not in the figure.
+        for timed in [false, true] {
+            if timed && !l.be.profile_begin()? {
+                println!("profile: this backend has no per-kernel timing");
+                return Ok(());
+            }
+            let t = Instant::now();
+            if n == 1 {
+                sess.decode_greedy(m, &l.be, toks[64])?;
+            } else {
+                sess.verify_greedy(m, &l.be, &toks[64..64 + n])?;
+            }
+            l.be.sync()?;
+            let wall = t.elapsed().as_secs_f64();
+            sess.restore(&l.be, &cp)?;
+            if timed {
+                print_profile(&format!("{what}, {n} token(s)"), &l.be.profile_end()?, wall);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_profile(what: &str, rows: &[crate::load::KernelRow], wall: f64) {
+    let total: f64 = rows.iter().map(|r| r.seconds).sum();
+    let launches: usize = rows.iter().map(|r| r.launches).sum();
+    println!(
+        "\nprofile, {what}: {:.3} ms in {launches} kernels ({:.3} ms wall with a timed launch each)",
+        total * 1e3,
+        wall * 1e3
+    );
+    println!("| kernel | grid | launches | µs each | ms | share |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: |");
+    let shown = 30;
+    for r in rows.iter().take(shown) {
+        println!(
+            "| {} | {} | {} | {:.2} | {:.3} | {:.1}% |",
+            r.name,
+            r.grid,
+            r.launches,
+            r.seconds * 1e6 / r.launches.max(1) as f64,
+            r.seconds * 1e3,
+            r.seconds / total.max(1e-12) * 100.0
+        );
+    }
+    if rows.len() > shown {
+        let rest: f64 = rows[shown..].iter().map(|r| r.seconds).sum();
+        println!(
+            "| {} others | | | | {:.3} | {:.1}% |",
+            rows.len() - shown,
+            rest * 1e3,
+            rest / total.max(1e-12) * 100.0
+        );
+    }
 }
 
 /// Streams a 512 MiB buffer with every thread of the pool and returns bytes per second

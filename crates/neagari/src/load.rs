@@ -54,6 +54,23 @@ pub trait DeviceBackend: Backend {
     fn sync(&self) -> Result<()>;
     /// Measured read bandwidth in bytes per second.
     fn read_bandwidth(&self) -> Result<f64>;
+    /// Starts timing each kernel; false where the backend cannot (the CPU).
+    fn profile_begin(&self) -> Result<bool> {
+        Ok(false)
+    }
+    /// The kernel times since `profile_begin`, the largest first.
+    fn profile_end(&self) -> Result<Vec<KernelRow>> {
+        Ok(Vec::new())
+    }
+}
+
+/// One kernel's time in `neagari bench --profile`.
+pub struct KernelRow {
+    pub name: String,
+    /// Launch grid, "x×y×z".
+    pub grid: String,
+    pub launches: usize,
+    pub seconds: f64,
 }
 
 impl DeviceBackend for CpuBackend {
@@ -79,6 +96,21 @@ impl DeviceBackend for neagari_backend::cuda::CudaBackend {
     /// Device-to-device copy (bytes read + written), the figure the speed bar is set in.
     fn read_bandwidth(&self) -> Result<f64> {
         Ok(self.copy_bandwidth()?)
+    }
+    fn profile_begin(&self) -> Result<bool> {
+        neagari_backend::cuda::CudaBackend::profile_begin(self)?;
+        Ok(true)
+    }
+    fn profile_end(&self) -> Result<Vec<KernelRow>> {
+        Ok(neagari_backend::cuda::CudaBackend::profile_end(self)?
+            .into_iter()
+            .map(|k| KernelRow {
+                grid: format!("{}×{}×{}", k.grid.0, k.grid.1, k.grid.2),
+                name: k.name,
+                launches: k.launches,
+                seconds: k.seconds,
+            })
+            .collect())
     }
 }
 

@@ -218,7 +218,11 @@ impl CudaBackend {
     pub(super) fn step_begin_impl(&self, kv: &CudaKv, tokens: &[u32]) -> Result<()> {
         self.step_end_impl();
         let n = tokens.len();
-        if !self.graphs_on.load(Ordering::Relaxed) || n == 0 || n > STEP_MAX_TOKENS {
+        if !self.graphs_on.load(Ordering::Relaxed)
+            || self.profiling()
+            || n == 0
+            || n > STEP_MAX_TOKENS
+        {
             return Ok(());
         }
         let pos = kv.len;

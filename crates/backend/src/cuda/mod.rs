@@ -34,10 +34,12 @@
 
 mod kernel_cache;
 mod probe;
+mod profile;
 mod ptxas;
 
 pub use kernel_cache::dir as kernel_cache_dir;
 pub use probe::{probe, DeviceInfo, Probe};
+pub use profile::KernelTime;
 pub use ptxas::{kernel_registers, KernelRegs};
 
 use std::collections::HashMap;
@@ -569,6 +571,9 @@ pub struct CudaBackend {
     /// Kernels launch with programmatic stream serialization (`launch_raw`): on Hopper
     /// and later, unless NEAGARI_CUDA_PDL=0.
     pdl: bool,
+    /// Launches are timed (profile.rs) and recorded steps are not replayed.
+    profiling: AtomicBool,
+    profile: Mutex<Option<profile::Profile>>,
 }
 
 /// f32 activations `[rows, cols]` in device memory; `data` may be longer than needed.
@@ -780,6 +785,8 @@ impl CudaBackend {
             step: Mutex::new(graph::Step::new()),
             graphs_on: AtomicBool::new(std::env::var("NEAGARI_CUDA_GRAPH").as_deref() != Ok("0")),
             pdl: maj >= 9 && std::env::var("NEAGARI_CUDA_PDL").as_deref() != Ok("0"),
+            profiling: AtomicBool::new(false),
+            profile: Mutex::new(None),
         })
     }
 
@@ -802,6 +809,27 @@ impl CudaBackend {
     /// A `cluster` above 1 launches thread-block clusters of that many blocks along x
     /// (Hopper; the grid's x a multiple of it).
     unsafe fn launch_raw(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        cluster: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        if self.profiling() {
+            let start = self.profile_start_event()?;
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.launch_now(f, cfg, cluster, params) }?;
+            return self.profile_mark(f, cfg.grid_dim, start);
+        }
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.launch_now(f, cfg, cluster, params) }
+    }
+
+    /// `launch_raw` without the profiler.
+    ///
+    /// # Safety
+    /// As `launch_raw`.
+    unsafe fn launch_now(
         &self,
         f: &CudaFunction,
         cfg: LaunchConfig,
