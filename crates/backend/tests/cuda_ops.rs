@@ -598,16 +598,17 @@ fn fused_multi_matmul_and_add_norm() {
     std::env::remove_var("NEAGARI_CUDA_MV_GROUPS");
     multi_matches_single(&g3, &mut r);
 
-    // add_rms_norm: fused vs the two ops. One row of 5120 or 768 runs over 20 or 3 blocks
-    // (add_rms_norm_row; calls of different block counts in a row meet at its barrier);
-    // 9000-wide rows
-    // take the loop past the 8 values a thread keeps in registers, 12 rows are past the
-    // q8_1-writing decode sizes.
+    // add_rms_norm: fused vs the two ops. Up to 8 rows of 5120 or 768 run as clusters of
+    // 8 or 3 blocks a row (add_rms_norm_cl on Hopper, else one row over 20 or 3 blocks,
+    // add_rms_norm_row, whose calls of different block counts in a row meet at its
+    // barrier); 9000-wide rows take the loop past the 8 values a thread keeps in
+    // registers, 12 rows are past the q8_1-writing decode sizes.
     for (n, cols) in [
         (1usize, 5120usize),
         (1, 768),
         (1, 5120),
         (3, 768),
+        (8, 5120),
         (2, 9000),
         (12, 256),
     ] {
@@ -697,7 +698,7 @@ fn fused_multi_matmul_and_add_norm() {
             }
         }
         // Its q8_1 output feeds the next matmul.
-        if cols == 768 {
+        if cols == 768 || n == 8 {
             let (t, deq) = random_mat(&mut r, GgmlType::Q4_K, 64, cols);
             let m = g.load_mat(&t).unwrap();
             let mut out = g.buf(1, 1).unwrap();

@@ -262,11 +262,18 @@ extern "C" __global__ void add_rms_norm_row(float* x, const float* y, const floa
 // 27B's decode graph, 0.58 ms of a 4.4 ms Q1_0 step): tg128 of the 27B Q1_0 shape 229.5 →
 // 241.0 tok/s (H200, same call; NEAGARI_CUDA_NORM_CL=0 is the atomics). Launched with
 // cluster size gridDim.x (≤ 8), blockDim.x · gridDim.x ≥ g, a value a thread; the sum adds
-// the block sums in rank order, so every block gets the same value.
+// the block sums in rank order, so every block gets the same value. Row blockIdx.y of
+// gridDim.y (a cluster a row; xq/xds rows of g / 32 units).
 extern "C" __global__ void add_rms_norm_cl(float* x, const float* y, const float* w, float* out,
                                            int g, float eps, i8* xq, float2* xds) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     gdc_wait();
+    const i64 row = (i64)blockIdx.y * g;
+    x += row;
+    y += row;
+    out += row;
+    xq += row;
+    xds += row >> 5;
     float v, wi;
     const double t = add_sumsq_block(x, y, w, g, v, wi);
     __shared__ double bsum;
