@@ -13,35 +13,50 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : lo
 
 // Depthwise causal conv of x ([rows, ch], in place) after the window win ([k − 1, ch],
 // oldest first), then SiLU; the window moves to the last k − 1 inputs. w is [ch, k], oldest
-// tap first. One thread per channel walks the rows, the window in registers.
+// tap first. One thread per channel walks the rows, the window in registers. The taps and
+// the window (written by this layer's conv a step ago, not by the kernel before) are read
+// before the wait, and the inputs 8 rows at a time before any is used: read one by one
+// after each store, the 27B's 8-row verify conv (10,240 channels) waited on 8 loads in a
+// row.
+#define CONV_ROWS 8
 extern "C" __global__ void ssm_conv(float* x, float* win, const float* w, int rows, int ch,
                                     int k) {
-    gdc_wait();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= ch) return;
     const int hist = k - 1;
+    const bool in = c < ch;
     float h[CONV_MAXK], tap[CONV_MAXK];
 #pragma unroll
     for (int j = 0; j < CONV_MAXK; j++) {
-        h[j] = j < hist ? win[(i64)j * ch + c] : 0.f;
-        tap[j] = j < k ? w[(i64)c * k + j] : 0.f;
+        h[j] = in && j < hist ? win[(i64)j * ch + c] : 0.f;
+        tap[j] = in && j < hist ? w[(i64)c * k + j] : 0.f;
     }
-    for (int t = 0; t < rows; t++) {
-        const float xin = x[(i64)t * ch + c];
-        float s = 0.f;
+    // The newest input's tap (a register, not an indexed one).
+    const float tk = in ? w[(i64)c * k + hist] : 0.f;
+    gdc_wait();
+    if (!in) return;
+    for (int t0 = 0; t0 < rows; t0 += CONV_ROWS) {
+        float xin[CONV_ROWS];
 #pragma unroll
-        for (int j = 0; j < CONV_MAXK; j++)
-            if (j < hist) s += h[j] * tap[j];
-        s += xin * tap[hist];
-        x[(i64)t * ch + c] = silu_f(s);
-        // Shift the window by one input.
+        for (int i = 0; i < CONV_ROWS; i++)
+            xin[i] = t0 + i < rows ? x[(i64)(t0 + i) * ch + c] : 0.f;
 #pragma unroll
-        for (int j = 0; j + 1 < CONV_MAXK; j++)
-            if (j + 1 < hist) h[j] = h[j + 1];
-        if (hist > 0) {
+        for (int i = 0; i < CONV_ROWS; i++) {
+            if (t0 + i >= rows) break;
+            float s = 0.f;
 #pragma unroll
             for (int j = 0; j < CONV_MAXK; j++)
-                if (j == hist - 1) h[j] = xin;
+                if (j < hist) s += h[j] * tap[j];
+            s += xin[i] * tk;
+            x[(i64)(t0 + i) * ch + c] = silu_f(s);
+            // Shift the window by one input.
+#pragma unroll
+            for (int j = 0; j + 1 < CONV_MAXK; j++)
+                if (j + 1 < hist) h[j] = h[j + 1];
+            if (hist > 0) {
+#pragma unroll
+                for (int j = 0; j < CONV_MAXK; j++)
+                    if (j == hist - 1) h[j] = xin[i];
+            }
         }
     }
 #pragma unroll
