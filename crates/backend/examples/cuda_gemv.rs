@@ -129,8 +129,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             be.synchronize()?;
             let us = t0.elapsed().as_secs_f64() * 1e6 / n as f64;
             // Bits against the reference kernels on the first copy (several rows: the
-            // largest difference relative to the row's largest value, as the tensor-core
-            // kernels sum in another order).
+            // largest difference relative to the largest value of the whole output, as the
+            // tensor-core kernels sum in another order).
             call(0)?;
             let (mut same, mut rel) = (true, 0f32);
             for (i, &(rows, _)) in mats.iter().enumerate() {
