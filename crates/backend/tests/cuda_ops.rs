@@ -829,8 +829,9 @@ fn multi_row_gemv_on_tensor_cores() {
     ] {
         let block = if ty.row_bytes(32).is_some() { 32 } else { 256 };
         // `mvrt_*` takes 4, 2 or 1 tiles a block by the row's size (Q1_0: 48, 80 and 144
-        // blocks a row; TQ2_0: 3, 20 and 24 or 48; Q4_K: 7, 20 and 24) or, over its cap,
-        // leaves the matrix to `mvr`.
+        // blocks a row; TQ2_0: 3, 20 and 24 or 48; Q4_K: 7, 20 and 24) and splits K where no
+        // tile of whole rows fits (Q4_K's 144 blocks: 2 tiles of 4 parts); every shape is
+        // forced below.
         for (rows, cols) in [
             (5, block),
             (37, block * 3),
@@ -908,6 +909,95 @@ fn multi_row_gemv_on_tensor_cores() {
             }
         }
     }
+    if g.gemv_rows_plan(
+        &g.load_mat(&random_mat(&mut r, GgmlType::Q1_0, 16, 1024).0)
+            .unwrap(),
+        8,
+    )
+    .is_none()
+    {
+        eprintln!("no bulk-copy tile GEMV on this GPU (sm_90+)");
+        return;
+    }
+    // The 27B's rows take the shapes measured for them (docs/BENCHMARKS.md): TQ2_0's rows
+    // end in half a group of its layout and stay whole; Q4_K's ffn_down alone is split.
+    for (ty, cols, want) in [
+        (GgmlType::Q1_0, 5120, (4, 1)),
+        (GgmlType::Q1_0, 17408, (2, 1)),
+        (GgmlType::TQ2_0, 5120, (4, 1)),
+        (GgmlType::TQ2_0, 17408, (1, 1)),
+        (GgmlType::Q4_K, 5120, (2, 1)),
+        (GgmlType::Q4_K, 17408, (2, 4)),
+    ] {
+        let m = g.load_mat(&random_mat(&mut r, ty, 16, cols).0).unwrap();
+        assert_eq!(g.gemv_rows_plan(&m, 8), Some(want), "{ty} {cols}-wide rows");
+    }
+    // Every (tiles a block, K parts) shape of `mvrt_*`, forced, against `mvr`: rows of 10
+    // groups (Q1_0, Q4_K; 4 parts cut them 3, 3, 3, 1) fit all; TQ2_0's two lengths share
+    // them (4 whole-row tiles fit only its 2 groups, 4 parts need more). 37 rows: a ragged
+    // last tile.
+    let mut seen = std::collections::HashSet::new();
+    for (mt, parts) in [
+        (4, 1),
+        (2, 1),
+        (1, 1),
+        (4, 2),
+        (2, 2),
+        (1, 2),
+        (4, 4),
+        (2, 4),
+        (1, 4),
+    ] {
+        std::env::set_var("NEAGARI_CUDA_MVRT", mt.to_string());
+        std::env::set_var("NEAGARI_CUDA_MVRT_SPLIT", parts.to_string());
+        let fb = CudaBackend::new(0).expect("open GPU 0");
+        std::env::remove_var("NEAGARI_CUDA_MVRT");
+        std::env::remove_var("NEAGARI_CUDA_MVRT_SPLIT");
+        for (ty, cols) in [
+            (GgmlType::Q1_0, 10240),
+            (GgmlType::Q4_K, 2560),
+            (GgmlType::TQ2_0, 4096),
+            (GgmlType::TQ2_0, 8192),
+        ] {
+            let (t, deq) = random_mat(&mut r, ty, 37, cols);
+            let (t2, _) = random_mat(&mut r, ty, 21, cols);
+            let (m, m2, mr) = (
+                fb.load_mat(&t).unwrap(),
+                fb.load_mat(&t2).unwrap(),
+                regs.load_mat(&t).unwrap(),
+            );
+            if fb.gemv_rows_plan(&m, 8) != Some((mt, parts)) {
+                continue;
+            }
+            for n in [3usize, 8] {
+                let x = randv(&mut r, n * cols, 1.0);
+                let what = format!("{ty} 37x{cols}, {n} rows, {mt} tiles, {parts} parts");
+                let xb = upload(&fb, &x, n, cols);
+                let mut out = fb.buf(1, 1).unwrap();
+                fb.matmul(&m, &xb, &mut out).unwrap();
+                let got = download(&fb, &out);
+                let mut ro = regs.buf(1, 1).unwrap();
+                regs.matmul(&mr, &upload(&regs, &x, n, cols), &mut ro)
+                    .unwrap();
+                let er = rel(&got, &download(&regs, &ro));
+                assert!(er < 1e-4, "{what}: vs register tile {er:.2e}");
+                check_q8_1(&got, &deq, &x, 37, cols, &what);
+                let (mut a, mut b) = (fb.buf(1, 1).unwrap(), fb.buf(1, 1).unwrap());
+                fb.matmul_multi(&[&m, &m2], &xb, &mut [&mut a, &mut b])
+                    .unwrap();
+                let mut b1 = fb.buf(1, 1).unwrap();
+                fb.matmul(&m2, &xb, &mut b1).unwrap();
+                assert!(download(&fb, &a) == got, "{what}: multi");
+                assert!(
+                    download(&fb, &b) == download(&fb, &b1),
+                    "{what}: multi, second matrix"
+                );
+            }
+            seen.insert((ty, mt, parts));
+        }
+    }
+    // Every format ran every shape.
+    assert_eq!(seen.len(), 27, "{seen:?}");
 }
 
 /// Differing values of two outputs (0: the same bits).

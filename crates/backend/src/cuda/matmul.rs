@@ -19,6 +19,26 @@ impl CudaBackend {
             .map_err(drv)
     }
 
+    /// A format module's `mvrt_MT` / `mvrmt_MT` for the allowed MT, most first, each
+    /// allowed the most shared memory a tile takes.
+    fn mvrt_funcs(
+        &self,
+        f: &dyn Fn(&str) -> Result<CudaFunction>,
+    ) -> Result<Vec<(usize, [CudaFunction; 2])>> {
+        let smem = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        MVRT_TILES
+            .iter()
+            .filter(|mt| self.mvrt_tiles.contains(mt))
+            .map(|&mt| {
+                let fs = [f(&format!("mvrt_{mt}"))?, f(&format!("mvrmt_{mt}"))?];
+                for func in &fs {
+                    func.set_attribute(smem, MVR_TMA_MAX as i32).map_err(drv)?;
+                }
+                Ok((mt, fs))
+            })
+            .collect()
+    }
+
     pub(super) fn fmt_kernels(&self, ty: GgmlType) -> Result<Arc<FmtKernels>> {
         let mut fm = self.fmts.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(k) = fm.get(&ty) {
@@ -70,24 +90,13 @@ impl CudaBackend {
                         Some(_) => Some([f("mvr")?, f("mvrm")?]),
                         None => None,
                     },
-                    rows_tma: match names.rows {
-                        Some(_) if self.mvrt_mt > 0 && names.block.is_some() => Some(
-                            MVRT_TILES
-                                .iter()
-                                .filter(|&&mt| mt <= self.mvrt_mt)
-                                .map(|&mt| {
-                                    let fs = [f(&format!("mvrt_{mt}"))?, f(&format!("mvrmt_{mt}"))?];
-                                    for func in &fs {
-                                        func.set_attribute(
-                                            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                            MVR_TMA_MAX as i32,
-                                        )
-                                        .map_err(drv)?;
-                                    }
-                                    Ok((mt, fs))
-                                })
-                                .collect::<Result<Vec<_>>>()?,
-                        ),
+                    rows_tma: match (names.rows.as_ref(), names.block) {
+                        (Some(_), Some((_, group_units))) if !self.mvrt_tiles.is_empty() => {
+                            Some(RowsTma {
+                                funcs: self.mvrt_funcs(&f)?,
+                                group_units,
+                            })
+                        }
                         _ => None,
                     },
                     stream: if names.stream {
@@ -286,29 +295,82 @@ impl CudaBackend {
             .filter(|_| self.mvr_on && (3..=MV_MAX_ROWS).contains(&nr))
     }
 
-    /// The tensor-core GEMV's kernels [single, multi] with the tile by bulk copies, its
-    /// shared memory and its weight rows, where they run (sm_90, a format with a `B_` struct,
-    /// a tile of at most MVR_TMA_MAX, 16-byte rows, weights 16-byte `aligned`): the most
-    /// 16-row tiles a block that fit; `None`: `mvr`'s.
+    /// The tensor-core GEMV with the tile by bulk copies (`mvrt_MT`), where it runs (sm_90,
+    /// a format with a `B_` struct, 16-byte rows, weights 16-byte `aligned`), for rows of
+    /// `units` units; `None`: `mvr`.
+    ///
+    /// A block takes MT 16-row tiles (at most MVR_TMA_MAX) of whole rows, the most that fit;
+    /// where not even one tile fits, of a part of K (2 or 4 parts of whole groups of the
+    /// format, the blocks of a cluster adding their sums in rank order), the most tiles,
+    /// then the fewest parts. 27B Q4_K ffn_down (9,792-byte rows), 8 rows: `mvr` 75.1 µs,
+    /// 2 tiles of 4 parts 37.9 µs (H200). Splitting rows that fit costs: by a rule of two
+    /// blocks an SM, Q1_0 qkv+z (5,120-wide rows) 11.2 → 21.2 µs and the TQ2_0 8-row step
+    /// 8.0 → 14.1 ms. The shape depends on the row alone, so a matrix's product is the same
+    /// bits alone and beside others in `matmul_multi`.
     fn mvr_tma<'a>(
         &self,
         k: &'a IntKernels,
+        units: usize,
         row_bytes: usize,
         aligned: bool,
-    ) -> Option<(&'a [CudaFunction; 2], u32, usize)> {
+    ) -> Option<MvrtPlan<'a>> {
+        let t = k.rows_tma.as_ref()?;
         if !(row_bytes.is_multiple_of(16) && aligned) {
             return None;
         }
-        // Rows of an even number of 16-byte words get 16 bytes more in shared memory
-        // (gemv_rows.cu `mvrt_stride`).
-        let stride = row_bytes + if (row_bytes / 16) % 2 == 1 { 0 } else { 16 };
-        let (mt, f) = k
-            .rows_tma
-            .as_ref()?
-            .iter()
-            .find(|(mt, _)| mt * MVR_ROWS * stride <= MVR_TMA_MAX)?;
-        let rows = mt * MVR_ROWS;
-        Some((f, (rows * stride) as u32, rows))
+        // A row may end in part of a group (TQ2_0's 5,120 values are 2.5 groups): only
+        // whole rows then.
+        let groups = units / t.group_units;
+        let whole_groups = units.is_multiple_of(t.group_units);
+        let plan = |mt: usize, parts: usize| {
+            // Whole groups a part, every part some.
+            let per = groups.div_ceil(parts);
+            let (part_units, part_bytes) = if parts == 1 {
+                (units, row_bytes)
+            } else {
+                (per * t.group_units, per * (row_bytes / groups.max(1)))
+            };
+            if parts > 1
+                && (!whole_groups || per * (parts - 1) >= groups || !part_bytes.is_multiple_of(16))
+            {
+                return None;
+            }
+            // Rows of an even number of 16-byte words get 16 bytes more in shared memory
+            // (gemv_rows.cu `mvrt_stride`).
+            let stride = part_bytes + if (part_bytes / 16) % 2 == 1 { 0 } else { 16 };
+            let smem = mt * MVR_ROWS * stride;
+            (smem <= MVR_TMA_MAX).then_some(MvrtPlan {
+                f: &t.funcs.iter().find(|(m, _)| *m == mt)?.1,
+                smem: smem as u32,
+                rows: mt * MVR_ROWS,
+                parts,
+                part_units,
+                part_bytes,
+            })
+        };
+        let tiles = || t.funcs.iter().map(|(mt, _)| *mt);
+        let whole = self.mvrt_parts.contains(&1);
+        let whole = tiles().find_map(|mt| whole.then(|| plan(mt, 1)).flatten());
+        whole.or_else(|| {
+            tiles().find_map(|mt| {
+                self.mvrt_parts
+                    .iter()
+                    .filter(|&&p| p > 1)
+                    .find_map(|&p| plan(mt, p))
+            })
+        })
+    }
+
+    /// The tiles a block (16 rows each) and the parts of K that the tensor-core GEMV with
+    /// bulk copies takes for `m` alone at `n` activation rows; `None` where another kernel
+    /// runs it (tests, measurements).
+    pub fn gemv_rows_plan(&self, m: &CudaMat, n: usize) -> Option<(usize, usize)> {
+        let k = m.k.int.as_ref().filter(|_| self.mv_int)?;
+        self.mvr_kernels(k, n)?;
+        let units = m.cols.div_ceil(32);
+        // matmul_gemv_int's condition: device allocations are 256-byte aligned.
+        let p = self.mvr_tma(k, units, m.row_bytes, true)?;
+        Some((p.rows / MVR_ROWS, p.parts))
     }
 
     /// Warps per block of the tensor-core GEMV: one per 32 units (a warp takes 4 units a
@@ -386,9 +448,9 @@ impl CudaBackend {
             .collect();
         let tc = self.mvr_kernels(k, n);
         let aligned = mats.iter().all(|m| m.w.is_multiple_of(16));
-        let tma = tc.and_then(|_| self.mvr_tma(k, ws[0].row_bytes, aligned));
-        let (func, r) = if let Some((f, _, rows)) = tma {
-            (&f[1], rows)
+        let tma = tc.and_then(|_| self.mvr_tma(k, units, ws[0].row_bytes, aligned));
+        let (func, r) = if let Some(p) = &tma {
+            (&p.f[1], p.rows)
         } else if let Some(f) = tc {
             (&f[1], MVR_ROWS)
         } else {
@@ -413,10 +475,25 @@ impl CudaBackend {
         let chunks = if streamed { 0 } else { ws.len().div_ceil(4) };
         for c in mats.chunks(4).take(chunks) {
             let a = MultiArgs::new(c, r * by);
+            if let Some(p) = &tma {
+                let cfg = LaunchConfig {
+                    grid_dim: ((a.blocks * p.parts) as u32, 1, 1),
+                    block_dim: (bx as u32, 1, 1),
+                    shared_mem_bytes: p.smem,
+                };
+                let (parts, pu, pb) = (p.parts as i32, p.part_units as i32, p.part_bytes as i32);
+                launch!(
+                    @keep_cluster p.parts as u32, self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3],
+                    &a.y[0], &a.y[1], &a.y[2], &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2],
+                    &a.rows[3], &a.starts[1], &a.starts[2], &a.starts[3], &qp, &dsp, &units_i,
+                    &rb, &nr_i, &parts, &pu, &pb
+                )?;
+                continue;
+            }
             let cfg = LaunchConfig {
                 grid_dim: (a.blocks as u32, 1, 1),
                 block_dim: (bx as u32, by as u32, 1),
-                shared_mem_bytes: tma.map_or(0, |(_, smem, _)| smem),
+                shared_mem_bytes: 0,
             };
             launch!(
                 @keep self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1],
@@ -471,9 +548,9 @@ impl CudaBackend {
             // k/v (1024 × 4096) in 256 blocks ran at 10% of the DRAM peak (ncu, H200).
             let per_block = self.mv_per_block(w.rows, w.cols, w.row_bytes, k.step);
             let tc = self.mvr_kernels(k, nr);
-            let tma = tc.and_then(|_| self.mvr_tma(k, w.row_bytes, wp.is_multiple_of(16)));
-            let (func, rows_per_block) = if let Some((f, _, rows)) = tma {
-                (&f[0], rows)
+            let tma = tc.and_then(|_| self.mvr_tma(k, units, w.row_bytes, wp.is_multiple_of(16)));
+            let (func, rows_per_block) = if let Some(p) = &tma {
+                (&p.f[0], p.rows)
             } else if let Some(f) = tc {
                 (&f[0], MVR_ROWS)
             } else if which == 0 && per_block == 8 {
@@ -489,16 +566,25 @@ impl CudaBackend {
                 Some(_) => (self.mvr_warps(units, tma.is_some()) * 32, 1),
                 None => self.mv_block(k, units, w.rows, rows_per_block),
             };
+            let parts = tma.as_ref().map_or(1, |p| p.parts);
             let cfg = LaunchConfig {
-                grid_dim: (w.rows.div_ceil(rows_per_block * by) as u32, 1, 1),
+                grid_dim: ((w.rows.div_ceil(rows_per_block * by) * parts) as u32, 1, 1),
                 block_dim: (bx as u32, by as u32, 1),
-                shared_mem_bytes: tma.map_or(0, |(_, smem, _)| smem),
+                shared_mem_bytes: tma.as_ref().map_or(0, |p| p.smem),
             };
             let xr = qp + (r0 * units * 32) as u64;
             let dr = dsp + (r0 * units * 8) as u64;
             let orr = op + (r0 * w.rows * 4) as u64;
             let nr_i = nr as i32;
-            launch!(@keep self, func, cfg, &wp, &xr, &dr, &orr, &rows_i, &units_i, &rb, &nr_i)?;
+            if let Some(p) = &tma {
+                let (parts, pu, pb) = (p.parts as i32, p.part_units as i32, p.part_bytes as i32);
+                launch!(
+                    @keep_cluster p.parts as u32, self, func, cfg, &wp, &xr, &dr, &orr, &rows_i,
+                    &units_i, &rb, &nr_i, &parts, &pu, &pb
+                )?;
+            } else {
+                launch!(@keep self, func, cfg, &wp, &xr, &dr, &orr, &rows_i, &units_i, &rb, &nr_i)?;
+            }
             r0 += nr;
         }
         // The output is new data at its address: a cached quantization of it is stale.
@@ -952,6 +1038,21 @@ pub(super) struct MvsMat {
 /// Arguments of one launch over up to four matrices (gemv_int.cu's `mvqm*`,
 /// gemv_stream.cu's `mvs_*`): weights, outputs, rows, the block starts of matrices 1..3
 /// (an unused one past the grid) and the grid, at `per_block` rows a block.
+/// A launch of `mvrt_MT` / `mvrmt_MT` (`mvr_tma`).
+struct MvrtPlan<'a> {
+    /// [single, multi].
+    f: &'a [CudaFunction; 2],
+    /// Dynamic shared memory a block.
+    smem: u32,
+    /// Weight rows a block (MT · 16).
+    rows: usize,
+    /// K split over this many blocks (a cluster), `part_units` units and `part_bytes` bytes
+    /// a row each (the last part the rest).
+    parts: usize,
+    part_units: usize,
+    part_bytes: usize,
+}
+
 struct MultiArgs {
     w: [u64; 4],
     y: [u64; 4],

@@ -116,6 +116,8 @@ const MVR_ROWS: usize = 16;
 const MVR_TMA_MAX: usize = 96 << 10;
 /// The 16-row tiles a block of `mvrt_*` takes (gemv_rows.cu's MVRT), most first.
 const MVRT_TILES: [usize; 3] = [4, 2, 1];
+/// The parts `mvrt_*` may split K in (blocks of a cluster), fewest first.
+const MVRT_PARTS: [usize; 3] = [1, 2, 4];
 /// Most warps per block of it (MVR_WARPS in gemv_rows.cu).
 const MVR_WARPS: usize = 8;
 
@@ -195,8 +197,10 @@ struct FmtNames {
     rows: Option<String>,
     /// The format has gemv_stream.cu's one-row GEMV (the repacked ones).
     stream: bool,
-    /// gemv_rows.cu's step-of-4-units struct (`B_…`, the verify GEMV `mvrt_*`), if any.
-    block: Option<&'static str>,
+    /// gemv_rows.cu's step-of-4-units struct (`B_…`, the verify GEMV `mvrt_*`), if any,
+    /// and the units of a row's smallest run that its loads address on their own (where a
+    /// K split may cut: a repacked group of 8 blocks, a Q4_K super-block).
+    block: Option<(&'static str, usize)>,
 }
 
 fn fmt_structs(ty: GgmlType, repack: bool) -> Option<FmtNames> {
@@ -209,9 +213,9 @@ fn fmt_structs(ty: GgmlType, repack: bool) -> Option<FmtNames> {
         rows: rows_struct(ty).map(|q| format!("{q}{r}")),
         stream: repacked,
         block: match (ty, repacked) {
-            (GgmlType::Q1_0, true) => Some("B_Q1_0R"),
-            (GgmlType::TQ2_0, true) => Some("B_TQ2_0R"),
-            (GgmlType::Q4_K, _) => Some("B_Q4_K"),
+            (GgmlType::Q1_0, true) => Some(("B_Q1_0R", 32)),
+            (GgmlType::TQ2_0, true) => Some(("B_TQ2_0R", 64)),
+            (GgmlType::Q4_K, _) => Some(("B_Q4_K", 8)),
             _ => None,
         },
     })
@@ -236,7 +240,7 @@ fn fmt_module(n: &FmtNames) -> (String, String, String) {
             format!(
                 "#define FMT {st}\n#define FMTQ {q}\n#define FMTR {r}{minb}{}",
                 n.block
-                    .map_or(String::new(), |b| format!("\n#define FMTB {b}"))
+                    .map_or(String::new(), |(b, _)| format!("\n#define FMTB {b}"))
             ),
             format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}\n{VECDOT}\n{GEMV_INT}\n{GEMV_ROWS}\n{stream}"),
         ),
@@ -463,11 +467,19 @@ struct IntKernels {
     /// gemv_rows.cu's `mvr` and `mvrm` (3–8 activation rows on the tensor cores), for the
     /// formats that have them.
     rows: Option<[CudaFunction; 2]>,
-    /// Their `mvrt_MT` and `mvrmt_MT` by MT, most first (MT 16-row tiles a block by bulk
-    /// copies; sm_90+, the formats with a `B_` struct: repacked Q1_0 and TQ2_0, Q4_K).
-    rows_tma: Option<Vec<(usize, [CudaFunction; 2])>>,
+    /// Their `mvrt_MT` and `mvrmt_MT` (sm_90+, the formats with a `B_` struct: repacked
+    /// Q1_0 and TQ2_0, Q4_K).
+    rows_tma: Option<RowsTma>,
     /// gemv_stream.cu's `mvs_R` (one activation row, the repacked formats), by R.
     stream: Vec<(usize, CudaFunction)>,
+}
+
+/// gemv_rows.cu's `mvrt_MT` / `mvrmt_MT` of a format.
+struct RowsTma {
+    /// [single, multi] by MT (16-row tiles a block by bulk copies), most first.
+    funcs: Vec<(usize, [CudaFunction; 2])>,
+    /// Units of the format's smallest independently addressed run of a row (FmtNames).
+    group_units: usize,
 }
 
 /// Device scratch reused across calls (grown, never shrunk).
@@ -554,10 +566,12 @@ pub struct CudaBackend {
     /// (rows of at most 256 steps) with this shape, unless NEAGARI_CUDA_MVS=0 (then
     /// `mvq_step`); NEAGARI_CUDA_MVS=R,K,G picks one.
     mvs: Option<MvsShape>,
-    /// The tensor-core GEMV of the B_ formats takes its tile by bulk copies (`mvrt_*`),
-    /// at most this many 16-row tiles a block: 4 on sm_90 and newer, NEAGARI_CUDA_MVRT=N
-    /// (1, 2 or 4; 0 = `mvr` instead).
-    mvrt_mt: usize,
+    /// The tensor-core GEMV of the B_ formats takes its tile by bulk copies (`mvrt_*`) on
+    /// sm_90 and newer, with these tiles a block (16 rows each) and K split in these many
+    /// parts to choose from (`mvr_tma`): NEAGARI_CUDA_MVRT=N (1, 2 or 4; 0 = `mvr`
+    /// instead) and NEAGARI_CUDA_MVRT_SPLIT=P (1, 2 or 4) allow only that one.
+    mvrt_tiles: Vec<usize>,
+    mvrt_parts: Vec<usize>,
     /// Counts kernel launches and device writes (see [`Scratch::xq_key`]).
     gen: AtomicU64,
     /// Decode-step recording (graph.rs): the mode (OFF, WARM, CAPTURE, REPLAY), launches
@@ -616,7 +630,9 @@ pub struct CudaKv {
 }
 
 macro_rules! launch {
-    (@keep $be:expr, $f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
+    // Without marking device buffers written (the caller keeps `Scratch::xq_key` right), in
+    // thread-block clusters of $c blocks along x (see `launch_raw`).
+    (@keep_cluster $c:expr, $be:expr, $f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
         $be.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if $be.replaying() {
             // A replayed decode step: the graph launches it at the step's read.
@@ -626,19 +642,15 @@ macro_rules! launch {
             // SAFETY: every pointer argument is a live device allocation of the size the
             // kernel indexes (checked by the caller), and scalars match the kernel's
             // parameter types.
-            unsafe { $be.launch_raw($f, $cfg, 1, &mut [$( $crate::cuda::karg($a) ),*]) }
-        }
-    }};
-    // Thread-block clusters of $c blocks along x (see `launch_raw`).
-    (@cluster $c:expr, $be:expr, $f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
-        $be.bump();
-        $be.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if $be.replaying() {
-            Ok(())
-        } else {
-            // SAFETY: as above.
             unsafe { $be.launch_raw($f, $cfg, $c, &mut [$( $crate::cuda::karg($a) ),*]) }
         }
+    }};
+    (@keep $be:expr, $f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
+        launch!(@keep_cluster 1, $be, $f, $cfg $(, $a)*)
+    }};
+    (@cluster $c:expr, $be:expr, $f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
+        $be.bump();
+        launch!(@keep_cluster $c, $be, $f, $cfg $(, $a)*)
     }};
     ($be:expr, $f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
         $be.bump();
@@ -770,12 +782,19 @@ impl CudaBackend {
                 .filter(|n| (1..=16).contains(n))
                 .unwrap_or(4),
             mvs: mvs_shape(std::env::var("NEAGARI_CUDA_MVS").ok().as_deref()),
-            mvrt_mt: match std::env::var("NEAGARI_CUDA_MVRT").as_deref() {
-                _ if maj < 9 => 0,
-                Ok("0") => 0,
-                Ok("1") => 1,
-                Ok("2") => 2,
-                _ => 4,
+            mvrt_tiles: match std::env::var("NEAGARI_CUDA_MVRT").as_deref() {
+                _ if maj < 9 => Vec::new(),
+                Ok("0") => Vec::new(),
+                Ok("1") => vec![1],
+                Ok("2") => vec![2],
+                Ok("4") => vec![4],
+                _ => MVRT_TILES.to_vec(),
+            },
+            mvrt_parts: match std::env::var("NEAGARI_CUDA_MVRT_SPLIT").as_deref() {
+                Ok("1") => vec![1],
+                Ok("2") => vec![2],
+                Ok("4") => vec![4],
+                _ => MVRT_PARTS.to_vec(),
             },
             mvr_on: maj >= 8 && std::env::var("NEAGARI_CUDA_MV_TC").as_deref() != Ok("0"),
             gen: AtomicU64::new(0),

@@ -378,10 +378,16 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
 // tile a block (MT = 1) the eight rows' activations went through L1 once per 16 weight rows,
 // 4.4 times the weight bytes: ncu gave the 27B Q1_0 gate/up L1 89% busy at 0.41 TB/s. Per
 // unit and tile: the unpack, the mma and a multiply-add a sum; the scales once a step.
+//
+// A K split (`parts` > 1, a cluster of that many blocks, `part` this block's rank): the
+// tile and xq / xds start at the part's first unit, `pu` units of it; `units` stays the
+// activation rows' length. The parts' sums meet in the cluster's rank 0, added in rank
+// order.
 template <class F, int MT>
 __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
-                                          int rows, int units, int stride, int nr, int blk) {
+                                          int rows, int units, int pu, int stride, int nr, int blk,
+                                          int part, int parts) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int base = blk * 16 * MT, last = rows - 1 - base;
@@ -396,7 +402,7 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
     float acc[MT][4];
 #pragma unroll
     for (int i = 0; i < MT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    const int steps = units >> 2;
+    const int steps = pu >> 2;
     for (int s = warp; s < steps; s += nw, xr += 16 * nw, s0 += 2 * nw, s1 += 2 * nw) {
         int2 x[4];
 #pragma unroll
@@ -467,6 +473,8 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
         }
     }
     __shared__ float red[MVR_WARPS][MT][4][32];
+    // The block's sums when K is split: read by the cluster's rank 0.
+    __shared__ float psum[MT][4][32];
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
@@ -479,9 +487,35 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
             float v = 0.f;
             for (int w = 0; w < nw; w++) v += red[w][i][k][lane];
             const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = (k & 1) ? c1 : c0;
-            if (r < rows && c < nr) y[(i64)c * rows + r] = v;
+            if (parts > 1) psum[i][k][lane] = v;
+            else if (r < rows && c < nr) y[(i64)c * rows + r] = v;
         }
     }
+    if (parts == 1) return;
+#if __CUDA_ARCH__ >= 900
+    // Every part's psum is written and visible cluster-wide after this.
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    if (part == 0) {
+        for (int i = warp; i < MT; i += nw) {
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const u32 local = (u32)__cvta_generic_to_shared(&psum[i][k][lane]);
+                float v = 0.f;
+                for (int q = 0; q < parts; q++) {
+                    u32 remote;
+                    float b;
+                    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(q));
+                    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(b) : "r"(remote) : "memory");
+                    v += b;
+                }
+                const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = (k & 1) ? c1 : c0;
+                if (r < rows && c < nr) y[(i64)c * rows + r] = v;
+            }
+        }
+    }
+    // No block leaves while rank 0 still reads its psum.
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
 }
 
 // Bytes between two rows of a tile in shared memory: the row's, plus 16 where that is an
@@ -492,46 +526,52 @@ __device__ __forceinline__ int mvrt_stride(i64 row_bytes) {
     return (int)row_bytes + ((row_bytes >> 4) & 1 ? 0 : 16);
 }
 
-// `mvrb_impl` with the block's MT·16 weight rows brought into shared memory by bulk copies
-// (sm_90+; one a row where rows are padded, by the lanes of warp 0) before the wait: `mvr`
+// `mvrb_impl` with the block's MT·16 weight rows (of its part of K: `part_units` units,
+// `part_bytes` bytes a row, the last part what is left) brought into shared memory by bulk
+// copies (sm_90+; one a row where rows are padded or split, by the lanes of warp 0) before
+// the wait: `mvr`
 // keeps about one unit of its rows in flight a warp (ptxas puts each unit's loads just
 // before its mma), and ncu gave the 27B Q1_0 gate/up (25 MB, 2,176 blocks of 16 rows) 78.6
 // µs alone, 0.32 TB/s. Here a block's whole tile is asked for at once (at most the host's
 // cap) and the warps then read it from shared memory. Dynamic shared memory: the tile, MT·16
-// rows of `mvrt_stride` (row_bytes a multiple of 16, W 16-byte aligned). `wait` is the
-// kernel's gdc_wait, called once the copies are asked for.
+// rows of `mvrt_stride(part_bytes)` (part_bytes a multiple of 16, W 16-byte aligned).
+// `wait` is the kernel's gdc_wait, called once the copies are asked for.
 template <class F, int MT, class Wait>
 __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, i64 row_bytes, int nr, int blk,
-                                          Wait wait) {
+                                          int parts, int part_units, int part_bytes, Wait wait) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 bar;
-    const int stride = mvrt_stride(row_bytes), n = min(16 * MT, rows - blk * 16 * MT);
+    const int part = parts > 1 ? (int)(blockIdx.x % parts) : 0;
+    const int u0 = part * part_units, pu = min(part_units, units - u0);
+    const int pbytes = part + 1 < parts ? part_bytes : (int)row_bytes - part * part_bytes;
+    const int stride = mvrt_stride(part_bytes), n = min(16 * MT, rows - blk * 16 * MT);
     if (threadIdx.x < 32) {
         if (threadIdx.x == 0) {
             mbar_init(&bar);
             mbar_init_fence();
-            mbar_expect(&bar, (u32)(n * row_bytes));
+            mbar_expect(&bar, (u32)(n * pbytes));
         }
         // The expected bytes are set before any copy can land.
         __syncwarp();
-        const u8* src = W + (i64)blk * 16 * MT * row_bytes;
-        // Unpadded: one copy (64 copies of Q1_0's 720-byte rows made the 27B's gate/up
-        // 24.1 → 28.5 µs).
+        const u8* src = W + (i64)blk * 16 * MT * row_bytes + (i64)part * part_bytes;
+        // Whole unpadded rows: one copy (64 copies of Q1_0's 720-byte rows made the 27B's
+        // gate/up 24.1 → 28.5 µs).
         if (stride == row_bytes) {
             if (threadIdx.x == 0) bulk_load(sm, src, (u32)(n * row_bytes), &bar);
         } else {
             for (int r = threadIdx.x; r < n; r += 32)
-                bulk_load(sm + r * stride, src + r * row_bytes, (u32)row_bytes, &bar);
+                bulk_load(sm + r * stride, src + r * row_bytes, (u32)pbytes, &bar);
         }
     }
     // The barrier is initialised before any thread waits on it.
     __syncthreads();
     wait();
     mbar_wait(&bar, 0);
-    mvrb_impl<F, MT>(sm, xq, xds, y, rows, units, stride, nr, blk);
+    mvrb_impl<F, MT>(sm, xq + u0 * 32, xds + u0, y, rows, units, pu, stride, nr, blk, part,
+                     parts);
 #else
     // The host runs these kernels only on sm_90 and newer (CudaBackend::mvrt_mt).
     __trap();
@@ -539,28 +579,30 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
 }
 
 // mvrt_<MT>: one matrix, MT tiles of 16 rows a block; mvrmt_<MT>: up to four matrices of one
-// format and width (`mvqm*`'s block ranges).
+// format and width (`mvqm*`'s block ranges, counted in MT-tile blocks). With K split in
+// `parts` (launched as clusters of that many blocks), block b·parts + p takes part p of
+// tile block b.
 #define MVRT(MT, MINB)                                                                             \
     extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
         mvrt_##MT(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units, \
-                  i64 row_bytes, int nr) {                                                     \
-        mvrt_impl<FMTB, MT>(W, xq, xds, y, rows, units, row_bytes, nr, blockIdx.x,            \
-                            [] { gdc_wait(); });                                              \
+                  i64 row_bytes, int nr, int parts, int part_units, int part_bytes) {          \
+        mvrt_impl<FMTB, MT>(W, xq, xds, y, rows, units, row_bytes, nr, blockIdx.x / parts,     \
+                            parts, part_units, part_bytes, [] { gdc_wait(); });              \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
         mvrmt_##MT(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0,          \
                    float* y1, float* y2, float* y3, int n0, int n1, int n2, int n3, int b1,    \
                    int b2, int b3, const i8* xq, const float2* xds, int units, i64 row_bytes,  \
-                   int nr) {                                                                   \
-        int b = blockIdx.x;                                                                    \
+                   int nr, int parts, int part_units, int part_bytes) {                        \
+        int b = blockIdx.x / parts;                                                            \
         const u8* W = w0;                                                                      \
         float* y = y0;                                                                         \
         int rows = n0;                                                                         \
         if (b >= b3) { b -= b3; W = w3; y = y3; rows = n3; }                                  \
         else if (b >= b2) { b -= b2; W = w2; y = y2; rows = n2; }                             \
         else if (b >= b1) { b -= b1; W = w1; y = y1; rows = n1; }                             \
-        mvrt_impl<FMTB, MT>(W, xq, xds, y, rows, units, row_bytes, nr, b,                     \
-                            [] { gdc_wait(); });                                              \
+        mvrt_impl<FMTB, MT>(W, xq, xds, y, rows, units, row_bytes, nr, b, parts, part_units,  \
+                            part_bytes, [] { gdc_wait(); });                                  \
     }
 MVRT(1, 3)
 MVRT(2, 2)
