@@ -303,10 +303,10 @@ impl CudaBackend {
     /// where not even one tile fits, of a part of K (2 or 4 parts of whole groups of the
     /// format, the blocks of a cluster adding their sums in rank order), the most tiles,
     /// then the fewest parts. 27B Q4_K ffn_down (9,792-byte rows), 8 rows: `mvr` 75.1 µs,
-    /// 2 tiles of 4 parts 37.9 µs (H200). Splitting rows that fit costs: by a rule of two
-    /// blocks an SM, Q1_0 qkv+z (5,120-wide rows) 11.2 → 21.2 µs and the TQ2_0 8-row step
-    /// 8.0 → 14.1 ms. The shape depends on the row alone, so a matrix's product is the same
-    /// bits alone and beside others in `matmul_multi`.
+    /// 2 tiles of 4 parts 37.5 µs, 1 tile of 2 parts 46.7 (H200). Splitting rows that fit
+    /// costs: split for two blocks an SM, Q1_0 qkv+z (5,120-wide rows) took 11.2 → 21.2 µs
+    /// and ssm_out 7.3 → 14.8. The shape depends on the row alone, so a matrix's product is
+    /// the same bits alone and beside others in `matmul_multi`.
     fn mvr_tma<'a>(
         &self,
         k: &'a IntKernels,
