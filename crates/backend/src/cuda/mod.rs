@@ -834,32 +834,13 @@ impl CudaBackend {
         cluster: u32,
         params: &mut [*mut c_void],
     ) -> Result<()> {
-        if self.profiling() {
-            let start = self.profile_start_event()?;
-            // SAFETY: the caller's contract, passed on.
-            unsafe { self.launch_now(f, cfg, cluster, params) }?;
-            return self.profile_mark(f, cfg.grid_dim, start);
-        }
-        // SAFETY: the caller's contract, passed on.
-        unsafe { self.launch_now(f, cfg, cluster, params) }
-    }
-
-    /// `launch_raw` without the profiler.
-    ///
-    /// # Safety
-    /// As `launch_raw`.
-    unsafe fn launch_now(
-        &self,
-        f: &CudaFunction,
-        cfg: LaunchConfig,
-        cluster: u32,
-        params: &mut [*mut c_void],
-    ) -> Result<()> {
         self.ctx.bind_to_thread().map_err(drv)?;
+        // While profiling (profile.rs): an event before and after the launch.
+        let start = self.profile_start()?;
         if !self.pdl && cluster <= 1 {
             // SAFETY: the caller's contract; function and stream are live handles of this
             // backend's context.
-            return unsafe {
+            unsafe {
                 cudarc::driver::result::launch_kernel(
                     f.cu_function(),
                     cfg.grid_dim,
@@ -869,7 +850,8 @@ impl CudaBackend {
                     params,
                 )
             }
-            .map_err(drv);
+            .map_err(drv)?;
+            return self.profile_mark(f, cfg.grid_dim, start);
         }
         let mut pdl = sys::CUlaunchAttributeValue { pad: [0; 64] };
         pdl.programmaticStreamSerializationAllowed = 1;
@@ -918,7 +900,8 @@ impl CudaBackend {
             )
         }
         .result()
-        .map_err(drv)
+        .map_err(drv)?;
+        self.profile_mark(f, cfg.grid_dim, start)
     }
 
     /// Whether kernels launch with programmatic dependent launch (Hopper and later, unless

@@ -82,23 +82,30 @@ impl CudaBackend {
         self.profiling.load(Ordering::Relaxed)
     }
 
-    /// Records the event before a timed launch.
-    pub(super) fn profile_start_event(&self) -> Result<CudaEvent> {
+    /// The event before a launch, recorded while profiling (`launch_raw`).
+    pub(super) fn profile_start(&self) -> Result<Option<CudaEvent>> {
+        if !self.profiling() {
+            return Ok(None);
+        }
         let e = self
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(drv)?;
         e.record(&self.stream).map_err(drv)?;
-        Ok(e)
+        Ok(Some(e))
     }
 
-    /// Records the event after a timed launch of `f` with `grid`.
+    /// The event after a launch of `f` with `grid` that `profile_start` timed (none: not
+    /// profiling, nothing to do).
     pub(super) fn profile_mark(
         &self,
         f: &CudaFunction,
         grid: Grid,
-        start: CudaEvent,
+        start: Option<CudaEvent>,
     ) -> Result<()> {
+        let Some(start) = start else {
+            return Ok(());
+        };
         let end = self
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
