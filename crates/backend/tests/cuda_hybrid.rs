@@ -528,9 +528,9 @@ fn n_diff(a: &[f32], b: &[f32]) -> usize {
         .count()
 }
 
-/// `delta_net` (a decode row: one `delta_step` kernel) against the three separate GPU ops
-/// and the CPU backend, step after step on three caches (so the conv window and the state
-/// it leaves are checked too), prefill rows in between, both head maps, ragged heads and
+/// `delta_net` (a decode row: one `delta_step` kernel; 2–8 rows: one `delta_rows`) against
+/// the three separate GPU ops and the CPU backend, step after step on three caches (so the
+/// conv window and the state it leaves are checked too), prefill rows in between, both head maps, ragged heads and
 /// the 27B shape; where the head is whole 32-value units, the q8_1 it leaves for `ssm_out`
 /// feeds a matmul that must match the exact product of the CPU's output.
 #[test]
@@ -593,7 +593,7 @@ fn delta_net_fused_matches_the_separate_ops() {
             let t = tensor("t", ty, vec![n_out, vd], bytes);
             (g.load_mat(&t).unwrap(), deq, n_out)
         });
-        for (step, n) in [5usize, 1, 1, 1, 1, 2, 1, 1].into_iter().enumerate() {
+        for (step, n) in [5usize, 1, 1, 8, 1, 2, 1, 3, 12, 1].into_iter().enumerate() {
             for layer in 0..2 {
                 let inp = gd_inputs(&mut r, &net, n);
                 let z = randv(&mut r, n * vd, 3.0);
@@ -649,8 +649,10 @@ fn delta_net_fused_matches_the_separate_ops() {
                         })
                         .collect();
                     // ssm_out reads the q8_1 the kernel wrote of its own output (vf): held
-                    // to that rounding's product, and the exact one to a bound.
-                    check_q8_1(&pf, deq, &vf, *n_out, vd, &format!("{name} → ssm_out"));
+                    // to that rounding's product (GEMV rows), and the exact one to a bound.
+                    if n <= 8 {
+                        check_q8_1(&pf, deq, &vf, *n_out, vd, &format!("{name} → ssm_out"));
+                    }
                     let e = rel(&pf, &want);
                     assert!(e < 0.1, "{name} → ssm_out: {e:.2e}");
                 }

@@ -920,10 +920,11 @@ fn multi_row_gemv_on_tensor_cores() {
         return;
     }
     // The 27B's rows take the shapes measured for them (docs/BENCHMARKS.md): TQ2_0's rows
-    // end in half a group of its layout and stay whole; Q4_K's ffn_down alone is split.
+    // end in half a group of its layout and stay whole; Q4_K's ffn_down is split for a
+    // tile to fit, Q1_0's ffn_down in halves for twice the tiles.
     for (ty, cols, want) in [
         (GgmlType::Q1_0, 5120, (4, 1)),
-        (GgmlType::Q1_0, 17408, (2, 1)),
+        (GgmlType::Q1_0, 17408, (4, 2)),
         (GgmlType::TQ2_0, 5120, (4, 1)),
         (GgmlType::TQ2_0, 17408, (1, 1)),
         (GgmlType::Q4_K, 5120, (2, 1)),

@@ -6,7 +6,8 @@
 //! layout is private to the two kernels that use it): a warp owns four state columns in
 //! registers and walks the tokens in order (`gated_delta`; a chunked tensor-core form for
 //! long prefills is a later step), or does one decode token with the conv before it and
-//! the gated norm after it (`delta_step`, a block per head). `matmul_rows` copies the expert's rows to a scratch matrix and runs the
+//! the gated norm after it (`delta_step`, blocks per head), or the same for the 2–8 rows
+//! of a verify (`delta_rows`). `matmul_rows` copies the expert's rows to a scratch matrix and runs the
 //! ordinary matmul on it (one extra device copy per call, so the GEMV path stays untouched).
 
 use std::sync::atomic::Ordering;
@@ -27,8 +28,13 @@ const GD_CPW: usize = 4;
 const GD_MAX_DIM: usize = 128;
 /// Warps a block of `gated_delta` (prefill).
 const GD_WARPS: usize = 8;
-/// State columns a warp owns in `delta_step` (DS_CPW).
+/// State columns a warp owns in `delta_step` and `delta_rows` (DS_CPW, DR_CPW).
 const DS_CPW: usize = 8;
+const DR_CPW: usize = 4;
+/// Most rows of `delta_rows` and largest conv kernel of it and `delta_step` (DR_MAXN,
+/// DS_MAXK in hybrid.cu).
+const DR_MAXN: usize = 8;
+const DS_MAXK: usize = 4;
 
 pub(super) struct HybridKernels {
     ssm_conv: CudaFunction,
@@ -40,6 +46,7 @@ pub(super) struct HybridKernels {
     gather_rows: CudaFunction,
     scatter_add_rows: CudaFunction,
     delta_step: CudaFunction,
+    delta_rows: CudaFunction,
 }
 
 impl HybridKernels {
@@ -59,6 +66,7 @@ impl HybridKernels {
             gather_rows: f("gather_rows")?,
             scatter_add_rows: f("scatter_add_rows")?,
             delta_step: f("delta_step")?,
+            delta_rows: f("delta_rows")?,
         })
     }
 }
@@ -521,8 +529,8 @@ impl CudaBackend {
         Ok(sc.fuse_cnt.as_ref().map_or(0, |c| self.dptr(c)))
     }
 
-    /// `Backend::delta_net`: a decode row in one `delta_step` launch (unless
-    /// NEAGARI_CUDA_FUSE=0), other shapes through the three ops.
+    /// `Backend::delta_net`: a decode row in one `delta_step` launch, 2..=8 rows (a verify)
+    /// in one `delta_rows` (unless NEAGARI_CUDA_FUSE=0), other shapes through the three ops.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn hy_delta_net(
         &self,
@@ -541,12 +549,15 @@ impl CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         let (nk, nv, dk, dv) = (net.n_k_heads, net.n_v_heads, net.d_k, net.d_v);
+        let n = qkv.rows;
         let fused = self.fuse
-            && qkv.rows == 1
+            && (1..=DR_MAXN).contains(&n)
             && norm.len == dv
-            && z.rows * z.cols == nv * dv
+            && z.rows * z.cols == n * nv * dv
             && kv.rec.as_ref().is_some_and(|r| {
-                r.shape.conv_channels == qkv.cols && conv.len == qkv.cols * r.shape.conv_kernel
+                r.shape.conv_channels == qkv.cols
+                    && conv.len == qkv.cols * r.shape.conv_kernel
+                    && r.shape.conv_kernel <= DS_MAXK
             });
         if !fused {
             self.hy_ssm_conv(kv, layer, qkv, conv)?;
@@ -561,8 +572,8 @@ impl CudaBackend {
             || rec.shape.d_k != dk
             || rec.shape.d_v != dv
             || qkv.cols != 2 * nk * dk + nv * dv
-            || (alpha.rows, alpha.cols) != (1, nv)
-            || (beta.rows, beta.cols) != (1, nv)
+            || (alpha.rows, alpha.cols) != (n, nv)
+            || (beta.rows, beta.cols) != (n, nv)
             || a_neg.len != nv
             || dt_bias.len != nv
         {
@@ -574,22 +585,23 @@ impl CudaBackend {
                 ),
             ));
         }
-        self.reshape(out, 1, nv * dv)?;
+        self.reshape(out, n, nv * dv)?;
         let kc = rec.shape.conv_kernel;
         let win = self.dptr(&rec.conv) + (layer * CudaRec::conv_len(&rec.shape) * 4) as u64;
         let sp = self.dptr(&rec.state) + (layer * CudaRec::state_len(&rec.shape) * 4) as u64;
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let cp = self.fuse_counters(&mut sc, nk + nv)?;
         // ssm_out's q8_1 input, when the head is whole 32-value units.
-        let (qp, dsp) = if dv.is_multiple_of(32) {
-            self.xq_reserve(&mut sc, 1, nv * dv / 32)?
+        let (qp, dsp) = if dv.is_multiple_of(32) && Self::fuse_q8_1(n, nv * dv) {
+            self.xq_reserve(&mut sc, n, nv * dv / 32)?
         } else {
             (0, 0)
         };
-        // `ds_blocks` blocks a value head, a warp per DS_CPW state columns.
-        let warps = dv.div_ceil(self.ds_blocks).div_ceil(DS_CPW);
+        // `ds_blocks` blocks a value head, a warp per DS_CPW (DR_CPW) state columns.
+        let cpw = if n == 1 { DS_CPW } else { DR_CPW };
+        let warps = dv.div_ceil(self.ds_blocks).div_ceil(cpw);
         let cfg = LaunchConfig {
-            grid_dim: (nv as u32, dv.div_ceil(warps * DS_CPW) as u32, 1),
+            grid_dim: (nv as u32, dv.div_ceil(warps * cpw) as u32, 1),
             block_dim: ((warps * 32) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -606,37 +618,68 @@ impl CudaBackend {
             self.dptr(&norm.data),
             self.dptr(&z.data),
         );
-        let (kc_i, nk_i, nv_i, dk_i, dv_i) =
-            (kc as i32, nk as i32, nv as i32, dk as i32, dv as i32);
+        let (kc_i, n_i, nk_i, nv_i, dk_i, dv_i) = (
+            kc as i32, n as i32, nk as i32, nv as i32, dk as i32, dv as i32,
+        );
         let tiled = (net.map == HeadMap::Tiled) as i32;
-        launch!(
-            self,
-            &self.hybrid.delta_step,
-            cfg,
-            &xp,
-            &win,
-            &cwp,
-            &kc_i,
-            &ap,
-            &bp,
-            &anp,
-            &dtp,
-            &sp,
-            &op,
-            &nk_i,
-            &nv_i,
-            &dk_i,
-            &dv_i,
-            &tiled,
-            &nwp,
-            &zp,
-            &eps,
-            &qp,
-            &dsp,
-            &cp
-        )?;
+        if n > 1 {
+            launch!(
+                self,
+                &self.hybrid.delta_rows,
+                cfg,
+                &xp,
+                &win,
+                &cwp,
+                &kc_i,
+                &ap,
+                &bp,
+                &anp,
+                &dtp,
+                &sp,
+                &op,
+                &n_i,
+                &nk_i,
+                &nv_i,
+                &dk_i,
+                &dv_i,
+                &tiled,
+                &nwp,
+                &zp,
+                &eps,
+                &qp,
+                &dsp,
+                &cp
+            )?;
+        } else {
+            launch!(
+                self,
+                &self.hybrid.delta_step,
+                cfg,
+                &xp,
+                &win,
+                &cwp,
+                &kc_i,
+                &ap,
+                &bp,
+                &anp,
+                &dtp,
+                &sp,
+                &op,
+                &nk_i,
+                &nv_i,
+                &dk_i,
+                &dv_i,
+                &tiled,
+                &nwp,
+                &zp,
+                &eps,
+                &qp,
+                &dsp,
+                &cp
+            )?;
+        }
         sc.xq_key = if qp != 0 {
-            Some((op, 1, nv * dv, self.gen.load(Ordering::Relaxed)))
+            Some((op, n, nv * dv, self.gen.load(Ordering::Relaxed)))
         } else {
             None
         };

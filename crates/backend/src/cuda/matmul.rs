@@ -351,6 +351,17 @@ impl CudaBackend {
         let tiles = || t.funcs.iter().map(|(mt, _)| *mt);
         let whole = self.mvrt_parts.contains(&1);
         let whole = tiles().find_map(|mt| whole.then(|| plan(mt, 1)).flatten());
+        // Under 2 bits a weight, half rows where that takes twice the tiles a block: each
+        // activation fragment a warp loads then serves twice the weights (27B Q1_0 ffn_down,
+        // 8 rows: 2 whole-row tiles 21.1 µs, 4 half-row tiles 17.6). Q4_K's 5120-wide rows
+        // lost so (qkv+z 26.0 → 28.0 µs, ssm_out 14.3 → 18.0; H200).
+        if let Some(w) = &whole {
+            if self.mvrt_parts.contains(&2) && row_bytes < units * 8 {
+                if let Some(p) = plan(2 * w.rows / MVR_ROWS, 2) {
+                    return Some(p);
+                }
+            }
+        }
         whole.or_else(|| {
             tiles().find_map(|mt| {
                 self.mvrt_parts

@@ -60,6 +60,29 @@ __device__ __forceinline__ void q8_1_warp(float v, i8* xq, float2* xds, i64 unit
     if (lane == 0) xds[unit] = make_float2(d, d * (float)sum);
 }
 
+// A GEMV over up to four matrices of one format and width that read one input
+// (`matmul_multi`: q/k/v, gate/up) in one launch: their weights, outputs and rows, and
+// the first blocks of matrices 1..3 (blocks [0, b1) run matrix 0, [b1, b2) matrix 1, …;
+// unused starts are past the grid). MAT4_PICK(b) is block b's matrix: its index, weights,
+// output, rows, and b counted from the matrix's first block.
+#define MAT4_PARAMS                                                                        \
+    const u8 *w0, const u8 *w1, const u8 *w2, const u8 *w3, float *y0, float *y1, float *y2, \
+        float *y3, int n0, int n1, int n2, int n3, int b1, int b2, int b3
+#define MAT4_PICK(b) mat4_pick(b, w0, w1, w2, w3, y0, y1, y2, y3, n0, n1, n2, n3, b1, b2, b3)
+struct Mat4 {
+    int m;
+    const u8* W;
+    float* y;
+    int rows, b;
+};
+__device__ __forceinline__ Mat4 mat4_pick(int b, MAT4_PARAMS) {
+    Mat4 p{0, w0, y0, n0, b};
+    if (b >= b3) p = Mat4{3, w3, y3, n3, b - b3};
+    else if (b >= b2) p = Mat4{2, w2, y2, n2, b - b2};
+    else if (b >= b1) p = Mat4{1, w1, y1, n1, b - b1};
+    return p;
+}
+
 // Programmatic dependent launch (Hopper and later; the host launches every kernel with
 // programmatic stream serialization there, `launch!` in mod.rs): a kernel may start while
 // the previous one in the stream is still running, so every kernel calls gdc_wait() before

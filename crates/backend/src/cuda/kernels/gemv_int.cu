@@ -196,24 +196,15 @@ MVQ(mvq1x1, 1, 1)
 #endif
 
 // mvqmN: the same over up to four matrices of one format and width that read one input
-// (q/k/v, gate/up): blocks [0, b1) run matrix 0, [b1, b2) matrix 1, and so on (unused
-// starts are past the grid). One launch instead of four, and a matrix of a few rows (a
+// (MAT4_PARAMS, common.cuh). One launch instead of four, and a matrix of a few rows (a
 // DeltaNet's beta/alpha) no longer leaves the GPU idle on its own.
 #define MVQM(NAME, NR, R)                                                                    \
     extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32)                             \
-        NAME(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0, float* y1,    \
-             float* y2, float* y3, int n0, int n1, int n2, int n3, int b1, int b2, int b3,    \
-             const i8* xq, const float2* xds, int units, i64 row_bytes, int nr) {            \
-        int b = blockIdx.x;                                                                  \
-        const u8* W = w0;                                                                    \
-        float* y = y0;                                                                       \
-        int rows = n0;                                                                       \
-        if (b >= b3) { b -= b3; W = w3; y = y3; rows = n3; }                                 \
-        else if (b >= b2) { b -= b2; W = w2; y = y2; rows = n2; }                            \
-        else if (b >= b1) { b -= b1; W = w1; y = y1; rows = n1; }                            \
-        gdc_prefetch_rows(W, rows, row_bytes, R, b);                                         \
+        NAME(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes, int nr) { \
+        const Mat4 p = MAT4_PICK(blockIdx.x);                                                \
+        gdc_prefetch_rows(p.W, p.rows, row_bytes, R, p.b);                                   \
         gdc_wait();                                                                          \
-        mvq_impl<FMTQ, NR, R>(W, xq, xds, y, rows, units, row_bytes, nr, b);                 \
+        mvq_impl<FMTQ, NR, R>(p.W, xq, xds, p.y, p.rows, units, row_bytes, nr, p.b);         \
     }
 #ifndef FMTQ2  // a pair module (below) holds only its own kernels
 MVQM(mvqm1x1, 1, 1)
@@ -331,21 +322,13 @@ MVQG(mvqg8, 8, 1)
 // A module of its own (matmul.rs `pair_kernels`), compiled at load.
 #define MVQP(NAME, R)                                                                        \
     extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32)                             \
-        NAME(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0, float* y1,    \
-             float* y2, float* y3, int n0, int n1, int n2, int n3, int b1, int b2, int b3,    \
-             const i8* xq, const float2* xds, int units, i64 ra, i64 rb, int na) {            \
-        int b = blockIdx.x, m = 0;                                                           \
-        const u8* W = w0;                                                                    \
-        float* y = y0;                                                                       \
-        int rows = n0;                                                                       \
-        if (b >= b3) { b -= b3; W = w3; y = y3; rows = n3; m = 3; }                          \
-        else if (b >= b2) { b -= b2; W = w2; y = y2; rows = n2; m = 2; }                     \
-        else if (b >= b1) { b -= b1; W = w1; y = y1; rows = n1; m = 1; }                     \
-        const i64 row_bytes = m < na ? ra : rb;                                              \
-        gdc_prefetch_rows(W, rows, row_bytes, R, b);                                         \
+        NAME(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 ra, i64 rb, int na) { \
+        const Mat4 p = MAT4_PICK(blockIdx.x);                                                \
+        const i64 row_bytes = p.m < na ? ra : rb;                                            \
+        gdc_prefetch_rows(p.W, p.rows, row_bytes, R, p.b);                                   \
         gdc_wait();                                                                          \
-        if (m < na) mvq_impl<FMTQ, 1, R>(W, xq, xds, y, rows, units, row_bytes, 1, b);       \
-        else mvq_impl<FMTQ2, 1, R>(W, xq, xds, y, rows, units, row_bytes, 1, b);             \
+        if (p.m < na) mvq_impl<FMTQ, 1, R>(p.W, xq, xds, p.y, p.rows, units, row_bytes, 1, p.b); \
+        else mvq_impl<FMTQ2, 1, R>(p.W, xq, xds, p.y, p.rows, units, row_bytes, 1, p.b);     \
     }
 MVQP(mvqp1x1, 1)
 MVQP(mvqp1x2, 2)

@@ -351,20 +351,13 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
                    blockIdx.x);
 }
 
-// The same over up to four matrices of one format and width (`mvqm*`'s block ranges).
+// The same over up to four matrices of one format and width (MAT4_PARAMS).
 extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
-    mvrm(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0, float* y1,
-         float* y2, float* y3, int n0, int n1, int n2, int n3, int b1, int b2, int b3,
-         const i8* xq, const float2* xds, int units, i64 row_bytes, int nr) {
+    mvrm(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes, int nr) {
     gdc_wait();
-    int b = blockIdx.x;
-    const u8* W = w0;
-    float* y = y0;
-    int rows = n0;
-    if (b >= b3) { b -= b3; W = w3; y = y3; rows = n3; }
-    else if (b >= b2) { b -= b2; W = w2; y = y2; rows = n2; }
-    else if (b >= b1) { b -= b1; W = w1; y = y1; rows = n1; }
-    mvr_impl<FMTR>(W + (i64)b * 16 * row_bytes, xq, xds, y, rows, units, row_bytes, nr, b);
+    const Mat4 p = MAT4_PICK(blockIdx.x);
+    mvr_impl<FMTR>(p.W + (i64)p.b * 16 * row_bytes, xq, xds, p.y, p.rows, units, row_bytes, nr,
+                   p.b);
 }
 
 // The repacked formats (FMTB, their B_ struct): the block-scaled GEMV, its tile by bulk copy.
@@ -579,7 +572,7 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
 }
 
 // mvrt_<MT>: one matrix, MT tiles of 16 rows a block; mvrmt_<MT>: up to four matrices of one
-// format and width (`mvqm*`'s block ranges, counted in MT-tile blocks). With K split in
+// format and width (MAT4_PARAMS, blocks counted in MT-tile blocks). With K split in
 // `parts` (launched as clusters of that many blocks), block b·parts + p takes part p of
 // tile block b.
 #define MVRT(MT, MINB)                                                                             \
@@ -590,19 +583,11 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
                             parts, part_units, part_bytes, [] { gdc_wait(); });              \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
-        mvrmt_##MT(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0,          \
-                   float* y1, float* y2, float* y3, int n0, int n1, int n2, int n3, int b1,    \
-                   int b2, int b3, const i8* xq, const float2* xds, int units, i64 row_bytes,  \
+        mvrmt_##MT(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes,     \
                    int nr, int parts, int part_units, int part_bytes) {                        \
-        int b = blockIdx.x / parts;                                                            \
-        const u8* W = w0;                                                                      \
-        float* y = y0;                                                                         \
-        int rows = n0;                                                                         \
-        if (b >= b3) { b -= b3; W = w3; y = y3; rows = n3; }                                  \
-        else if (b >= b2) { b -= b2; W = w2; y = y2; rows = n2; }                             \
-        else if (b >= b1) { b -= b1; W = w1; y = y1; rows = n1; }                             \
-        mvrt_impl<FMTB, MT>(W, xq, xds, y, rows, units, row_bytes, nr, b, parts, part_units,  \
-                            part_bytes, [] { gdc_wait(); });                                  \
+        const Mat4 p = MAT4_PICK(blockIdx.x / parts);                                          \
+        mvrt_impl<FMTB, MT>(p.W, xq, xds, p.y, p.rows, units, row_bytes, nr, p.b, parts,       \
+                            part_units, part_bytes, [] { gdc_wait(); });                      \
     }
 MVRT(1, 3)
 MVRT(2, 2)

@@ -74,24 +74,16 @@ __device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __r
     }
 }
 
-// mvs_R: up to four matrices of one format and width that read one input (blocks
-// [0, b1) run matrix 0, [b1, b2) matrix 1, …; unused starts are past the grid).
+// mvs_R: up to four matrices of one format and width that read one input (MAT4_PARAMS).
 #define MVS(R)                                                                               \
     extern "C" __global__ void __launch_bounds__(256, MVS_MINB)                              \
-        mvs_##R(const u8* w0, const u8* w1, const u8* w2, const u8* w3, float* y0, float* y1, \
-                float* y2, float* y3, int n0, int n1, int n2, int n3, int b1, int b2, int b3,  \
-                const i8* xq, const float2* xds, int units, i64 row_bytes, int K) {           \
-        int b = blockIdx.x;                                                                  \
-        const u8* W = w0;                                                                    \
-        float* y = y0;                                                                       \
-        int rows = n0;                                                                       \
-        if (b >= b3) { b -= b3; W = w3; y = y3; rows = n3; }                                 \
-        else if (b >= b2) { b -= b2; W = w2; y = y2; rows = n2; }                            \
-        else if (b >= b1) { b -= b1; W = w1; y = y1; rows = n1; }                            \
-        const int per = (int)blockDim.y * R * K, first = b * per;                            \
-        if (first < rows) gdc_prefetch(W + (i64)first * row_bytes,                          \
-                                       (i64)min(per, rows - first) * row_bytes);             \
-        mvs_impl<FMTQ, R>(W, xq, xds, y, rows, units, row_bytes, K, b, [] { gdc_wait(); });  \
+        mvs_##R(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes, int K) { \
+        const Mat4 p = MAT4_PICK(blockIdx.x);                                                \
+        const int per = (int)blockDim.y * R * K, first = p.b * per;                          \
+        if (first < p.rows) gdc_prefetch(p.W + (i64)first * row_bytes,                      \
+                                         (i64)min(per, p.rows - first) * row_bytes);         \
+        mvs_impl<FMTQ, R>(p.W, xq, xds, p.y, p.rows, units, row_bytes, K, p.b,               \
+                          [] { gdc_wait(); });                                               \
     }
 MVS(2)
 MVS(4)

@@ -311,6 +311,10 @@ extern "C" __global__ void scatter_add_rows(float* dst, const u32* ids, const fl
 // last of the head's blocks to arrive (cnt[nk + h]) normalizes them. Counters go back to 0.
 // qkv [2·nk·dk + nv·dv]; win [kc − 1, that] (oldest first); cw [that, kc]; z, out [nv·dv].
 #define DS_CPW 8
+// The fused kernels' largest conv kernel: their conv loops run to it unrolled, so a
+// channel's window and tap loads are in flight together (a loop to kc − 1 took them one
+// after another: ncu gave the 27B's delta_step 23 µs, mostly waiting on them).
+#define DS_MAXK 4
 extern "C" __global__ void __launch_bounds__(512, 1)
     delta_step(const float* qkv, float* win, const float* cw, int kc, const float* alpha,
                const float* beta, const float* a_neg, const float* dt_bias, float* state,
@@ -334,18 +338,20 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     // beside the input).
     auto conv_part = [&](int c) {
         float p = 0.f;
-        for (int t = 0; t < hist; t++) p += win[(i64)t * cols + c] * cw[(i64)c * kc + t];
+#pragma unroll
+        for (int t = 0; t < DS_MAXK - 1; t++)
+            if (t < hist) p += win[(i64)t * cols + c] * cw[(i64)c * kc + t];
         return p;
     };
     auto tap = [&](int c) { return cw[(i64)c * kc + hist]; };
     // Moves channel c's window by the new input x: every load, then every store (one trip).
     auto shift = [&](int c, float x) {
-        float w[CONV_MAXK];
+        float w[DS_MAXK];
 #pragma unroll
-        for (int t = 0; t + 1 < CONV_MAXK; t++)
+        for (int t = 0; t + 1 < DS_MAXK; t++)
             if (t + 1 < hist) w[t] = win[(i64)(t + 1) * cols + c];
 #pragma unroll
-        for (int t = 0; t + 1 < CONV_MAXK; t++)
+        for (int t = 0; t + 1 < DS_MAXK; t++)
             if (t + 1 < hist) win[(i64)t * cols + c] = w[t];
         if (hist > 0) win[(i64)(hist - 1) * cols + c] = x;
     };
@@ -443,5 +449,184 @@ extern "C" __global__ void __launch_bounds__(512, 1)
         const int c = i < dk ? kh * dk + i : key_dim + kh * dk + i - dk;
         shift(c, qkv[c]);
     }
+    if (threadIdx.x == 0) cnt[kh] = 0;
+}
+
+// `delta_step` over 2..DR_MAXN tokens (the verify forward of a speculative block): the
+// separate conv, gated_delta and rms_norm_gated took three launches and a round trip of
+// the conv's output through memory. Grid as delta_step, DR_CPW columns a warp. The block first
+// convolves the channels it reads (its key head's q, k and its columns' v) for every token
+// into shared memory, each op's arithmetic in ssm_conv's order; then each warp walks the
+// tokens with its state columns in registers (gated_delta's order) and writes its raw
+// outputs; the last of the head's blocks to arrive normalizes every token's row (a warp a
+// row; the sum of squares in another order than rms_norm_gated's), with its q8_1 when xq is
+// set. Windows move as in delta_step: a block its v channels, the last block of a key head
+// its q, k channels. kc ≤ DS_MAXK, d_k and d_v ≤ 32·GD_ROWS (the host checks).
+// qkv [n, 2·nk·dk + nv·dv]; alpha, beta [n, nv]; z, out [n, nv·dv].
+#define DR_MAXN 8
+// Channels a thread convolves at once (the 27B's blocks of 256 threads have 2·128 + 32).
+#define DR_CPT 3
+// State columns a warp owns: fewer than delta_step's, as a warp walks n tokens (27B, 8
+// tokens, ncu: 25.0 µs with 8, 19.6 with 4; 8-row step Q1_0 6.51 → 6.04 ms, TQ2_0 7.41 →
+// 7.20 against the three separate ops, H200).
+#define DR_CPW 4
+extern "C" __global__ void __launch_bounds__(512, 1)
+    delta_rows(const float* qkv, float* win, const float* cw, int kc, const float* alpha,
+               const float* beta, const float* a_neg, const float* dt_bias, float* state,
+               float* out, int n, int nk, int nv, int dk, int dv, int tiled, const float* nwt,
+               const float* z, float eps, i8* xq, float2* xds, u32* cnt) {
+    const int h = blockIdx.x, nb = gridDim.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nw = blockDim.x >> 5;
+    // The block's first state column, the warp's, and the block's columns.
+    const int jb = blockIdx.y * nw * DR_CPW, j0 = jb + warp * DR_CPW;
+    const int ncol = min(nw * DR_CPW, dv - jb);
+    const int kh = tiled ? h % nk : h / max(nv / nk, 1);
+    const int key_dim = nk * dk;
+    const int cols = 2 * key_dim + nv * dv;
+    const int hist = kc - 1;
+    const i64 vd = (i64)nv * dv, base = (i64)h * dv;
+    float* S = state + (i64)h * dk * dv;
+    // Per token, the convolved channels the block reads: q [0, dk), k [dk, 2·dk), the
+    // block's v columns [2·dk, 2·dk + ncol).
+    __shared__ float xs[DR_MAXN][3 * 32 * GD_ROWS];
+    __shared__ float dec[DR_MAXN], bts[DR_MAXN];
+    __shared__ int last_k, last_h;
+
+    // Local channel lc's column in qkv.
+    auto chan = [&](int lc) {
+        return lc < dk ? kh * dk + lc
+               : lc < 2 * dk ? key_dim + kh * dk + lc - dk
+                             : 2 * key_dim + h * dv + jb + lc - 2 * dk;
+    };
+    // Moves channel c's window past the n inputs: every load, then every store.
+    auto move = [&](int c) {
+        float w[DS_MAXK - 1];
+#pragma unroll
+        for (int i = 0; i < DS_MAXK - 1; i++)
+            if (i < hist)
+                w[i] = n + i < hist ? win[(i64)(n + i) * cols + c]
+                                    : qkv[(i64)(n + i - hist) * cols + c];
+#pragma unroll
+        for (int i = 0; i < DS_MAXK - 1; i++)
+            if (i < hist) win[(i64)i * cols + c] = w[i];
+    };
+
+    float s[GD_ROWS][DR_CPW];
+    state_load(s, S, j0, dk, dv);
+    const float an = a_neg[h], dtb = dt_bias[h];
+    // The conv, right-aligned: e holds the window then the inputs, taps before the
+    // kernel's start are 0, so every index is known at compile time. Channels
+    // g0 + i·blockDim (i < DR_CPT) a pass; the first pass's windows and taps (not written
+    // by the kernel before) are asked for before the wait.
+    const int nch = 2 * dk + ncol, pad = DS_MAXK - kc;
+    float e[DR_CPT][DS_MAXK - 1 + DR_MAXN], tp[DR_CPT][DS_MAXK];
+    auto load_win = [&](int g0) {
+#pragma unroll
+        for (int i = 0; i < DR_CPT; i++) {
+            const int lc = g0 + i * blockDim.x;
+            if (lc >= nch) break;
+            const int c = chan(lc);
+#pragma unroll
+            for (int m = 0; m < DS_MAXK - 1; m++)
+                e[i][m] = m >= pad ? win[(i64)(m - pad) * cols + c] : 0.f;
+#pragma unroll
+            for (int j = 0; j < DS_MAXK; j++)
+                tp[i][j] = j >= pad ? cw[(i64)c * kc + j - pad] : 0.f;
+        }
+    };
+    load_win(threadIdx.x);
+
+    gdc_wait();
+    if (threadIdx.x < n) {
+        const int t = threadIdx.x;
+        dec[t] = expf(an * softplus_f(alpha[(i64)t * nv + h] + dtb));
+        bts[t] = sigmoid_f(beta[(i64)t * nv + h]);
+    }
+    for (int g0 = threadIdx.x; g0 < nch; g0 += DR_CPT * blockDim.x) {
+        if (g0 != threadIdx.x) load_win(g0);
+#pragma unroll
+        for (int i = 0; i < DR_CPT; i++) {
+            const int lc = g0 + i * blockDim.x;
+            if (lc >= nch) break;
+            const int c = chan(lc);
+#pragma unroll
+            for (int t = 0; t < DR_MAXN; t++)
+                e[i][DS_MAXK - 1 + t] = t < n ? qkv[(i64)t * cols + c] : 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < DR_CPT; i++) {
+            const int lc = g0 + i * blockDim.x;
+            if (lc >= nch) break;
+#pragma unroll
+            for (int t = 0; t < DR_MAXN; t++) {
+                if (t >= n) break;
+                float acc = 0.f;
+#pragma unroll
+                for (int j = 0; j < DS_MAXK; j++)
+                    if (j >= pad) acc += e[i][t + j] * tp[i][j];
+                xs[t][lc] = silu_f(acc);
+            }
+        }
+    }
+    __syncthreads();
+    // The block's reads of its v windows are done: it moves them.
+    for (int lc = 2 * dk + threadIdx.x; lc < nch; lc += blockDim.x) move(chan(lc));
+
+    const int jl = warp * DR_CPW;
+    for (int t = 0; t < n; t++) {
+        float q[GD_ROWS], k[GD_ROWS], v[DR_CPW], o[DR_CPW];
+#pragma unroll
+        for (int r = 0; r < GD_ROWS; r++) {
+            const int i = lane + 32 * r;
+            q[r] = i < dk ? xs[t][i] : 0.f;
+            k[r] = i < dk ? xs[t][dk + i] : 0.f;
+        }
+#pragma unroll
+        for (int c = 0; c < DR_CPW; c++) v[c] = jl + c < ncol ? xs[t][2 * dk + jl + c] : 0.f;
+        l2_norm_qk(q, k, dk);
+        delta_cols(s, k, q, v, dec[t], bts[t], o);
+#pragma unroll
+        for (int c = 0; c < DR_CPW; c++)
+            if (lane == c && j0 + c < dv) out[(i64)t * vd + base + j0 + c] = o[c];
+    }
+    state_store(s, S, j0, dk, dv);
+    // The raw outputs are visible to the head's last block.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last_k = atomicAdd(cnt + kh, 1u) == (u32)(nv / nk * nb) - 1;
+        last_h = nb == 1 || atomicAdd(cnt + nk + h, 1u) == (u32)nb - 1;
+    }
+    __syncthreads();
+    if (last_h) {
+        __threadfence();
+        const volatile float* ov = out;
+        // The gated norm of token t's row, a warp a row.
+        for (int t = warp; t < n; t += nw) {
+            const i64 row = (i64)t * vd + base;
+            float x[GD_ROWS], sq = 0.f;
+#pragma unroll
+            for (int r = 0; r < GD_ROWS; r++) {
+                const int j = lane + 32 * r;
+                x[r] = j < dv ? ov[row + j] : 0.f;
+                sq += x[r] * x[r];
+            }
+            sq = warp_sum(sq);
+            const float inv = 1.0f / sqrtf(sq / (float)dv + eps);
+#pragma unroll
+            for (int r = 0; r < GD_ROWS; r++) {
+                const int j = lane + 32 * r;
+                if (j - lane >= dv) break;
+                const bool in = j < dv;
+                const float y = in ? x[r] * inv * nwt[j] * silu_f(z[row + j]) : 0.f;
+                if (in) out[row + j] = y;
+                if (xq) q8_1_warp(y, xq, xds, (row + j) >> 5, lane);
+            }
+        }
+        if (threadIdx.x == 0 && nb > 1) cnt[nk + h] = 0;
+    }
+    if (!last_k) return;
+    for (int lc = threadIdx.x; lc < 2 * dk; lc += blockDim.x) move(chan(lc));
     if (threadIdx.x == 0) cnt[kh] = 0;
 }
