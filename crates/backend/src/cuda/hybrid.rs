@@ -7,8 +7,9 @@
 //! registers and walks the tokens in order (`gated_delta`; a chunked tensor-core form for
 //! long prefills is a later step), or does one decode token with the conv before it and
 //! the gated norm after it (`delta_step`, blocks per head), or the same for the 2–8 rows
-//! of a verify (`delta_rows`). `matmul_rows` copies the expert's rows to a scratch matrix and runs the
-//! ordinary matmul on it (one extra device copy per call, so the GEMV path stays untouched).
+//! of a verify (`delta_rows`). `matmul_rows` copies the expert's rows to a scratch matrix
+//! and runs the ordinary matmul on it (one extra device copy per call, so the GEMV path
+//! stays untouched).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -597,8 +598,13 @@ impl CudaBackend {
         } else {
             (0, 0)
         };
-        // `ds_blocks` blocks a value head, a warp per DS_CPW (DR_CPW) state columns.
-        let cpw = if n == 1 { DS_CPW } else { DR_CPW };
+        // `ds_blocks` blocks a value head, a warp per `cpw` state columns. The two kernels
+        // take the same parameters.
+        let (f, cpw) = if n > 1 {
+            (&self.hybrid.delta_rows, DR_CPW)
+        } else {
+            (&self.hybrid.delta_step, DS_CPW)
+        };
         let warps = dv.div_ceil(self.ds_blocks).div_ceil(cpw);
         let cfg = LaunchConfig {
             grid_dim: (nv as u32, dv.div_ceil(warps * cpw) as u32, 1),
@@ -622,62 +628,10 @@ impl CudaBackend {
             kc as i32, n as i32, nk as i32, nv as i32, dk as i32, dv as i32,
         );
         let tiled = (net.map == HeadMap::Tiled) as i32;
-        if n > 1 {
-            launch!(
-                self,
-                &self.hybrid.delta_rows,
-                cfg,
-                &xp,
-                &win,
-                &cwp,
-                &kc_i,
-                &ap,
-                &bp,
-                &anp,
-                &dtp,
-                &sp,
-                &op,
-                &n_i,
-                &nk_i,
-                &nv_i,
-                &dk_i,
-                &dv_i,
-                &tiled,
-                &nwp,
-                &zp,
-                &eps,
-                &qp,
-                &dsp,
-                &cp
-            )?;
-        } else {
-            launch!(
-                self,
-                &self.hybrid.delta_step,
-                cfg,
-                &xp,
-                &win,
-                &cwp,
-                &kc_i,
-                &ap,
-                &bp,
-                &anp,
-                &dtp,
-                &sp,
-                &op,
-                &nk_i,
-                &nv_i,
-                &dk_i,
-                &dv_i,
-                &tiled,
-                &nwp,
-                &zp,
-                &eps,
-                &qp,
-                &dsp,
-                &cp
-            )?;
-        }
+        launch!(
+            self, f, cfg, &xp, &win, &cwp, &kc_i, &ap, &bp, &anp, &dtp, &sp, &op, &n_i, &nk_i,
+            &nv_i, &dk_i, &dv_i, &tiled, &nwp, &zp, &eps, &qp, &dsp, &cp
+        )?;
         sc.xq_key = if qp != 0 {
             Some((op, n, nv * dv, self.gen.load(Ordering::Relaxed)))
         } else {

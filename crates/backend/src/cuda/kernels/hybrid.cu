@@ -298,6 +298,18 @@ extern "C" __global__ void scatter_add_rows(float* dst, const u32* ids, const fl
     for (int i = 0; i < n; i++) dst[(i64)ids[i] * cols + c] += scale[i] * src[(i64)i * cols + c];
 }
 
+// The arrival of a block of the fused DeltaNet kernels, once its reads of the q, k window
+// are done and its outputs written: whether it is the last block of its key head kh (of
+// nv / nk heads, nb blocks each; cnt[kh]) and of its head h (cnt[nk + h]).
+__device__ __forceinline__ void ds_arrive(u32* cnt, int kh, int h, int nk, int nv, int nb,
+                                          int& last_k, int& last_h) {
+    if (threadIdx.x == 0) {
+        last_k = atomicAdd(cnt + kh, 1u) == (u32)(nv / nk * nb) - 1;
+        last_h = nb == 1 || atomicAdd(cnt + nk + h, 1u) == (u32)nb - 1;
+    }
+    __syncthreads();
+}
+
 // One decode token of a Gated DeltaNet layer in one launch: ssm_conv, gated_delta and
 // rms_norm_gated (with its q8_1 for ssm_out when xq is set), each op's arithmetic in its
 // order except the norm's sum of squares. Grid (n_v, nb): a head's d_v state columns are
@@ -309,6 +321,7 @@ extern "C" __global__ void scatter_add_rows(float* dst, const u32* ids, const fl
 // every block of the heads on it, so the last of those to arrive (cnt[kh]) moves it. With
 // nb = 1 the block normalizes its head; with more, each writes its raw outputs and the
 // last of the head's blocks to arrive (cnt[nk + h]) normalizes them. Counters go back to 0.
+// The parameters are delta_rows' (n is 1 here), so the host launches either alike.
 // qkv [2·nk·dk + nv·dv]; win [kc − 1, that] (oldest first); cw [that, kc]; z, out [nv·dv].
 #define DS_CPW 8
 // The fused kernels' largest conv kernel: their conv loops run to it unrolled, so a
@@ -318,8 +331,8 @@ extern "C" __global__ void scatter_add_rows(float* dst, const u32* ids, const fl
 extern "C" __global__ void __launch_bounds__(512, 1)
     delta_step(const float* qkv, float* win, const float* cw, int kc, const float* alpha,
                const float* beta, const float* a_neg, const float* dt_bias, float* state,
-               float* out, int nk, int nv, int dk, int dv, int tiled, const float* nwt,
-               const float* z, float eps, i8* xq, float2* xds, u32* cnt) {
+               float* out, int n, int nk, int nv, int dk, int dv, int tiled,
+               const float* nwt, const float* z, float eps, i8* xq, float2* xds, u32* cnt) {
     const int h = blockIdx.x, nb = gridDim.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nw = blockDim.x >> 5;
@@ -409,12 +422,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     if (lane == 0) red[warp] = ss;
     if (nb > 1) __threadfence();
     __syncthreads();
-    // The block's reads of the q, k window are done, and its outputs written.
-    if (threadIdx.x == 0) {
-        last_k = atomicAdd(cnt + kh, 1u) == (u32)(nv / nk * nb) - 1;
-        last_h = nb == 1 || atomicAdd(cnt + nk + h, 1u) == (u32)nb - 1;
-    }
-    __syncthreads();
+    ds_arrive(cnt, kh, h, nk, nv, nb, last_k, last_h);
     if (last_h) {
         if (nb > 1) {
             // The head's raw outputs, written by its other blocks.
@@ -594,11 +602,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     // The raw outputs are visible to the head's last block.
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) {
-        last_k = atomicAdd(cnt + kh, 1u) == (u32)(nv / nk * nb) - 1;
-        last_h = nb == 1 || atomicAdd(cnt + nk + h, 1u) == (u32)nb - 1;
-    }
-    __syncthreads();
+    ds_arrive(cnt, kh, h, nk, nv, nb, last_k, last_h);
     if (last_h) {
         __threadfence();
         const volatile float* ov = out;
