@@ -8,7 +8,8 @@
 #   TYPES="Q1_0 TQ2_0 Q4_K gemma"   files to bench: 27B shapes of those types, Gemma 3 270M
 #   AB_<TYPE>="def VAR=1,VAR2=x prev"  runs per file, each an env (commas between
 #                      variables), or `prev`: the CLI staged before this one (neagari_prev),
-#                      also with an env: prev,VAR=1
+#                      also with an env: prev,VAR=1; `@name` (also `@name,VAR=1`) runs
+#                      target/cuda-stage/bin/neagari_name, a variant build copied in by hand
 #   ARGS="-p 512 -n 128 -r 2 --argmax --verify 8"   bench arguments for the 27B files
 #   GEMV="Q1_0 TQ2_0"  time the one-row GEMV at the 27B's shapes first (examples/cuda_gemv.rs);
 #                      GEMV_ROWS=8 times it with 8 activation rows (the verify's kernels)
@@ -67,7 +68,10 @@ for t in $TYPES; do
     v="AB_$t"
     for e in ${!v:-def}; do
         envs="" bin=neagari v=$e
-        case $v in prev*) bin=neagari_prev v=${v#prev} v=${v#,} ;; esac
+        case $v in
+            prev*) bin=neagari_prev v=${v#prev} v=${v#,} ;;
+            @*) bin=neagari_${v%%,*} bin=${bin/@/} v=${v#@} v=${v#*,}; [ "$v" = "${e#@}" ] && v= ;;
+        esac
         if [ -n "$v" ] && [ "$v" != def ]; then envs=$(echo "$v" | tr ',' ' '); fi
         if [ "$t" = gemma ]; then args="-p 512 -n 128 -r 3 --argmax"
         else args=${ARGS:--p 512 -n 128 -r 2 --argmax --verify 8}; fi

@@ -309,11 +309,14 @@ fn gating_ops_match_the_cpu() {
                         .sum::<f64>() as f32
                 })
                 .collect();
-            let e = rel(&download(&g, &out), &want);
-            assert!(
-                e < 1.2e-2,
-                "rms_norm_gated → Q1_0 matmul {rows}x{cols}: {e:.2e}"
-            );
+            // Held to the product of the q8_1 rounding of the GPU's own normed rows; the
+            // exact product only to a bound (4 units a row share one rounding, so its error
+            // is a few draws: a 1.2e-2 bar failed at 1.21e-2 on a seed).
+            let got = download(&g, &out);
+            let what = format!("rms_norm_gated → Q1_0 matmul {rows}x{cols}");
+            check_q8_1(&got, &deq, &download(&g, &xg), n_out, cols, &what);
+            let e = rel(&got, &want);
+            assert!(e < 5e-2, "{what}: {e:.2e}");
         }
         g.mul_sigmoid(&mut xg, &zg).expect("gpu");
         c.mul_sigmoid(&mut xc, &zc).expect("cpu");
