@@ -66,6 +66,7 @@ impl CudaBackend {
                     quant: f("quant_q8_1")?,
                     mv: [f("mvq1")?, f("mvq2")?, f("mvq4")?, f("mvq8")?],
                     mv1x4: f("mvq1x4")?,
+                    mv1x4u: f("mvq1x4u")?,
                     mv1x8: f("mvq1x8")?,
                     mv1x1: f("mvq1x1")?,
                     multi: [
@@ -566,6 +567,14 @@ impl CudaBackend {
                 (&f[0], MVR_ROWS)
             } else if which == 0 && per_block == 8 {
                 (&k.mv1x8, 8)
+            } else if which == 0
+                && per_block == 4
+                && self.mvq_split
+                && units > self.mv_warps(units) * 32
+            {
+                // Rows of several rounds a thread: the kernel that loads a round's rows
+                // before their arithmetic (gemv_int.cu's SPLIT).
+                (&k.mv1x4u, 4)
             } else if which == 0 && per_block == 4 {
                 (&k.mv1x4, 4)
             } else if which == 0 && per_block == 1 {

@@ -456,6 +456,8 @@ struct IntKernels {
     quant: CudaFunction,
     mv: [CudaFunction; 4],
     mv1x4: CudaFunction,
+    /// `mvq1x4` for rows of more than one round of its threads (gemv_int.cu's SPLIT).
+    mv1x4u: CudaFunction,
     mv1x8: CudaFunction,
     mv1x1: CudaFunction,
     /// `mvqm*`: up to four matrices in one launch (`Backend::matmul_multi`): one activation
@@ -556,6 +558,11 @@ pub struct CudaBackend {
     /// picks by shape (`mv_block`), NEAGARI_CUDA_MV_GROUPS=N forces N (1: one group of
     /// whole warps, the mapping of the other formats; for measuring).
     mv_groups: Option<usize>,
+    /// One activation row's GEMV of rows of several rounds a thread takes `mvq1x4u`
+    /// (gemv_int.cu's `mvq_split`) with NEAGARI_CUDA_MVQ_SPLIT=1. Off by default until it
+    /// has run on a GPU in this form (its arithmetic, as `mvq1x4` of every Q4_K kernel,
+    /// passed cuda_ops there; 27B Q4_K ffn_down 23.7 → 17.6 µs).
+    mvq_split: bool,
     /// Blocks a value head of the one-token DeltaNet kernel (`delta_step`, hybrid.cu):
     /// NEAGARI_CUDA_DS_BLOCKS=N, 1..=16, default 4.
     ds_blocks: usize,
@@ -776,6 +783,7 @@ impl CudaBackend {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .filter(|n| (1..=MVQ_WARPS * 32).contains(n)),
+            mvq_split: std::env::var("NEAGARI_CUDA_MVQ_SPLIT").as_deref() == Ok("1"),
             ds_blocks: std::env::var("NEAGARI_CUDA_DS_BLOCKS")
                 .ok()
                 .and_then(|v| v.parse().ok())

@@ -176,6 +176,76 @@ __device__ __forceinline__ void mvq_impl(const u8* __restrict__ W, const i8* __r
     }
 }
 
+// Whether F's unit loads come apart from its arithmetic (F::U, F::load_u, F::dot_u;
+// vecdot.cuh's Q_Q4_K).
+template <class F, class = void>
+struct has_unit {
+    static constexpr bool v = false;
+};
+template <class F>
+struct has_unit<F, decltype((void)sizeof(typename F::U))> {
+    static constexpr bool v = true;
+};
+
+// mvq_impl's one-group, one-activation-row case for rows of several rounds a thread, where
+// F's loads come apart (has_unit; else mvq_impl): each round's R rows are loaded before
+// their arithmetic, the first round's before the kernel's gdc_wait (`wait`; the weights do
+// not depend on the kernel before). With the loads inside `dot`, ptxas put each row's after
+// the previous row's arithmetic, R DRAM waits a round: the 27B's Q4_K ffn_down (544 units
+// on 192 threads, 3 rounds) ran at 45% of the DRAM peak (ncu) and 23.7 µs, 17.6 this way
+// (H200, examples/cuda_gemv.rs). On rows of one round the same path lost (gate+up 31.2 →
+// 34.0 µs, head 197 → 214: 77–94 registers against 40 halve the blocks an SM), and with
+// the next round's loads also in flight (118 registers) every shape lost. The same sums
+// in the same order as mvq_impl, so the same bits.
+template <class F, int R, class Wait>
+__device__ __forceinline__ void mvq_split(const u8* __restrict__ W, const i8* __restrict__ xq,
+                                          const float2* __restrict__ xds, float* __restrict__ y,
+                                          int rows, int units, i64 row_bytes, int blk,
+                                          Wait wait) {
+    if constexpr (!has_unit<F>::v) {
+        wait();
+        mvq_impl<F, 1, R>(W, xq, xds, y, rows, units, row_bytes, 1, blk);
+    } else {
+        const int T = blockDim.x, nw = T >> 5, lane = threadIdx.x & 31;
+        const int row0 = blk * R;
+        using U = typename F::U;
+        U cur[R];
+        // Rows past the end re-read the last row (their sums are dropped).
+        auto ld = [&](int u) {
+#pragma unroll
+            for (int q = 0; q < R; q++)
+                cur[q] = F::load_u(W + (i64)min(row0 + q, rows - 1) * row_bytes, u);
+        };
+        float acc[R][1];
+#pragma unroll
+        for (int q = 0; q < R; q++) acc[q][0] = 0.f;
+        if ((int)threadIdx.x < units) ld(threadIdx.x);
+        wait();
+        for (int u = threadIdx.x; u < units; u += T) {
+            int x[1][8];
+            float2 ds[1];
+            load_xq<1>(xq, xds, units, u, 1, x, ds);
+#pragma unroll
+            for (int q = 0; q < R; q++) F::template dot_u<1>(cur[q], u, x, ds, acc[q]);
+            if (u + T < units) ld(u + T);
+        }
+        __shared__ float red[R][MVQ_WARPS];
+#pragma unroll
+        for (int q = 0; q < R; q++) {
+            const float s = warp_sum(acc[q][0]);
+            if (lane == 0) red[q][threadIdx.x >> 5] = s;
+        }
+        __syncthreads();
+        for (int q = threadIdx.x; q < R; q += T) {
+            if (row0 + q < rows) {
+                float s = 0.f;
+                for (int k = 0; k < nw; k++) s += red[q][k];
+                y[row0 + q] = s;
+            }
+        }
+    }
+}
+
 // mvqN: up to N activation rows, R weight rows per block (the host's MVQ_ROWS_PER_BLOCK).
 #define MVQ(NAME, NR, R)                                                                     \
     extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32)                             \
@@ -193,6 +263,15 @@ MVQ(mvq8, 8, 1)
 MVQ(mvq1x4, 1, 4)
 MVQ(mvq1x8, 1, 8)
 MVQ(mvq1x1, 1, 1)
+// mvq1x4 by mvq_split: one activation row, rows of several rounds a thread (the host's
+// choice, with NEAGARI_CUDA_MVQ_SPLIT=1 until it has run on a GPU in this form; a block of
+// one group).
+extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32)
+    mvq1x4u(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units,
+            i64 row_bytes, int nr) {
+    gdc_prefetch_rows(W, rows, row_bytes, 4, blockIdx.x);
+    mvq_split<FMTQ, 4>(W, xq, xds, y, rows, units, row_bytes, blockIdx.x, [] { gdc_wait(); });
+}
 #endif
 
 // mvqmN: the same over up to four matrices of one format and width that read one input

@@ -157,6 +157,37 @@ struct Q_Q4_K {
         for (int r = 0; r < NR; r++)
             acc[r] += d1 * ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) - m1 * ds[r].y;
     }
+    // A unit's loads apart from its arithmetic, for gemv_int.cu's `mvq_split`: the
+    // super-block's head (d, dmin, 12 scale bytes) and the 32 bytes of qs whose low (even
+    // unit) or high (odd unit) nibbles are the unit's; 16-byte aligned (super-blocks are
+    // 9·16 bytes, qs starts at byte 16). `dot_u` is `dot`'s arithmetic on them.
+    struct U {
+        uint4 h, a, b;
+    };
+    static __device__ __forceinline__ U load_u(const u8* row, int u) {
+        const uint4* b = (const uint4*)(row + (i64)(u >> 3) * 144);
+        const int p = 1 + 2 * ((u & 7) >> 1);
+        return U{b[0], b[p], b[p + 1]};
+    }
+    template <int NR>
+    static __device__ __forceinline__ void dot_u(const U& w, int u, const int (&x)[NR][8],
+                                                 const float2 (&ds)[NR], float (&acc)[NR]) {
+        const int s = u & 7, sh = 8 * (s & 3);
+        // scale_min_k4 on the scale bytes q[0..11] = words h.y, h.z, h.w.
+        const u32 lo = w.h.y >> sh, mid = w.h.z >> sh, hi = w.h.w >> sh;
+        const int sc = s < 4 ? lo & 63 : (hi & 0xF) | ((lo >> 6 & 3) << 4);
+        const int m = s < 4 ? mid & 63 : (hi >> 4 & 0xF) | ((mid >> 6 & 3) << 4);
+        const float d1 = h2f((u16)(w.h.x & 0xFFFF)) * (float)sc;
+        const float m1 = h2f((u16)(w.h.x >> 16)) * (float)m;
+        const int nsh = (s & 1) * 4;
+        const u32 q[8] = {w.a.x, w.a.y, w.a.z, w.a.w, w.b.x, w.b.y, w.b.z, w.b.w};
+        int v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = (q[k] >> nsh) & 0x0F0F0F0F;
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[r] += d1 * ds[r].x * (float)dot8<NR>(v, x, r, 0, 8) - m1 * ds[r].y;
+    }
 };
 
 struct Q_Q5_K {
