@@ -160,7 +160,9 @@ struct Q_Q4_K {
     // A unit's loads apart from its arithmetic, for gemv_int.cu's `mvq_split`: the
     // super-block's head (d, dmin, 12 scale bytes) and the 32 bytes of qs whose low (even
     // unit) or high (odd unit) nibbles are the unit's; 16-byte aligned (super-blocks are
-    // 9·16 bytes, qs starts at byte 16). `dot_u` is `dot`'s arithmetic on them.
+    // 9·16 bytes, qs starts at byte 16). `dot_u` is `dot`'s arithmetic on them; `dot` keeps
+    // its own loads, since every other Q4_K kernel reads through it and the 16-byte form
+    // was measured only inside mvq_split.
     struct U {
         uint4 h, a, b;
     };
