@@ -573,7 +573,7 @@ impl CudaBackend {
                 && units > self.mv_warps(units) * 32
             {
                 // Rows of several rounds a thread: the kernel that loads a round's rows
-                // before their arithmetic (gemv_int.cu's SPLIT).
+                // before their arithmetic (gemv_int.cu's `mvq_split`).
                 (&k.mv1x4u, 4)
             } else if which == 0 && per_block == 4 {
                 (&k.mv1x4, 4)

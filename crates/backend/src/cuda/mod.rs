@@ -456,7 +456,7 @@ struct IntKernels {
     quant: CudaFunction,
     mv: [CudaFunction; 4],
     mv1x4: CudaFunction,
-    /// `mvq1x4` for rows of more than one round of its threads (gemv_int.cu's SPLIT).
+    /// `mvq1x4` for rows of more than one round of its threads (gemv_int.cu's `mvq_split`).
     mv1x4u: CudaFunction,
     mv1x8: CudaFunction,
     mv1x1: CudaFunction,
