@@ -14,6 +14,11 @@
 #   GEMV="Q1_0 TQ2_0"  time the one-row GEMV at the 27B's shapes first (examples/cuda_gemv.rs);
 #                      GEMV_ROWS=8 times it with 8 activation rows (the verify's kernels)
 #   LLAMA_BENCH=path   a llama-bench binary built elsewhere: the same files, -ngl 99 -fa 1
+# A fresh machine spends minutes compiling kernels: with KCACHE_OUT=1 and $OUT, the kernel caches (NVRTC's
+# PTX, the driver's SASS) come back as $OUT/kcache-*.tgz.* (pieces of 15 MB: the device tool
+# returns files of at most 16 MiB); put in target/kcache/ and carried next time, they are
+# unpacked first, and only modules whose source changed compile again (the tool returns at
+# most 8 files: with TESTS=1 the suites' logs in $OUT are 5 of them).
 set -uo pipefail
 R0=$(pwd)
 B=$R0/target/cuda-stage/bin
@@ -22,6 +27,10 @@ W=${WORK:-/tmp/neagari-cuda}
 LOG=${OUT:-/tmp}
 mkdir -p "$W"
 T0=$(date +%s)
+for c in ptx nv; do
+    ls "$R0"/target/kcache/kcache-$c.tgz.* > /dev/null 2>&1 &&
+        cat "$R0"/target/kcache/kcache-$c.tgz.* | tar xz -C "$HOME"
+done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true
 file_of() {
     if [ "$1" = gemma ]; then echo "$W/gemma3-270m.gguf"; else echo "$W/qwen3.6-27b-$1.gguf"; fi
@@ -83,4 +92,9 @@ for t in $TYPES; do
         timeout 300 "$LLAMA_BENCH" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>&1 | grep -E "^\|"
     fi
 done
+if [ -n "${KCACHE_OUT:-}" ] && [ -n "${OUT:-}" ]; then
+    tar cz -C "$HOME" .cache/neagari | split -b 15m - "$OUT/kcache-ptx.tgz."
+    tar cz -C "$HOME" .nv/ComputeCache | split -b 15m - "$OUT/kcache-nv.tgz."
+    ls -l "$OUT"/kcache-*
+fi
 echo "total $(( $(date +%s) - T0 )) s"
