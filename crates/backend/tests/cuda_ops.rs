@@ -106,7 +106,8 @@ fn matmul_and_embed_every_format() {
     // (the small test matrices get one by default; the groups variants also give the other
     // formats' rows of ≤ 32 units groups of one warp), and in ggml's layout
     // (NEAGARI_CUDA_REPACK=0, the kernels before the repacked layout); with one warp and
-    // 4 rows a block, `mvq1x4u` for rows of several rounds (NEAGARI_CUDA_MVQ_SPLIT=1).
+    // 4 rows a block, `mvq1x4u` for rows of several rounds (NEAGARI_CUDA_MVQ_SPLIT, on by
+    // default) and `mvq1x4` for them (NEAGARI_CUDA_MVQ_SPLIT=0).
     let variants = [
         ("int", "8", &[][..]),
         ("int", "4", &[][..]),
@@ -129,7 +130,7 @@ fn matmul_and_embed_every_format() {
         ),
         ("int", "8", &[("NEAGARI_CUDA_MVS", "0")][..]),
         // One warp a block and 4 rows: every row past 32 units takes `mvq1x4u` (several
-        // rounds a thread, gemv_int.cu's mvq_split).
+        // rounds a thread, gemv_int.cu's mvq_split), then `mvq1x4` with the switch off.
         (
             "int",
             "4",
@@ -137,6 +138,15 @@ fn matmul_and_embed_every_format() {
                 ("NEAGARI_CUDA_MV_WARPS", "1"),
                 ("NEAGARI_CUDA_MVS", "0"),
                 ("NEAGARI_CUDA_MVQ_SPLIT", "1"),
+            ][..],
+        ),
+        (
+            "int",
+            "4",
+            &[
+                ("NEAGARI_CUDA_MV_WARPS", "1"),
+                ("NEAGARI_CUDA_MVS", "0"),
+                ("NEAGARI_CUDA_MVQ_SPLIT", "0"),
             ][..],
         ),
         ("int", "4", &[("NEAGARI_CUDA_REPACK", "0")][..]),

@@ -559,9 +559,8 @@ pub struct CudaBackend {
     /// whole warps, the mapping of the other formats; for measuring).
     mv_groups: Option<usize>,
     /// One activation row's GEMV of rows of several rounds a thread takes `mvq1x4u`
-    /// (gemv_int.cu's `mvq_split`) with NEAGARI_CUDA_MVQ_SPLIT=1. Off by default until it
-    /// has run on a GPU in this form (its arithmetic, as `mvq1x4` of every Q4_K kernel,
-    /// passed cuda_ops there; 27B Q4_K ffn_down 23.7 → 17.6 µs).
+    /// (gemv_int.cu's `mvq_split`; NEAGARI_CUDA_MVQ_SPLIT=0 turns it off): 27B Q4_K
+    /// ffn_down 23.7 → 17.6 µs, tg128 144.0 → 149.4 on the H200.
     mvq_split: bool,
     /// Blocks a value head of the one-token DeltaNet kernel (`delta_step`, hybrid.cu):
     /// NEAGARI_CUDA_DS_BLOCKS=N, 1..=16, default 4.
@@ -783,7 +782,7 @@ impl CudaBackend {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .filter(|n| (1..=MVQ_WARPS * 32).contains(n)),
-            mvq_split: std::env::var("NEAGARI_CUDA_MVQ_SPLIT").as_deref() == Ok("1"),
+            mvq_split: std::env::var("NEAGARI_CUDA_MVQ_SPLIT").as_deref() != Ok("0"),
             ds_blocks: std::env::var("NEAGARI_CUDA_DS_BLOCKS")
                 .ok()
                 .and_then(|v| v.parse().ok())

@@ -264,8 +264,7 @@ MVQ(mvq1x4, 1, 4)
 MVQ(mvq1x8, 1, 8)
 MVQ(mvq1x1, 1, 1)
 // mvq1x4 by mvq_split: one activation row, rows of several rounds a thread (the host's
-// choice, with NEAGARI_CUDA_MVQ_SPLIT=1 until it has run on a GPU in this form; a block of
-// one group).
+// choice; NEAGARI_CUDA_MVQ_SPLIT=0 turns it off; a block of one group).
 extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32)
     mvq1x4u(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units,
             i64 row_bytes, int nr) {
