@@ -842,6 +842,9 @@ impl CudaBackend {
         params: &mut [*mut c_void],
     ) -> Result<()> {
         self.ctx.bind_to_thread().map_err(drv)?;
+        if self.skipped(f) {
+            return Ok(());
+        }
         // While profiling (profile.rs): an event before and after the launch.
         let start = self.profile_start()?;
         if !self.pdl && cluster <= 1 {

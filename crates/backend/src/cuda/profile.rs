@@ -4,10 +4,16 @@
 //! kernels one by one; their times are the kernels' own, the gaps between them are not
 //! counted. This is how a step's time is split when no profiler is at hand (the device
 //! machine has ncu but not nsys, and ncu replays each kernel under locked clocks).
+//!
+//! What a kernel costs inside the replayed step (its launch, its wait, what it keeps the
+//! next kernel waiting) is what the step loses without it: NEAGARI_CUDA_SKIP=NAME[,NAME…]
+//! launches nothing for the kernels of those names (`gemv`: every `mv*` GEMV, `nongemv`:
+//! every other kernel). The output is then wrong; it is for timing a step with `bench`.
 
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::sync::atomic::Ordering;
+use std::sync::OnceLock;
 
 use cudarc::driver::{sys, CudaEvent, CudaFunction};
 
@@ -117,18 +123,7 @@ impl CudaBackend {
         let name = match p.names.get(&key) {
             Some(n) => n.clone(),
             None => {
-                let mut ptr = std::ptr::null();
-                // SAFETY: `f` is a live function of this backend's context; the driver
-                // returns a NUL-terminated name it owns for the function's lifetime,
-                // copied out at once.
-                let n = unsafe {
-                    sys::cuFuncGetName(&mut ptr, f.cu_function())
-                        .result()
-                        .ok()
-                        .filter(|_| !ptr.is_null())
-                        .map(|_| CStr::from_ptr(ptr).to_string_lossy().into_owned())
-                }
-                .unwrap_or_else(|| "?".to_string());
+                let n = function_name(f);
                 p.names.insert(key, n.clone());
                 n
             }
@@ -136,4 +131,36 @@ impl CudaBackend {
         p.marks.push((name, grid, start, end));
         Ok(())
     }
+
+    /// Whether NEAGARI_CUDA_SKIP names `f` (read once; see the module docs).
+    pub(super) fn skipped(&self, f: &CudaFunction) -> bool {
+        static SKIP: OnceLock<Vec<String>> = OnceLock::new();
+        let skip = SKIP.get_or_init(|| {
+            std::env::var("NEAGARI_CUDA_SKIP")
+                .map(|v| v.split(',').map(str::to_string).collect())
+                .unwrap_or_default()
+        });
+        if skip.is_empty() {
+            return false;
+        }
+        let name = function_name(f);
+        let gemv = name.starts_with("mv");
+        skip.iter()
+            .any(|s| *s == name || (s == "gemv" && gemv) || (s == "nongemv" && !gemv))
+    }
+}
+
+/// The kernel's name as compiled, `?` where the driver gives none.
+fn function_name(f: &CudaFunction) -> String {
+    let mut ptr = std::ptr::null();
+    // SAFETY: `f` is a live function of this backend's context; the driver returns a
+    // NUL-terminated name it owns for the function's lifetime, copied out at once.
+    unsafe {
+        sys::cuFuncGetName(&mut ptr, f.cu_function())
+            .result()
+            .ok()
+            .filter(|_| !ptr.is_null())
+            .map(|_| CStr::from_ptr(ptr).to_string_lossy().into_owned())
+    }
+    .unwrap_or_else(|| "?".to_string())
 }
