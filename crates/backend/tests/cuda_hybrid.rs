@@ -536,11 +536,24 @@ fn n_diff(a: &[f32], b: &[f32]) -> usize {
 /// conv window and the state it leaves are checked too), prefill rows in between, both head maps, ragged heads and
 /// the 27B shape; where the head is whole 32-value units, the q8_1 it leaves for `ssm_out`
 /// feeds a matmul that must match the exact product of the CPU's output.
+///
+/// Also with one block and with 16 blocks a value head (NEAGARI_CUDA_DS_BLOCKS: one block
+/// a head is more threads than `delta_rows` takes, so the host splits it).
 #[test]
 fn delta_net_fused_matches_the_separate_ops() {
     let Some(g) = gpu() else { return };
-    let c = cpu();
     let mut r = rng();
+    delta_net_cases(&g, &mut r);
+    for blocks in ["1", "16"] {
+        std::env::set_var("NEAGARI_CUDA_DS_BLOCKS", blocks);
+        let gv = CudaBackend::new(0).expect("open GPU 0");
+        std::env::remove_var("NEAGARI_CUDA_DS_BLOCKS");
+        delta_net_cases(&gv, &mut r);
+    }
+}
+
+fn delta_net_cases(g: &CudaBackend, r: &mut StdRng) {
+    let c = cpu();
     let nets = [
         (2, 4, 16, 16, HeadMap::Grouped),
         (2, 6, 32, 64, HeadMap::Tiled),
@@ -567,15 +580,15 @@ fn delta_net_fused_matches_the_separate_ops() {
             d_k: dk,
             d_v: dv,
         };
-        let (mut kf, mut ks, mut kc) = (rec_kv(&g, &rs), rec_kv(&g, &rs), rec_kv(&c, &rs));
+        let (mut kf, mut ks, mut kc) = (rec_kv(g, &rs), rec_kv(g, &rs), rec_kv(&c, &rs));
         let a_neg: Vec<f32> = (0..nv).map(|_| -r.gen_range(1.0f32..8.0)).collect();
-        let dt = randv(&mut r, nv, 0.5);
-        let cw = randv(&mut r, cols * kconv, 0.5);
-        let nw = randv(&mut r, dv, 1.5);
-        let (ag, ac) = (vector(&g, &a_neg), vector(&c, &a_neg));
-        let (dg, dc) = (vector(&g, &dt), vector(&c, &dt));
-        let (cwg, cwc) = (vector(&g, &cw), vector(&c, &cw));
-        let (nwg, nwc) = (vector(&g, &nw), vector(&c, &nw));
+        let dt = randv(r, nv, 0.5);
+        let cw = randv(r, cols * kconv, 0.5);
+        let nw = randv(r, dv, 1.5);
+        let (ag, ac) = (vector(g, &a_neg), vector(&c, &a_neg));
+        let (dg, dc) = (vector(g, &dt), vector(&c, &dt));
+        let (cwg, cwc) = (vector(g, &cw), vector(&c, &cw));
+        let (nwg, nwc) = (vector(g, &nw), vector(&c, &nw));
         // ssm_out for the q8_1 check.
         let vd = nv * dv;
         let out_mat = (dv % 32 == 0).then(|| {
@@ -584,7 +597,7 @@ fn delta_net_fused_matches_the_separate_ops() {
             let mut bytes = vec![0u8; n_out * rb];
             let mut deq = vec![0f32; n_out * vd];
             for o in 0..n_out {
-                let v = randv(&mut r, vd, 1.0);
+                let v = randv(r, vd, 1.0);
                 neagari_quant::quantize_row(ty, &v, &mut bytes[o * rb..(o + 1) * rb]).unwrap();
                 neagari_quant::dequantize_row(
                     ty,
@@ -598,12 +611,12 @@ fn delta_net_fused_matches_the_separate_ops() {
         });
         for (step, n) in [5usize, 1, 1, 8, 1, 2, 1, 3, 12, 1].into_iter().enumerate() {
             for layer in 0..2 {
-                let inp = gd_inputs(&mut r, &net, n);
-                let z = randv(&mut r, n * vd, 3.0);
+                let inp = gd_inputs(r, &net, n);
+                let z = randv(r, n * vd, 3.0);
                 // Fused (GPU), the three ops (GPU), the default (CPU).
-                let mut qf = upload(&g, &inp.qkv, n, cols);
-                let (alg, beg) = (upload(&g, &inp.alpha, n, nv), upload(&g, &inp.beta, n, nv));
-                let zg = upload(&g, &z, n, vd);
+                let mut qf = upload(g, &inp.qkv, n, cols);
+                let (alg, beg) = (upload(g, &inp.alpha, n, nv), upload(g, &inp.beta, n, nv));
+                let zg = upload(g, &z, n, vd);
                 let mut of = g.buf(1, 1).unwrap();
                 g.delta_net(
                     &mut kf, layer, &mut qf, &cwg, &alg, &beg, &ag, &dg, &net, &nwg, &zg, 1e-6,
@@ -613,9 +626,9 @@ fn delta_net_fused_matches_the_separate_ops() {
                 let prod_f = out_mat.as_ref().map(|(m, ..)| {
                     let mut o = g.buf(1, 1).unwrap();
                     g.matmul(m, &of, &mut o).unwrap();
-                    download(&g, &o)
+                    download(g, &o)
                 });
-                let mut qs = upload(&g, &inp.qkv, n, cols);
+                let mut qs = upload(g, &inp.qkv, n, cols);
                 let mut os = g.buf(1, 1).unwrap();
                 g.ssm_conv(&mut ks, layer, &mut qs, &cwg).unwrap();
                 g.gated_delta(&mut ks, layer, &qs, &alg, &beg, &ag, &dg, &net, &mut os)
@@ -630,7 +643,7 @@ fn delta_net_fused_matches_the_separate_ops() {
                     &mut oc,
                 )
                 .expect("cpu");
-                let (vf, vs, vc) = (download(&g, &of), download(&g, &os), download(&c, &oc));
+                let (vf, vs, vc) = (download(g, &of), download(g, &os), download(&c, &oc));
                 assert_eq!(g.buf_shape(&of), (n, vd));
                 let name = format!(
                     "delta_net {nk}/{nv} heads {dk}x{dv} {map:?}, step {step} ({n} rows), layer {layer}"

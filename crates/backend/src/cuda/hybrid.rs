@@ -36,6 +36,8 @@ const DR_CPW: usize = 4;
 /// DS_MAXK in hybrid.cu).
 const DR_MAXN: usize = 8;
 const DS_MAXK: usize = 4;
+/// Warps a block of `delta_step` and `delta_rows` at most (their `__launch_bounds__(512)`).
+const DS_MAX_WARPS: usize = 16;
 
 pub(super) struct HybridKernels {
     ssm_conv: CudaFunction,
@@ -605,7 +607,9 @@ impl CudaBackend {
         } else {
             (&self.hybrid.delta_step, DS_CPW)
         };
-        let warps = dv.div_ceil(self.ds_blocks).div_ceil(cpw);
+        // At most the kernels' 512 threads a block (`delta_rows` with one block a head would
+        // want 1,024 on the 27B: more blocks then).
+        let warps = dv.div_ceil(self.ds_blocks).div_ceil(cpw).min(DS_MAX_WARPS);
         let cfg = LaunchConfig {
             grid_dim: (nv as u32, dv.div_ceil(warps * cpw) as u32, 1),
             block_dim: ((warps * 32) as u32, 1, 1),
