@@ -137,6 +137,19 @@ struct Q_Q8_0 {
 };
 
 struct Q_Q4_K {
+    // A unit's 32 nibbles (the low or high halves of q's bytes, by nsh) times the NR
+    // activation rows, scaled: `dot`'s and `dot_u`'s shared arithmetic.
+    template <int NR>
+    static __device__ __forceinline__ void acc_nibbles(const u32 (&q)[8], int nsh, float d1,
+                                                       float m1, const int (&x)[NR][8],
+                                                       const float2 (&ds)[NR], float (&acc)[NR]) {
+        int w[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) w[k] = (q[k] >> nsh) & 0x0F0F0F0F;
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[r] += d1 * ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) - m1 * ds[r].y;
+    }
     template <int NR>
     static __device__ __forceinline__ void dot(const u8* row, int u, const int (&x)[NR][8],
                                                const float2 (&ds)[NR], float (&acc)[NR]) {
@@ -150,19 +163,14 @@ struct Q_Q4_K {
         const int sh = (s & 1) * 4;
         const uint4 v0 = q4[0], v1 = q4[1];
         const u32 q[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-        int w[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) w[k] = (q[k] >> sh) & 0x0F0F0F0F;
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-            acc[r] += d1 * ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) - m1 * ds[r].y;
+        acc_nibbles<NR>(q, sh, d1, m1, x, ds, acc);
     }
     // A unit's loads apart from its arithmetic, for gemv_int.cu's `mvq_split`: the
     // super-block's head (d, dmin, 12 scale bytes) and the 32 bytes of qs whose low (even
     // unit) or high (odd unit) nibbles are the unit's; 16-byte aligned (super-blocks are
-    // 9·16 bytes, qs starts at byte 16). `dot_u` is `dot`'s arithmetic on them; `dot` keeps
-    // its own loads, since every other Q4_K kernel reads through it and the 16-byte form
-    // was measured only inside mvq_split.
+    // 9·16 bytes, qs starts at byte 16). `dot_u` is `dot`'s arithmetic on them (both end in
+    // `acc_nibbles`); `dot` keeps its own loads, since every other Q4_K kernel reads
+    // through it and the 16-byte form was measured only inside mvq_split.
     struct U {
         uint4 h, a, b;
     };
@@ -183,12 +191,7 @@ struct Q_Q4_K {
         const float m1 = h2f((u16)(w.h.x >> 16)) * (float)m;
         const int nsh = (s & 1) * 4;
         const u32 q[8] = {w.a.x, w.a.y, w.a.z, w.a.w, w.b.x, w.b.y, w.b.z, w.b.w};
-        int v[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = (q[k] >> nsh) & 0x0F0F0F0F;
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-            acc[r] += d1 * ds[r].x * (float)dot8<NR>(v, x, r, 0, 8) - m1 * ds[r].y;
+        acc_nibbles<NR>(q, nsh, d1, m1, x, ds, acc);
     }
 };
 
