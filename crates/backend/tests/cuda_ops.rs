@@ -1110,8 +1110,7 @@ fn fused_matmul_glu() {
                     if d == 0 {
                         assert_eq!(n_diff(&a, &b), 0, "{name}: down projection");
                     }
-                    let e = rel(&a, &exact_product(deq, &vf, 64, f));
-                    assert!(e < 1.2e-2, "{name} → down: {e:.2e}");
+                    check_q8_1(&a, deq, &vf, 64, f, &format!("{name} → down"));
                     // g changes: the down projection must quantize it afresh.
                     let y = randv(&mut r, n * f, 1.0);
                     let mut g2 = g.buf(1, 1).unwrap();
@@ -1120,8 +1119,10 @@ fn fused_matmul_glu() {
                     let sum: Vec<f32> = vf.iter().zip(&y).map(|(a, b)| a + b).collect();
                     let mut o = g.buf(1, 1).unwrap();
                     g.matmul(m, &g2, &mut o).unwrap();
-                    let e = rel(&download(&g, &o), &exact_product(deq, &sum, 64, f));
-                    assert!(e < 1.2e-2, "{name}: stale q8_1 after add: {e:.2e}");
+                    // Held to the q8_1-rounded product: a stale input misses it by far, and
+                    // the exact product is 1–1.3% away from it here (rounding alone).
+                    let what = format!("{name}: stale q8_1 after add");
+                    check_q8_1(&download(&g, &o), deq, &sum, 64, f, &what);
                 }
             }
         }
