@@ -1201,6 +1201,7 @@ mod tests {
         assert_eq!(mvs_geometry((4, 16, 9), 40, 720, &[64], 132), (4, 8, 6));
         assert_eq!(mvs_shape(Some("0")), None);
         assert_eq!(mvs_shape(Some("8,2,0")), Some((8, 2, 0)));
+        assert_eq!(mvs_shape(Some("0x2x3")), Some((0, 2, 3)));
         assert_eq!(mvs_shape(Some("3,2,0")), Some(MVS_DEFAULT));
         assert_eq!(mvs_shape(None), Some(MVS_DEFAULT));
     }

@@ -93,7 +93,8 @@ const MVS_R: [usize; 3] = [2, 4, 8];
 const MVS_ROWS: usize = 32;
 const MVS_DEFAULT: MvsShape = (0, 0, 0);
 
-/// NEAGARI_CUDA_MVS: unset → the default, "0" → off, "R,K,G" → that shape where it is
+/// NEAGARI_CUDA_MVS: unset → the default, "0" → off, "R,K,G" (or "RxKxG", which
+/// bench/cuda/run.sh's comma-separated environments can carry) → that shape where it is
 /// compiled (else the default).
 fn mvs_shape(v: Option<&str>) -> Option<MvsShape> {
     let Some(v) = v else {
@@ -102,7 +103,10 @@ fn mvs_shape(v: Option<&str>) -> Option<MvsShape> {
     if v == "0" {
         return None;
     }
-    let n: Vec<usize> = v.split(',').filter_map(|t| t.trim().parse().ok()).collect();
+    let n: Vec<usize> = v
+        .split([',', 'x'])
+        .filter_map(|t| t.trim().parse().ok())
+        .collect();
     match n[..] {
         [r, k, g] if (r == 0 || MVS_R.contains(&r)) && r.max(1) * k <= MVS_ROWS => Some((r, k, g)),
         _ => Some(MVS_DEFAULT),
