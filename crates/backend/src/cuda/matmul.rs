@@ -1139,12 +1139,19 @@ impl CudaBackend {
     }
 }
 
+/// Row groups a block of gemv_stream.cu's GEMV at most, where the shape picks: blocks of
+/// 120 threads on the 27B's 5,120-wide rows (40 steps), twice the blocks of the 6 groups that
+/// fit, four of them an SM. Inside the replayed step (H200, one-token greedy): Q1_0 3.842 →
+/// 3.766 ms (tg128 259.5 → 264.6 tok/s), TQ2_0 4.695 → 4.614 (213.7 → 217.5); at most 2 or
+/// 1 group, Q1_0 4.277 and 4.272.
+const MVS_GROUPS: usize = 3;
+
 /// (R, K, G) of gemv_stream.cu for one launch over matrices of `rows` rows of `steps` steps
 /// (`row_bytes` a row), from `shape` (0s pick). R: 128 bytes of a thread's weight bodies in
 /// flight (8 Q1_0 rows of 16 + 2 bytes a step, 4 TQ2_0 rows of 32 + 2). K: 3 (Q1_0) or 4
-/// (TQ2_0) chunks, then fewer, then fewer row groups a block (G, at most 256 / steps),
-/// while the grid is under one block an SM. On the 27B's gate/up this took the GEMV from
-/// 1.43 to 1.86 TB/s (Q1_0) and the step from 199 to 220 tok/s (docs/BENCHMARKS.md).
+/// (TQ2_0) chunks, then fewer, then fewer row groups a block (G, at most MVS_GROUPS and
+/// 256 / steps), while the grid is under one block an SM. On the 27B's gate/up this took the
+/// GEMV from 1.43 to 1.86 TB/s (Q1_0) and the step from 199 to 220 tok/s (docs/BENCHMARKS.md).
 fn mvs_geometry(
     (r, kc, g): MvsShape,
     steps: usize,
@@ -1163,7 +1170,11 @@ fn mvs_geometry(
         0 => 4,
         k => k.min(MVS_ROWS / r),
     };
-    let mut gr = if g == 0 { fit } else { g.min(fit) };
+    let mut gr = if g == 0 {
+        fit.min(MVS_GROUPS)
+    } else {
+        g.min(fit)
+    };
     let blocks =
         |k: usize, gr: usize| -> usize { rows.iter().map(|n| n.div_ceil(gr * r * k)).sum() };
     while kc == 0 && k > 1 && blocks(k, gr) < n_sm {
@@ -1188,15 +1199,26 @@ mod tests {
         let pick = |(steps, rb): (usize, usize), rows: &[usize]| {
             mvs_geometry(MVS_DEFAULT, steps, rb, rows, 132)
         };
-        // gate+up: 242 blocks of 6 groups × 8 rows × 3 chunks.
-        assert_eq!(pick(q1(5120), &[17408, 17408]), (8, 3, 6));
-        // qkv+z: 114 blocks at K = 3, so K = 2.
-        assert_eq!(pick(q1(5120), &[10240, 6144]), (8, 2, 6));
-        // ssm_out (48 steps, 5 groups fit): 43 blocks at K = 3 → K = 1 (128) → 4 groups.
-        assert_eq!(pick(q1(6144), &[5120]), (8, 1, 4));
+        // gate+up: 484 blocks of 3 groups × 8 rows × 3 chunks.
+        assert_eq!(pick(q1(5120), &[17408, 17408]), (8, 3, 3));
+        // qkv+z: 229 blocks at K = 3.
+        assert_eq!(pick(q1(5120), &[10240, 6144]), (8, 3, 3));
+        // ssm_out (48 steps): 72 blocks at K = 3, 107 at 2 → K = 1 (214).
+        assert_eq!(pick(q1(6144), &[5120]), (8, 1, 3));
         // ffn_down: 136 steps, one group.
         assert_eq!(pick(q1(17408), &[5120]), (8, 3, 1));
-        assert_eq!(pick(tq(5120), &[17408, 17408]), (4, 4, 6));
+        assert_eq!(pick(tq(5120), &[17408, 17408]), (4, 4, 3));
+        // A small matrix: K to 1, then groups to 1 (under one block an SM even so).
+        assert_eq!(pick(q1(5120), &[300]), (8, 1, 1));
+        // What NEAGARI_CUDA_MVS=0x0x3 ran in the measurement above: the same shapes.
+        for rows in [&[17408, 17408][..], &[10240, 6144, 48, 48], &[248320]] {
+            let forced = mvs_geometry((0, 0, 3), 40, 720, rows, 132);
+            assert_eq!(pick(q1(5120), rows), forced);
+        }
+        assert_eq!(
+            pick(q1(6144), &[5120]),
+            mvs_geometry((0, 0, 3), 48, 864, &[5120], 132)
+        );
         // Forced: R and K as given (R·K ≤ 32), G no more than fit.
         assert_eq!(mvs_geometry((4, 16, 9), 40, 720, &[64], 132), (4, 8, 6));
         assert_eq!(mvs_shape(Some("0")), None);
