@@ -33,11 +33,13 @@
 //! tensor cores) — a first step before a fused dequantize-mma kernel.
 
 mod kernel_cache;
+mod modules;
 mod probe;
 mod profile;
 mod ptxas;
 
 pub use kernel_cache::dir as kernel_cache_dir;
+pub use modules::{compile_all, module_ptx, nvrtc_present};
 pub use probe::{probe, DeviceInfo, Probe};
 pub use profile::KernelTime;
 pub use ptxas::{kernel_registers, KernelRegs};
@@ -46,29 +48,20 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
 };
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use neagari_quant::GgmlType;
+
+use modules::*;
 
 use crate::{
     Attn, Backend, BackendError, DeltaNet, GluAct, HostTensor, KvShape, KvType, QkPrep, RecShape,
     Result, Rope,
 };
-
-const COMMON: &str = include_str!("kernels/common.cuh");
-const DEQUANT: &str = include_str!("kernels/dequant.cuh");
-const MATMUL: &str = include_str!("kernels/matmul.cu");
-const OPS: &str = include_str!("kernels/ops.cu");
-const LOWBIT: &str = include_str!("kernels/lowbit.cu");
-const VECDOT: &str = include_str!("kernels/vecdot.cuh");
-const GEMV_INT: &str = include_str!("kernels/gemv_int.cu");
-const GEMV_ROWS: &str = include_str!("kernels/gemv_rows.cu");
-const GEMV_STREAM: &str = include_str!("kernels/gemv_stream.cu");
 
 /// Rows a GEMV kernel handles per launch (the largest `mvN`).
 const MV_MAX_ROWS: usize = 8;
@@ -131,282 +124,6 @@ fn drv<E: std::fmt::Debug>(e: E) -> BackendError {
 
 fn shape_err(op: &'static str, detail: String) -> BackendError {
     BackendError::Shape { op, detail }
-}
-
-/// The kernel struct name in dequant.cuh of a format the GEMV supports.
-fn fmt_struct(ty: GgmlType) -> Option<&'static str> {
-    use GgmlType::*;
-    Some(match ty {
-        F32 => "F_F32",
-        F16 => "F_F16",
-        BF16 => "F_BF16",
-        Q4_0 => "F_Q4_0",
-        Q4_1 => "F_Q4_1",
-        Q5_0 => "F_Q5_0",
-        Q5_1 => "F_Q5_1",
-        Q8_0 => "F_Q8_0",
-        Q2_K => "F_Q2_K",
-        Q3_K => "F_Q3_K",
-        Q4_K => "F_Q4_K",
-        Q5_K => "F_Q5_K",
-        Q6_K => "F_Q6_K",
-        Q1_0 => "F_Q1_0",
-        Q2_0 => "F_Q2_0",
-        TQ2_0 => "F_TQ2_0",
-        _ => return None,
-    })
-}
-
-/// The integer-dot struct in vecdot.cuh of a format (q8_1 activations), if it has one.
-fn int_struct(ty: GgmlType) -> Option<&'static str> {
-    use GgmlType::*;
-    Some(match ty {
-        Q4_0 => "Q_Q4_0",
-        Q4_1 => "Q_Q4_1",
-        Q5_0 => "Q_Q5_0",
-        Q5_1 => "Q_Q5_1",
-        Q8_0 => "Q_Q8_0",
-        Q2_K => "Q_Q2_K",
-        Q3_K => "Q_Q3_K",
-        Q4_K => "Q_Q4_K",
-        Q5_K => "Q_Q5_K",
-        Q6_K => "Q_Q6_K",
-        Q1_0 => "Q_Q1_0",
-        TQ2_0 => "Q_TQ2_0",
-        _ => return None,
-    })
-}
-
-/// The tensor-core GEMV struct in gemv_rows.cu of a format (3–8 activation rows), if it
-/// has one: formats with one scale per 32-value unit (ggml's layout; an `R` suffix for
-/// repack.rs's).
-fn rows_struct(ty: GgmlType) -> Option<&'static str> {
-    use GgmlType::*;
-    Some(match ty {
-        Q4_0 => "R_Q4_0",
-        Q5_0 => "R_Q5_0",
-        Q8_0 => "R_Q8_0",
-        Q4_K => "R_Q4_K",
-        Q1_0 => "R_Q1_0",
-        TQ2_0 => "R_TQ2_0",
-        _ => return None,
-    })
-}
-
-/// Kernel struct names of a format: decoder, integer dot, tensor-core rows. Those of
-/// repack.rs's layout (an `R` suffix) when `repack` and the format has one.
-struct FmtNames {
-    st: String,
-    q: Option<String>,
-    rows: Option<String>,
-    /// The format has gemv_stream.cu's one-row GEMV (the repacked ones).
-    stream: bool,
-    /// gemv_rows.cu's step-of-4-units struct (`B_…`, the verify GEMV `mvrt_*`), if any,
-    /// and the units of a row's smallest run that its loads address on their own (where a
-    /// K split may cut: a repacked group of 8 blocks, a Q4_K super-block).
-    block: Option<(&'static str, usize)>,
-}
-
-fn fmt_structs(ty: GgmlType, repack: bool) -> Option<FmtNames> {
-    let repacked = repack && repack::repacked(ty);
-    let r = if repacked { "R" } else { "" };
-    let st = fmt_struct(ty)?;
-    Some(FmtNames {
-        st: format!("{st}{r}"),
-        q: int_struct(ty).map(|q| format!("{q}{r}")),
-        rows: rows_struct(ty).map(|q| format!("{q}{r}")),
-        stream: repacked,
-        block: match (ty, repacked) {
-            (GgmlType::Q1_0, true) => Some(("B_Q1_0R", 32)),
-            (GgmlType::TQ2_0, true) => Some(("B_TQ2_0R", 64)),
-            (GgmlType::Q4_K, _) => Some(("B_Q4_K", 8)),
-            _ => None,
-        },
-    })
-}
-
-/// Module name, defines and source of a format's kernels.
-fn fmt_module(n: &FmtNames) -> (String, String, String) {
-    let st = &n.st;
-    let stream = if n.stream { GEMV_STREAM } else { "" };
-    // NEAGARI_CUDA_MVS_MINB=N: the streaming GEMV's blocks-an-SM bound (gemv_stream.cu).
-    let minb = match std::env::var("NEAGARI_CUDA_MVS_MINB")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-    {
-        Some(b @ 1..=8) if n.stream => format!("\n#define MVS_MINB {b}"),
-        _ => String::new(),
-    };
-    match (n.q.as_deref(), n.rows.as_deref()) {
-        (Some(q), Some(r)) => (
-            format!("matmul_{st}"),
-            // The verify GEMV by steps of 4 units (gemv_rows.cu's B_ structs).
-            format!(
-                "#define FMT {st}\n#define FMTQ {q}\n#define FMTR {r}{minb}{}",
-                n.block
-                    .map_or(String::new(), |(b, _)| format!("\n#define FMTB {b}"))
-            ),
-            format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}\n{VECDOT}\n{GEMV_INT}\n{GEMV_ROWS}\n{stream}"),
-        ),
-        (Some(q), None) => (
-            format!("matmul_{st}"),
-            format!("#define FMT {st}\n#define FMTQ {q}"),
-            format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}\n{VECDOT}\n{GEMV_INT}"),
-        ),
-        (None, _) => (
-            format!("matmul_{st}"),
-            format!("#define FMT {st}"),
-            format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}"),
-        ),
-    }
-}
-
-/// Float formats are stored padded to whole 32-value units; quantized rows are whole blocks.
-fn is_float(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
-}
-
-/// (module name, arch, defines) → PTX.
-type PtxCache = Mutex<HashMap<(String, String, String), String>>;
-
-/// PTX per (module name, arch, defines), shared by every backend of the process.
-fn ptx_cache() -> &'static PtxCache {
-    static C: OnceLock<PtxCache> = OnceLock::new();
-    C.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-fn compile(name: &str, arch: &str, defines: &str, src: &str) -> Result<String> {
-    let key = (
-        name.to_string(),
-        arch.to_string(),
-        format!("{defines}{}", gdc_define()),
-    );
-    let mut cache = ptx_cache().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = cache.get(&key) {
-        return Ok(p.clone());
-    }
-    let full = full_source(defines, src);
-    let options = nvrtc_options(arch);
-    // A compile of the same inputs in an earlier run (kernel_cache.rs).
-    let disk = kernel_cache::dir().map(|d| {
-        let k = kernel_cache::key(&full, &options, probe::nvrtc_version());
-        (d, k)
-    });
-    if let Some(s) = disk
-        .as_ref()
-        .and_then(|(d, k)| kernel_cache::load(d, name, arch, k))
-    {
-        cache.insert(key, s.clone());
-        return Ok(s);
-    }
-    let opts = CompileOptions {
-        options,
-        ..Default::default()
-    };
-    let ptx = compile_ptx_with_opts(&full, opts)
-        .map_err(|e| BackendError::Other(format!("NVRTC failed to compile {name}: {e:?}")))?;
-    let s = ptx.to_src();
-    if let Some((d, k)) = &disk {
-        kernel_cache::store(d, name, arch, k, &s);
-    }
-    cache.insert(key, s.clone());
-    Ok(s)
-}
-
-/// NVRTC's flags for every module (ptxas.rs adds its report flag to the same).
-fn nvrtc_options(arch: &str) -> Vec<String> {
-    vec![
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".into(),
-        "-default-device".into(),
-        "--fmad=true".into(),
-    ]
-}
-
-/// What NVRTC compiles for a module: its defines, the PDL mode, the shared header, its source.
-fn full_source(defines: &str, src: &str) -> String {
-    format!("{defines}\n{}{COMMON}\n{src}", gdc_define())
-}
-
-/// How kernels hand over under PDL (`gdc_wait` / `gdc_prefetch` in common.cuh). By default
-/// a kernel lets the next one launch as soon as all its blocks have passed their wait, and
-/// the GEMVs' blocks ask L2 for their weight rows before they wait, so the weights stream
-/// while the kernel before them runs: tg128 (H200, one call) 27B Q4_K 131.6 → 142.7, Q1_0
-/// 196.5 → 200.3, TQ2_0 177.3 → 176.5, Gemma 3 270M shape 864 → 850. For measuring:
-/// NEAGARI_CUDA_PDL=exit (the next kernel launches when this one's blocks exit), =early
-/// (early launch, no prefetch), =0 (no PDL at all, `CudaBackend::pdl`).
-fn gdc_define() -> &'static str {
-    match std::env::var("NEAGARI_CUDA_PDL").as_deref() {
-        Ok("exit") | Ok("0") => "",
-        Ok("early") => "#define GDC_EARLY\n",
-        _ => "#define GDC_EARLY\n#define GDC_PREFETCH\n",
-    }
-}
-
-/// Whether NVRTC (the run-time compiler of the kernels) can be loaded.
-pub fn nvrtc_present() -> bool {
-    // SAFETY: only tries to open the shared library.
-    unsafe { cudarc::nvrtc::sys::is_culib_present() }
-}
-
-/// The PTX NVRTC makes for `arch` without a GPU, for tests that inspect it: the float-op
-/// and hybrid modules for `None`, else the modules of weight format `ty` (both layouts).
-pub fn module_ptx(arch: &str, ty: Option<GgmlType>) -> Result<Vec<String>> {
-    module_sources(ty)?
-        .iter()
-        .map(|(name, defines, src)| compile(name, arch, defines, src))
-        .collect()
-}
-
-/// (name, defines, source) of the modules `module_ptx` compiles.
-fn module_sources(ty: Option<GgmlType>) -> Result<Vec<(String, String, String)>> {
-    let Some(ty) = ty else {
-        return Ok(vec![
-            ("ops".into(), String::new(), OPS.into()),
-            ("hybrid".into(), String::new(), hybrid::HYBRID.into()),
-        ]);
-    };
-    // Both layouts of the formats that are repacked at upload.
-    let mut out = [false, true]
-        .iter()
-        .map(|&repack| {
-            let names = fmt_structs(ty, repack).ok_or(BackendError::NoKernel {
-                op: "matmul",
-                device: "cuda",
-                ty,
-            })?;
-            Ok(fmt_module(&names))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    // Gemma 3's Q4_K_M q/k/v: the one pair module every model test meets.
-    if ty == GgmlType::Q5_0 {
-        out.push(pair_module("Q_Q5_0", "Q_Q8_0"));
-    }
-    Ok(out)
-}
-
-/// Module name, defines and source of the two-format one-row GEMV `mvqp*` (gemv_int.cu) of
-/// integer-dot structs `qa` (the first matrices) and `qb`.
-fn pair_module(qa: &str, qb: &str) -> (String, String, String) {
-    (
-        format!("pair_{qa}_{qb}"),
-        format!("#define FMTQ {qa}\n#define FMTQ2 {qb}"),
-        format!("{DEQUANT}\n{LOWBIT}\n{VECDOT}\n{GEMV_INT}"),
-    )
-}
-
-/// Compiles every kernel module for `arch` (e.g. `sm_90`) without a GPU: NVRTC alone
-/// suffices, so a machine without a GPU can check that the kernels build.
-pub fn compile_all(arch: &str) -> Result<()> {
-    use GgmlType::*;
-    let types = [
-        F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q1_0, Q2_0,
-        TQ2_0,
-    ];
-    for ty in std::iter::once(None).chain(types.map(Some)) {
-        module_ptx(arch, ty)?;
-    }
-    Ok(())
 }
 
 /// The float-op kernels, loaded once per backend.
