@@ -531,7 +531,7 @@ fn n_diff(a: &[f32], b: &[f32]) -> usize {
         .count()
 }
 
-/// `delta_net` (a decode row: one `delta_step` kernel; 2–8 rows: one `delta_rows`) against
+/// `delta_net` (1–8 rows, a decode step or a verify: one `delta_rows` kernel) against
 /// the three separate GPU ops and the CPU backend, step after step on three caches (so the
 /// conv window and the state it leaves are checked too), prefill rows in between, both head maps, ragged heads and
 /// the 27B shape; where the head is whole 32-value units, the q8_1 it leaves for `ssm_out`

@@ -2,10 +2,10 @@
 //! needed; skipped where libnvrtc.so is missing): the streaming GEMV stays within the 128
 //! registers that let two of its blocks share an SM (gemv_stream.cu's MVS_MINB: unbounded,
 //! ptxas took up to 255 and the 27B decode ran 9% slower), and the shapes the 27B's decode
-//! runs (Q1_0's `mvs_8`, TQ2_0's `mvs_4`, the gated delta rule's `delta_step` and
+//! runs (Q1_0's `mvs_8`, TQ2_0's `mvs_4`, the gated delta rule's `delta_rows` and
 //! `gated_delta`, attention, the cluster norm, Gemma's `norm_add_norm_q_1`) spill nothing
-//! (`delta_step` at four state columns a warp and 1024 threads spilled 40 bytes under its
-//! 64-register bound; `norm_add_norm_q` with 8 values a thread 32). Every kernel that spills
+//! (the old one-token DeltaNet kernel at four state columns a warp and 1024 threads spilled
+//! 40 bytes under its 64-register bound; `norm_add_norm_q` with 8 values a thread 32). Every kernel that spills
 //! is printed: with NVRTC 13.5, `norm_add_norm*_8` (rows over 1,024 values; 4–32 bytes),
 //! Q1_0's float `mv2` (24), TQ2_0's `mvs_8` (40, unused) and Q4_K's `mvqg1x8` (4).
 #![cfg(feature = "cuda")]
@@ -33,7 +33,7 @@ fn kernels_fit_their_registers_on_hopper() {
         ("matmul_F_TQ2_0R", "mvrmt_2"),
         ("matmul_F_TQ2_0R", "mvrt_1"),
         ("matmul_F_Q4_K", "mvrmt_2"),
-        ("hybrid", "delta_step"),
+        ("hybrid", "delta_rows"),
         ("hybrid", "gated_delta"),
         ("ops", "attention"),
         ("ops", "qk_norm_rope"),

@@ -5,9 +5,8 @@
 //! The gated delta rule keeps a head's state `[d_v, d_k]` (a column's rows contiguous; the
 //! layout is private to the two kernels that use it): a warp owns four state columns in
 //! registers and walks the tokens in order (`gated_delta`; a chunked tensor-core form for
-//! long prefills is a later step), or does one decode token with the conv before it and
-//! the gated norm after it (`delta_step`, blocks per head), or the same for the 2–8 rows
-//! of a verify (`delta_rows`). `matmul_rows` copies the expert's rows to a scratch matrix
+//! long prefills is a later step), or does 1–8 tokens (a decode step, a verify) with the
+//! conv before it and the gated norm after it (`delta_rows`, blocks per head). `matmul_rows` copies the expert's rows to a scratch matrix
 //! and runs the ordinary matmul on it (one extra device copy per call, so the GEMV path
 //! stays untouched).
 
@@ -29,14 +28,12 @@ const GD_CPW: usize = 4;
 const GD_MAX_DIM: usize = 128;
 /// Warps a block of `gated_delta` (prefill).
 const GD_WARPS: usize = 8;
-/// State columns a warp owns in `delta_step` and `delta_rows` (DS_CPW, DR_CPW).
-const DS_CPW: usize = 8;
+/// State columns a warp owns in `delta_rows` (DR_CPW in hybrid.cu).
 const DR_CPW: usize = 4;
-/// Most rows of `delta_rows` and largest conv kernel of it and `delta_step` (DR_MAXN,
-/// DS_MAXK in hybrid.cu).
+/// Most rows of `delta_rows` and its largest conv kernel (DR_MAXN, DS_MAXK in hybrid.cu).
 const DR_MAXN: usize = 8;
 const DS_MAXK: usize = 4;
-/// Warps a block of `delta_step` and `delta_rows` at most (their `__launch_bounds__(512)`).
+/// Warps a block of `delta_rows` at most (its `__launch_bounds__(512)`).
 const DS_MAX_WARPS: usize = 16;
 
 pub(super) struct HybridKernels {
@@ -48,7 +45,6 @@ pub(super) struct HybridKernels {
     copy_cols: CudaFunction,
     gather_rows: CudaFunction,
     scatter_add_rows: CudaFunction,
-    delta_step: CudaFunction,
     delta_rows: CudaFunction,
 }
 
@@ -68,7 +64,6 @@ impl HybridKernels {
             copy_cols: f("copy_cols")?,
             gather_rows: f("gather_rows")?,
             scatter_add_rows: f("scatter_add_rows")?,
-            delta_step: f("delta_step")?,
             delta_rows: f("delta_rows")?,
         })
     }
@@ -532,8 +527,8 @@ impl CudaBackend {
         Ok(sc.fuse_cnt.as_ref().map_or(0, |c| self.dptr(c)))
     }
 
-    /// `Backend::delta_net`: a decode row in one `delta_step` launch, 2..=8 rows (a verify)
-    /// in one `delta_rows` (unless NEAGARI_CUDA_FUSE=0), other shapes through the three ops.
+    /// `Backend::delta_net`: 1..=8 rows (a decode step, a verify) in one `delta_rows` launch
+    /// (unless NEAGARI_CUDA_FUSE=0), other shapes through the three ops.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn hy_delta_net(
         &self,
@@ -555,6 +550,7 @@ impl CudaBackend {
         let n = qkv.rows;
         let fused = self.fuse
             && (1..=DR_MAXN).contains(&n)
+            && dk.is_multiple_of(4)
             && norm.len == dv
             && z.rows * z.cols == n * nv * dv
             && kv.rec.as_ref().is_some_and(|r| {
@@ -600,18 +596,16 @@ impl CudaBackend {
         } else {
             (0, 0)
         };
-        // `ds_blocks` blocks a value head, a warp per `cpw` state columns. The two kernels
-        // take the same parameters.
-        let (f, cpw) = if n > 1 {
-            (&self.hybrid.delta_rows, DR_CPW)
-        } else {
-            (&self.hybrid.delta_step, DS_CPW)
-        };
-        // At most the kernels' 512 threads a block (`delta_rows` with one block a head would
-        // want 1,024 on the 27B: more blocks then).
-        let warps = dv.div_ceil(self.ds_blocks).div_ceil(cpw).min(DS_MAX_WARPS);
+        // `ds_blocks` blocks a value head, a warp per DR_CPW state columns, at most the
+        // kernel's 512 threads a block (one block a head would want 1,024 on the 27B: more
+        // blocks then).
+        let f = &self.hybrid.delta_rows;
+        let warps = dv
+            .div_ceil(self.ds_blocks)
+            .div_ceil(DR_CPW)
+            .min(DS_MAX_WARPS);
         let cfg = LaunchConfig {
-            grid_dim: (nv as u32, dv.div_ceil(warps * cpw) as u32, 1),
+            grid_dim: (nv as u32, dv.div_ceil(warps * DR_CPW) as u32, 1),
             block_dim: ((warps * 32) as u32, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -26,7 +26,7 @@
 //! gemv_int.cu); the q8_1 copy is written by the op that produced the input when it is a
 //! whole-row RMSNorm, a GLU, the fused gate/up GEMV or the fused DeltaNet step of decode
 //! rows, else by one quantizer launch, and serves every matmul on that input (q/k/v,
-//! gate/up; see [`Scratch::xq_key`]). Fused ops (fused.rs, `delta_step` in hybrid.rs) run a
+//! gate/up; see [`Scratch::xq_key`]). Fused ops (fused.rs, `delta_rows` in hybrid.rs) run a
 //! decode layer's small steps as one launch each. Float formats decode to
 //! f32 (`mv{1,2,4,8}`, matmul.cu). Larger batches
 //! (prefill) dequantize the matrix to an f16 scratch tile and call cuBLAS (f16 × f16 → f32,
@@ -225,7 +225,7 @@ struct Scratch {
     norm_cnt: Option<CudaSlice<u32>>,
     /// Greedy picks of `argmax` `[rows]`, as keys (graph.rs).
     amax: Option<CudaSlice<u64>>,
-    /// Arrival counters of the fused kernels' last-block steps (`delta_step`, `mvqg*`),
+    /// Arrival counters of the fused kernels' last-block steps (`delta_rows`, `mvqg*`),
     /// zero between launches (each last block resets its own).
     fuse_cnt: Option<CudaSlice<u32>>,
     /// A second q8_1 area: a fused GEMV writes its output's q8_1 here while its blocks
@@ -283,7 +283,7 @@ pub struct CudaBackend {
     /// (gemv_int.cu's `mvq_split`; NEAGARI_CUDA_MVQ_SPLIT=0 turns it off): 27B Q4_K
     /// ffn_down 23.7 → 17.6 µs, tg128 144.0 → 149.4 on the H200.
     mvq_split: bool,
-    /// Blocks a value head of the one-token DeltaNet kernel (`delta_step`, hybrid.cu):
+    /// Blocks a value head of the fused DeltaNet kernel (`delta_rows`, hybrid.cu):
     /// NEAGARI_CUDA_DS_BLOCKS=N, 1..=16, default 4.
     ds_blocks: usize,
     /// 3–8 activation rows take the tensor-core GEMV (gemv_rows.cu) where the format has

@@ -310,176 +310,42 @@ __device__ __forceinline__ void ds_arrive(u32* cnt, int kh, int h, int nk, int n
     __syncthreads();
 }
 
-// One decode token of a Gated DeltaNet layer in one launch: ssm_conv, gated_delta and
-// rms_norm_gated (with its q8_1 for ssm_out when xq is set), each op's arithmetic in its
-// order except the norm's sum of squares. Grid (n_v, nb): a head's d_v state columns are
-// split over nb blocks, DS_CPW columns a warp. What the kernel before (the qkv / z GEMV)
-// does not write — the state, the conv window and taps, the norm weight — is read before
-// gdc_wait, with the window's part of each conv sum. Each warp convolves what it reads
-// itself (its lanes' q, k channels, its columns' v channels) from the raw qkv row (not
-// written). A block's v window is its own to move; a key head's q, k window is read by
-// every block of the heads on it, so the last of those to arrive (cnt[kh]) moves it. With
-// nb = 1 the block normalizes its head; with more, each writes its raw outputs and the
-// last of the head's blocks to arrive (cnt[nk + h]) normalizes them. Counters go back to 0.
-// The parameters are delta_rows' (n is 1 here), so the host launches either alike.
-// qkv [2·nk·dk + nv·dv]; win [kc − 1, that] (oldest first); cw [that, kc]; z, out [nv·dv].
-#define DS_CPW 8
-// The fused kernels' largest conv kernel: their conv loops run to it unrolled, so a
-// channel's window and tap loads are in flight together (a loop to kc − 1 took them one
-// after another: ncu gave the 27B's delta_step 23 µs, mostly waiting on them).
-#define DS_MAXK 4
-extern "C" __global__ void __launch_bounds__(512, 1)
-    delta_step(const float* qkv, float* win, const float* cw, int kc, const float* alpha,
-               const float* beta, const float* a_neg, const float* dt_bias, float* state,
-               float* out, int n, int nk, int nv, int dk, int dv, int tiled,
-               const float* nwt, const float* z, float eps, i8* xq, float2* xds, u32* cnt) {
-    const int h = blockIdx.x, nb = gridDim.y;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nw = blockDim.x >> 5;
-    const int j0 = (blockIdx.y * nw + warp) * DS_CPW;
-    const int kh = tiled ? h % nk : h / max(nv / nk, 1);
-    const int key_dim = nk * dk;
-    const int cols = 2 * key_dim + nv * dv;
-    const int hist = kc - 1;
-    const i64 base = (i64)h * dv;
-    float* S = state + (i64)h * dk * dv;
-    __shared__ float ob[32 * GD_ROWS];  // the head's d_v outputs (for the norm)
-    __shared__ float red[16];
-    __shared__ int last_k, last_h;
-
-    // The window's part of channel c's conv sum (its newest tap is read after the wait,
-    // beside the input).
-    auto conv_part = [&](int c) {
-        float p = 0.f;
-#pragma unroll
-        for (int t = 0; t < DS_MAXK - 1; t++)
-            if (t < hist) p += win[(i64)t * cols + c] * cw[(i64)c * kc + t];
-        return p;
-    };
-    auto tap = [&](int c) { return cw[(i64)c * kc + hist]; };
-    // Moves channel c's window by the new input x: every load, then every store (one trip).
-    auto shift = [&](int c, float x) {
-        float w[DS_MAXK];
-#pragma unroll
-        for (int t = 0; t + 1 < DS_MAXK; t++)
-            if (t + 1 < hist) w[t] = win[(i64)(t + 1) * cols + c];
-#pragma unroll
-        for (int t = 0; t + 1 < DS_MAXK; t++)
-            if (t + 1 < hist) win[(i64)t * cols + c] = w[t];
-        if (hist > 0) win[(i64)(hist - 1) * cols + c] = x;
-    };
-
-    float s[GD_ROWS][DS_CPW];
-    state_load(s, S, j0, dk, dv);
-    float pq[GD_ROWS], pk[GD_ROWS];
-#pragma unroll
-    for (int r = 0; r < GD_ROWS; r++) {
-        const int i = lane + 32 * r;
-        pq[r] = i < dk ? conv_part(kh * dk + i) : 0.f;
-        pk[r] = i < dk ? conv_part(key_dim + kh * dk + i) : 0.f;
-    }
-    // Lane c < DS_CPW convolves column j0 + c's v channel (the others get it by shuffle).
-    const int jv = j0 + lane;
-    const bool vl = lane < DS_CPW && jv < dv;
-    const int cv = 2 * key_dim + h * dv + jv;
-    const float pv = vl ? conv_part(cv) : 0.f;
-    // The norm's first output of this thread, if its block normalizes (every block reads it).
-    const int jn = warp * 32 + lane;
-    const float wn = jn < dv ? nwt[jn] : 0.f;
-    const float an = a_neg[h], dtb = dt_bias[h];
-
-    gdc_wait();
-    float q[GD_ROWS], k[GD_ROWS];
-#pragma unroll
-    for (int r = 0; r < GD_ROWS; r++) {
-        const int i = lane + 32 * r, cq = kh * dk + i, ck = key_dim + kh * dk + i;
-        q[r] = i < dk ? silu_f(pq[r] + qkv[cq] * tap(cq)) : 0.f;
-        k[r] = i < dk ? silu_f(pk[r] + qkv[ck] * tap(ck)) : 0.f;
-    }
-    const float xv = vl ? qkv[cv] : 0.f;
-    const float vc = vl ? silu_f(pv + xv * tap(cv)) : 0.f;
-    const float al = alpha[h], be = beta[h];
-    const float zn = jn < dv ? z[base + jn] : 0.f;
-    float v[DS_CPW];
-#pragma unroll
-    for (int c = 0; c < DS_CPW; c++) v[c] = __shfl_sync(0xffffffffu, vc, c);
-    l2_norm_qk(q, k, dk);
-    const float decay = expf(an * softplus_f(al + dtb)), bt = sigmoid_f(be);
-    float o[DS_CPW];
-    delta_cols(s, k, q, v, decay, bt, o);
-    float ss = 0.f;
-#pragma unroll
-    for (int c = 0; c < DS_CPW; c++) {
-        if (lane == c && j0 + c < dv) {
-            if (nb == 1) ob[j0 + c] = o[c];
-            else out[base + j0 + c] = o[c];
-        }
-        ss += o[c] * o[c];  // columns past d_v are 0
-    }
-    if (lane == 0) red[warp] = ss;
-    if (nb > 1) __threadfence();
-    __syncthreads();
-    ds_arrive(cnt, kh, h, nk, nv, nb, last_k, last_h);
-    if (last_h) {
-        if (nb > 1) {
-            // The head's raw outputs, written by its other blocks.
-            __threadfence();
-            const volatile float* ov = out;
-            float sq = 0.f;
-            for (int j = threadIdx.x; j < dv; j += blockDim.x) {
-                const float x = ov[base + j];
-                ob[j] = x;
-                sq += x * x;
-            }
-            sq = warp_sum(sq);
-            if (lane == 0) red[warp] = sq;
-            __syncthreads();
-            if (threadIdx.x == 0) cnt[nk + h] = 0;
-        }
-        float sum = 0.f;
-        for (int w = 0; w < nw; w++) sum += red[w];
-        const float inv = 1.0f / sqrtf(sum / (float)dv + eps);
-        // The gated norm and its q8_1, a warp per 32 outputs.
-        for (int j = jn; j - lane < dv; j += nw * 32) {
-            const bool in = j < dv;
-            const float w = j == jn ? wn : in ? nwt[j] : 0.f;
-            const float zj = j == jn ? zn : in ? z[base + j] : 0.f;
-            const float x = in ? ob[j] * inv * w * silu_f(zj) : 0.f;
-            if (in) out[base + j] = x;
-            if (xq) q8_1_warp(x, xq, xds, (base + j) >> 5, lane);
-        }
-    }
-    // The state and the v window last: no other block reads them, and the fence before the
-    // arrive would wait on these stores too. One-token greedy step of the 27B shapes, H200:
-    // Q1_0 3.925 → 3.865 ms (tg128 253.4 → 260.3 tok/s), TQ2_0 4.799 → 4.712 (208.8 → 214.6).
-    state_store(s, S, j0, dk, dv);
-    // Lane c alone reads column j0 + c's v window, and no other block: it moves it.
-    if (vl) shift(cv, xv);
-    if (!last_k) return;
-    for (int i = threadIdx.x; i < 2 * dk; i += blockDim.x) {
-        const int c = i < dk ? kh * dk + i : key_dim + kh * dk + i - dk;
-        shift(c, qkv[c]);
-    }
-    if (threadIdx.x == 0) cnt[kh] = 0;
-}
-
-// `delta_step` over 2..DR_MAXN tokens (the verify forward of a speculative block): the
-// separate conv, gated_delta and rms_norm_gated took three launches and a round trip of
-// the conv's output through memory. Grid as delta_step, DR_CPW columns a warp. The block first
-// convolves the channels it reads (its key head's q, k and its columns' v) for every token
-// into shared memory, each op's arithmetic in ssm_conv's order; then each warp walks the
-// tokens with its state columns in registers (gated_delta's order) and writes its raw
-// outputs; the last of the head's blocks to arrive normalizes every token's row (a warp a
-// row; the sum of squares in another order than rms_norm_gated's), with its q8_1 when xq is
-// set. Windows move as in delta_step: a block its v channels, the last block of a key head
-// its q, k channels. kc ≤ DS_MAXK, d_k and d_v ≤ 32·GD_ROWS (the host checks).
-// qkv [n, 2·nk·dk + nv·dv]; alpha, beta [n, nv]; z, out [n, nv·dv].
+// A Gated DeltaNet layer's 1..DR_MAXN tokens (a decode step, or the verify forward of a
+// speculative block) in one launch: ssm_conv, gated_delta and rms_norm_gated (with its
+// q8_1 for ssm_out when xq is set). Grid (n_v, nb): a head's d_v state columns are split
+// over nb blocks, DR_CPW columns a warp. What the kernel before (the qkv / z GEMV) does not
+// write — the state, the conv windows and taps — is read before gdc_wait.
+//   1. The block convolves the channels it reads (its key head's q, k and its columns' v),
+//      a thread a channel, every token into shared memory in ssm_conv's order; a v
+//      channel's new window is stored at once (no other block reads it), a q, k channel's
+//      kept in shared memory: every block of the heads on the key head reads that window,
+//      so the last of them to arrive (cnt[kh]) stores it.
+//   2. A warp a token L2-normalises q and k (l2_norm_qk's order) in shared memory.
+//   3. Each warp walks the tokens with its state columns in registers: lane 8c + g holds
+//      column c's rows 32m + 4g + e (m, e < 4), so a column's sums are 16 products in the
+//      lane and three shuffles, and lane g keeps token g's output (DR_MAXN = 8 lanes).
+//      Sums in another order than gated_delta's.
+//   4. With nb = 1 the block's raw outputs are its head's; with more, the last of the
+//      head's blocks to arrive (cnt[nk + h]) normalizes every token's row (a warp a row;
+//      the sum of squares in another order than rms_norm_gated's). Counters go back to 0.
+// ncu, 27B, 8 tokens: 24.2 µs when a warp held rows l + 32r of four columns (every column
+// sum a 32-lane reduction, and q, k normalised by every warp inside its chain).
+// qkv [n, 2·nk·dk + nv·dv]; win [kc − 1, that] (oldest first); cw [that, kc];
+// alpha, beta [n, nv]; z, out [n, nv·dv]. kc ≤ DS_MAXK; d_k, d_v ≤ 32·GD_ROWS with d_k a
+// multiple of 4 (the host checks).
 #define DR_MAXN 8
+// a[u] ← a[u + B] where sh is set (indices known at compile time: registers, not memory).
+template <int B, int N>
+__device__ __forceinline__ void shift_down(float (&a)[N], bool sh) {
+#pragma unroll
+    for (int u = 0; u + B < N; u++) a[u] = sh ? a[u + B] : a[u];
+}
+// The largest conv kernel: the conv loops run to it unrolled, so a channel's window and
+// tap loads are in flight together.
+#define DS_MAXK 4
 // Channels a thread convolves at once (the 27B's blocks of 256 threads have 2·128 + 32).
 #define DR_CPT 3
-// State columns a warp owns: fewer than delta_step's, as a warp walks n tokens (27B, 8
-// tokens, ncu: 25.0 µs with 8, 19.6 with 4; 8-row step Q1_0 6.51 → 6.04 ms, TQ2_0 7.41 →
-// 7.20 against the three separate ops, H200).
+// State columns a warp owns: 32 lanes, 8 a column.
 #define DR_CPW 4
 extern "C" __global__ void __launch_bounds__(512, 1)
     delta_rows(const float* qkv, float* win, const float* cw, int kc, const float* alpha,
@@ -500,7 +366,9 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     float* S = state + (i64)h * dk * dv;
     // Per token, the convolved channels the block reads: q [0, dk), k [dk, 2·dk), the
     // block's v columns [2·dk, 2·dk + ncol).
-    __shared__ float xs[DR_MAXN][3 * 32 * GD_ROWS];
+    __shared__ __align__(16) float xs[DR_MAXN][3 * 32 * GD_ROWS];
+    // The key head's q, k windows after the n inputs, stored by its last block.
+    __shared__ float qkw[DS_MAXK - 1][2 * 32 * GD_ROWS];
     __shared__ float dec[DR_MAXN], bts[DR_MAXN];
     __shared__ int last_k, last_h;
 
@@ -510,21 +378,17 @@ extern "C" __global__ void __launch_bounds__(512, 1)
                : lc < 2 * dk ? key_dim + kh * dk + lc - dk
                              : 2 * key_dim + h * dv + jb + lc - 2 * dk;
     };
-    // Moves channel c's window past the n inputs: every load, then every store.
-    auto move = [&](int c) {
-        float w[DS_MAXK - 1];
-#pragma unroll
-        for (int i = 0; i < DS_MAXK - 1; i++)
-            if (i < hist)
-                w[i] = n + i < hist ? win[(i64)(n + i) * cols + c]
-                                    : qkv[(i64)(n + i - hist) * cols + c];
-#pragma unroll
-        for (int i = 0; i < DS_MAXK - 1; i++)
-            if (i < hist) win[(i64)i * cols + c] = w[i];
-    };
 
-    float s[GD_ROWS][DR_CPW];
-    state_load(s, S, j0, dk, dv);
+    // The lane's state column and its rows 32m + 4g + e: s[m][e] (four float4 loads).
+    const int cl = lane >> 3, g = lane & 7, j = j0 + cl;
+    float s[GD_ROWS][4];
+#pragma unroll
+    for (int m = 0; m < GD_ROWS; m++) {
+        const int i = 32 * m + 4 * g;
+        const float4 x = i < dk && j < dv ? *(const float4*)(S + (i64)j * dk + i)
+                                          : make_float4(0.f, 0.f, 0.f, 0.f);
+        s[m][0] = x.x, s[m][1] = x.y, s[m][2] = x.z, s[m][3] = x.w;
+    }
     const float an = a_neg[h], dtb = dt_bias[h];
     // The conv, right-aligned: e holds the window then the inputs, taps before the
     // kernel's start are 0, so every index is known at compile time. Channels
@@ -542,8 +406,8 @@ extern "C" __global__ void __launch_bounds__(512, 1)
             for (int m = 0; m < DS_MAXK - 1; m++)
                 e[i][m] = m >= pad ? win[(i64)(m - pad) * cols + c] : 0.f;
 #pragma unroll
-            for (int j = 0; j < DS_MAXK; j++)
-                tp[i][j] = j >= pad ? cw[(i64)c * kc + j - pad] : 0.f;
+            for (int u = 0; u < DS_MAXK; u++)
+                tp[i][u] = u >= pad ? cw[(i64)c * kc + u - pad] : 0.f;
         }
     };
     load_win(threadIdx.x);
@@ -574,35 +438,96 @@ extern "C" __global__ void __launch_bounds__(512, 1)
                 if (t >= n) break;
                 float acc = 0.f;
 #pragma unroll
-                for (int j = 0; j < DS_MAXK; j++)
-                    if (j >= pad) acc += e[i][t + j] * tp[i][j];
+                for (int u = 0; u < DS_MAXK; u++)
+                    if (u >= pad) acc += e[i][t + u] * tp[i][u];
                 xs[t][lc] = silu_f(acc);
+            }
+            // The window after the inputs, the last hist of window then inputs: e[pad + n + m],
+            // shifted down by pad + n a bit at a time (an index not known at compile time
+            // would put e in local memory).
+            float nwv[DS_MAXK - 1 + DR_MAXN];
+#pragma unroll
+            for (int u = 0; u < DS_MAXK - 1 + DR_MAXN; u++) nwv[u] = e[i][u];
+            const int sh = pad + n;  // < 2⁴
+            shift_down<1>(nwv, sh & 1);
+            shift_down<2>(nwv, sh & 2);
+            shift_down<4>(nwv, sh & 4);
+            shift_down<8>(nwv, sh & 8);
+            const int c = chan(lc);
+#pragma unroll
+            for (int m = 0; m < DS_MAXK - 1; m++) {
+                if (m >= hist) break;
+                if (lc < 2 * dk) qkw[m][lc] = nwv[m];
+                else win[(i64)m * cols + c] = nwv[m];
             }
         }
     }
     __syncthreads();
-    // The block's reads of its v windows are done: it moves them.
-    for (int lc = 2 * dk + threadIdx.x; lc < nch; lc += blockDim.x) move(chan(lc));
-
-    const int jl = warp * DR_CPW;
-    for (int t = 0; t < n; t++) {
-        float q[GD_ROWS], k[GD_ROWS], v[DR_CPW], o[DR_CPW];
+    // q and k of token t L2-normalised by warp t (q also by 1/√d_k).
+    for (int t = warp; t < n; t += nw) {
+        float q[GD_ROWS], k[GD_ROWS];
 #pragma unroll
         for (int r = 0; r < GD_ROWS; r++) {
             const int i = lane + 32 * r;
             q[r] = i < dk ? xs[t][i] : 0.f;
             k[r] = i < dk ? xs[t][dk + i] : 0.f;
         }
-#pragma unroll
-        for (int c = 0; c < DR_CPW; c++) v[c] = jl + c < ncol ? xs[t][2 * dk + jl + c] : 0.f;
         l2_norm_qk(q, k, dk);
-        delta_cols(s, k, q, v, dec[t], bts[t], o);
 #pragma unroll
-        for (int c = 0; c < DR_CPW; c++)
-            if (lane == c && j0 + c < dv) out[(i64)t * vd + base + j0 + c] = o[c];
+        for (int r = 0; r < GD_ROWS; r++) {
+            const int i = lane + 32 * r;
+            if (i < dk) xs[t][i] = q[r], xs[t][dk + i] = k[r];
+        }
     }
+    __syncthreads();
+
+    // The delta rule per token: p = Σ_i k_i s_i, δ = β (v − decay·p), s_i ← decay·s_i + k_i δ,
+    // o = Σ_i q_i s_i. Rows past d_k hold k = q = s = 0 and columns past d_v v = s = 0.
+    const int jl = warp * DR_CPW + cl;
+    const bool jin = j < dv;
+    float oo = 0.f;  // token g's output of column j
+    for (int t = 0; t < n; t++) {
+        float q[GD_ROWS][4], k[GD_ROWS][4];
+#pragma unroll
+        for (int m = 0; m < GD_ROWS; m++) {
+            const int i = 32 * m + 4 * g;
+            const float4 a = i < dk ? *(const float4*)&xs[t][i] : make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4 b =
+                i < dk ? *(const float4*)&xs[t][dk + i] : make_float4(0.f, 0.f, 0.f, 0.f);
+            q[m][0] = a.x, q[m][1] = a.y, q[m][2] = a.z, q[m][3] = a.w;
+            k[m][0] = b.x, k[m][1] = b.y, k[m][2] = b.z, k[m][3] = b.w;
+        }
+        const float v = jin ? xs[t][2 * dk + jl] : 0.f;
+        const float decay = dec[t], bt = bts[t];
+        float pm[GD_ROWS];
+#pragma unroll
+        for (int m = 0; m < GD_ROWS; m++) {
+            pm[m] = 0.f;
+#pragma unroll
+            for (int x = 0; x < 4; x++) pm[m] += k[m][x] * s[m][x];
+        }
+        float p = (pm[0] + pm[1]) + (pm[2] + pm[3]);
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
+        const float d = bt * (v - decay * p);
+        float om[GD_ROWS];
+#pragma unroll
+        for (int m = 0; m < GD_ROWS; m++) {
+            om[m] = 0.f;
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                s[m][x] = decay * s[m][x] + k[m][x] * d;
+                om[m] += q[m][x] * s[m][x];
+            }
+        }
+        float oc = (om[0] + om[1]) + (om[2] + om[3]);
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) oc += __shfl_xor_sync(0xffffffffu, oc, o);
+        if (g == t) oo = oc;
+    }
+    if (g < n && jin) out[(i64)g * vd + base + j] = oo;
     // The raw outputs are visible to the head's last block (the state is stored after the
-    // arrive, as in delta_step).
+    // arrive: the fence would wait on those stores too).
     __threadfence();
     __syncthreads();
     ds_arrive(cnt, kh, h, nk, nv, nb, last_k, last_h);
@@ -612,29 +537,40 @@ extern "C" __global__ void __launch_bounds__(512, 1)
         // The gated norm of token t's row, a warp a row.
         for (int t = warp; t < n; t += nw) {
             const i64 row = (i64)t * vd + base;
-            float x[GD_ROWS], sq = 0.f;
+            float x[GD_ROWS], zr[GD_ROWS], wr[GD_ROWS], sq = 0.f;
 #pragma unroll
             for (int r = 0; r < GD_ROWS; r++) {
-                const int j = lane + 32 * r;
-                x[r] = j < dv ? ov[row + j] : 0.f;
-                sq += x[r] * x[r];
+                const int jj = lane + 32 * r;
+                x[r] = jj < dv ? ov[row + jj] : 0.f;
+                zr[r] = jj < dv ? z[row + jj] : 0.f;
+                wr[r] = jj < dv ? nwt[jj] : 0.f;
             }
+#pragma unroll
+            for (int r = 0; r < GD_ROWS; r++) sq += x[r] * x[r];
             sq = warp_sum(sq);
             const float inv = 1.0f / sqrtf(sq / (float)dv + eps);
 #pragma unroll
             for (int r = 0; r < GD_ROWS; r++) {
-                const int j = lane + 32 * r;
-                if (j - lane >= dv) break;
-                const bool in = j < dv;
-                const float y = in ? x[r] * inv * nwt[j] * silu_f(z[row + j]) : 0.f;
-                if (in) out[row + j] = y;
-                if (xq) q8_1_warp(y, xq, xds, (row + j) >> 5, lane);
+                const int jj = lane + 32 * r;
+                if (jj - lane >= dv) break;
+                const bool in = jj < dv;
+                const float y = in ? x[r] * inv * wr[r] * silu_f(zr[r]) : 0.f;
+                if (in) out[row + jj] = y;
+                if (xq) q8_1_warp(y, xq, xds, (row + jj) >> 5, lane);
             }
         }
         if (threadIdx.x == 0 && nb > 1) cnt[nk + h] = 0;
     }
-    state_store(s, S, j0, dk, dv);
+#pragma unroll
+    for (int m = 0; m < GD_ROWS; m++) {
+        const int i = 32 * m + 4 * g;
+        if (i < dk && jin)
+            *(float4*)(S + (i64)j * dk + i) = make_float4(s[m][0], s[m][1], s[m][2], s[m][3]);
+    }
     if (!last_k) return;
-    for (int lc = threadIdx.x; lc < 2 * dk; lc += blockDim.x) move(chan(lc));
+    for (int lc = threadIdx.x; lc < 2 * dk; lc += blockDim.x) {
+        const int c = chan(lc);
+        for (int m = 0; m < hist; m++) win[(i64)m * cols + c] = qkw[m][lc];
+    }
     if (threadIdx.x == 0) cnt[kh] = 0;
 }
