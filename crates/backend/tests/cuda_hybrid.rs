@@ -653,7 +653,10 @@ fn delta_net_cases(g: &CudaBackend, r: &mut StdRng) {
                     "{name}: {d} of {} values differ from the separate ops",
                     vf.len()
                 );
-                check(&format!("{name} vs separate GPU ops"), 1e-6, &vf, &vs);
+                // The fused walk sums a state column in another order than `gated_delta`
+                // (16 rows a lane, then 3 shuffles): up to 1.06e-6 seen on the H200 (vs the
+                // CPU 1.4e-6), so the bar is rounding of that kind, not equal bits.
+                check(&format!("{name} vs separate GPU ops"), 1e-5, &vf, &vs);
                 check(&format!("{name} vs CPU"), 2e-5, &vf, &vc);
                 if let (Some(pf), Some((_, deq, n_out))) = (prod_f, &out_mat) {
                     let want: Vec<f32> = (0..n * n_out)
