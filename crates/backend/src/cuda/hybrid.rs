@@ -6,9 +6,9 @@
 //! layout is private to the two kernels that use it): a warp owns four state columns in
 //! registers and walks the tokens in order (`gated_delta`; a chunked tensor-core form for
 //! long prefills is a later step), or does 1–8 tokens (a decode step, a verify) with the
-//! conv before it and the gated norm after it (`delta_rows`, blocks per head). `matmul_rows` copies the expert's rows to a scratch matrix
-//! and runs the ordinary matmul on it (one extra device copy per call, so the GEMV path
-//! stays untouched).
+//! conv before it and the gated norm after it (`delta_rows`, blocks per head).
+//! `matmul_rows` copies the expert's rows to a scratch matrix and runs the ordinary matmul
+//! on it (one extra device copy per call, so the GEMV path stays untouched).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -30,11 +30,11 @@ const GD_MAX_DIM: usize = 128;
 const GD_WARPS: usize = 8;
 /// State columns a warp owns in `delta_rows` (DR_CPW in hybrid.cu).
 const DR_CPW: usize = 4;
-/// Most rows of `delta_rows` and its largest conv kernel (DR_MAXN, DS_MAXK in hybrid.cu).
+/// Most rows of `delta_rows` and its largest conv kernel (DR_MAXN, DR_MAXK in hybrid.cu).
 const DR_MAXN: usize = 8;
-const DS_MAXK: usize = 4;
+const DR_MAXK: usize = 4;
 /// Warps a block of `delta_rows` at most (its `__launch_bounds__(512)`).
-const DS_MAX_WARPS: usize = 16;
+const DR_MAX_WARPS: usize = 16;
 
 pub(super) struct HybridKernels {
     ssm_conv: CudaFunction,
@@ -556,7 +556,7 @@ impl CudaBackend {
             && kv.rec.as_ref().is_some_and(|r| {
                 r.shape.conv_channels == qkv.cols
                     && conv.len == qkv.cols * r.shape.conv_kernel
-                    && r.shape.conv_kernel <= DS_MAXK
+                    && r.shape.conv_kernel <= DR_MAXK
             });
         if !fused {
             self.hy_ssm_conv(kv, layer, qkv, conv)?;
@@ -603,7 +603,7 @@ impl CudaBackend {
         let warps = dv
             .div_ceil(self.ds_blocks)
             .div_ceil(DR_CPW)
-            .min(DS_MAX_WARPS);
+            .min(DR_MAX_WARPS);
         let cfg = LaunchConfig {
             grid_dim: (nv as u32, dv.div_ceil(warps * DR_CPW) as u32, 1),
             block_dim: ((warps * 32) as u32, 1, 1),

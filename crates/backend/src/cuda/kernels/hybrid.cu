@@ -298,10 +298,10 @@ extern "C" __global__ void scatter_add_rows(float* dst, const u32* ids, const fl
     for (int i = 0; i < n; i++) dst[(i64)ids[i] * cols + c] += scale[i] * src[(i64)i * cols + c];
 }
 
-// The arrival of a block of the fused DeltaNet kernels, once its reads of the q, k window
-// are done and its outputs written: whether it is the last block of its key head kh (of
-// nv / nk heads, nb blocks each; cnt[kh]) and of its head h (cnt[nk + h]).
-__device__ __forceinline__ void ds_arrive(u32* cnt, int kh, int h, int nk, int nv, int nb,
+// The arrival of a block of `delta_rows`, once its reads of the q, k window are done and
+// its outputs written: whether it is the last block of its key head kh (of nv / nk heads,
+// nb blocks each; cnt[kh]) and of its head h (cnt[nk + h]).
+__device__ __forceinline__ void dr_arrive(u32* cnt, int kh, int h, int nk, int nv, int nb,
                                           int& last_k, int& last_h) {
     if (threadIdx.x == 0) {
         last_k = atomicAdd(cnt + kh, 1u) == (u32)(nv / nk * nb) - 1;
@@ -332,7 +332,7 @@ __device__ __forceinline__ void ds_arrive(u32* cnt, int kh, int h, int nk, int n
 // sum a 32-lane reduction, and q, k normalised by every warp inside its chain); alone in
 // `bench --profile` 19.8 → 17.2 µs, the 8-row Q1_0 step 6.055 → 5.943 ms (H200).
 // qkv [n, 2·nk·dk + nv·dv]; win [kc − 1, that] (oldest first); cw [that, kc];
-// alpha, beta [n, nv]; z, out [n, nv·dv]. kc ≤ DS_MAXK; d_k, d_v ≤ 32·GD_ROWS with d_k a
+// alpha, beta [n, nv]; z, out [n, nv·dv]. kc ≤ DR_MAXK; d_k, d_v ≤ 32·GD_ROWS with d_k a
 // multiple of 4 (the host checks).
 #define DR_MAXN 8
 // a[u] ← a[u + B] where sh is set (indices known at compile time: registers, not memory).
@@ -343,7 +343,7 @@ __device__ __forceinline__ void shift_down(float (&a)[N], bool sh) {
 }
 // The largest conv kernel: the conv loops run to it unrolled, so a channel's window and
 // tap loads are in flight together.
-#define DS_MAXK 4
+#define DR_MAXK 4
 // Channels a thread convolves at once (the 27B's blocks of 256 threads have 2·128 + 32).
 #define DR_CPT 3
 // State columns a warp owns: 32 lanes, 8 a column.
@@ -369,7 +369,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     // block's v columns [2·dk, 2·dk + ncol).
     __shared__ __align__(16) float xs[DR_MAXN][3 * 32 * GD_ROWS];
     // The key head's q, k windows after the n inputs, stored by its last block.
-    __shared__ float qkw[DS_MAXK - 1][2 * 32 * GD_ROWS];
+    __shared__ float qkw[DR_MAXK - 1][2 * 32 * GD_ROWS];
     __shared__ float dec[DR_MAXN], bts[DR_MAXN];
     __shared__ int last_k, last_h;
 
@@ -395,8 +395,8 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     // kernel's start are 0, so every index is known at compile time. Channels
     // g0 + i·blockDim (i < DR_CPT) a pass; the first pass's windows and taps (not written
     // by the kernel before) are asked for before the wait.
-    const int nch = 2 * dk + ncol, pad = DS_MAXK - kc;
-    float e[DR_CPT][DS_MAXK - 1 + DR_MAXN], tp[DR_CPT][DS_MAXK];
+    const int nch = 2 * dk + ncol, pad = DR_MAXK - kc;
+    float e[DR_CPT][DR_MAXK - 1 + DR_MAXN], tp[DR_CPT][DR_MAXK];
     auto load_win = [&](int g0) {
 #pragma unroll
         for (int i = 0; i < DR_CPT; i++) {
@@ -404,10 +404,10 @@ extern "C" __global__ void __launch_bounds__(512, 1)
             if (lc >= nch) break;
             const int c = chan(lc);
 #pragma unroll
-            for (int m = 0; m < DS_MAXK - 1; m++)
+            for (int m = 0; m < DR_MAXK - 1; m++)
                 e[i][m] = m >= pad ? win[(i64)(m - pad) * cols + c] : 0.f;
 #pragma unroll
-            for (int u = 0; u < DS_MAXK; u++)
+            for (int u = 0; u < DR_MAXK; u++)
                 tp[i][u] = u >= pad ? cw[(i64)c * kc + u - pad] : 0.f;
         }
     };
@@ -428,7 +428,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
             const int c = chan(lc);
 #pragma unroll
             for (int t = 0; t < DR_MAXN; t++)
-                e[i][DS_MAXK - 1 + t] = t < n ? qkv[(i64)t * cols + c] : 0.f;
+                e[i][DR_MAXK - 1 + t] = t < n ? qkv[(i64)t * cols + c] : 0.f;
         }
 #pragma unroll
         for (int i = 0; i < DR_CPT; i++) {
@@ -439,16 +439,16 @@ extern "C" __global__ void __launch_bounds__(512, 1)
                 if (t >= n) break;
                 float acc = 0.f;
 #pragma unroll
-                for (int u = 0; u < DS_MAXK; u++)
+                for (int u = 0; u < DR_MAXK; u++)
                     if (u >= pad) acc += e[i][t + u] * tp[i][u];
                 xs[t][lc] = silu_f(acc);
             }
             // The window after the inputs, the last hist of window then inputs: e[pad + n + m],
             // shifted down by pad + n a bit at a time (an index not known at compile time
             // would put e in local memory).
-            float nwv[DS_MAXK - 1 + DR_MAXN];
+            float nwv[DR_MAXK - 1 + DR_MAXN];
 #pragma unroll
-            for (int u = 0; u < DS_MAXK - 1 + DR_MAXN; u++) nwv[u] = e[i][u];
+            for (int u = 0; u < DR_MAXK - 1 + DR_MAXN; u++) nwv[u] = e[i][u];
             const int sh = pad + n;  // < 2⁴
             shift_down<1>(nwv, sh & 1);
             shift_down<2>(nwv, sh & 2);
@@ -456,7 +456,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
             shift_down<8>(nwv, sh & 8);
             const int c = chan(lc);
 #pragma unroll
-            for (int m = 0; m < DS_MAXK - 1; m++) {
+            for (int m = 0; m < DR_MAXK - 1; m++) {
                 if (m >= hist) break;
                 if (lc < 2 * dk) qkw[m][lc] = nwv[m];
                 else win[(i64)m * cols + c] = nwv[m];
@@ -531,7 +531,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     // arrive: the fence would wait on those stores too).
     __threadfence();
     __syncthreads();
-    ds_arrive(cnt, kh, h, nk, nv, nb, last_k, last_h);
+    dr_arrive(cnt, kh, h, nk, nv, nb, last_k, last_h);
     if (last_h) {
         __threadfence();
         const volatile float* ov = out;
