@@ -510,6 +510,18 @@ __device__ __forceinline__ void norm_rope_head(float* hs, int hd, const float* w
 
 #define ATT_WARPS 4
 #define ATT_MAXD 8  // head_dim ≤ 256
+// Key dims a lane loads at once (head_dim a multiple of it), value rows a warp loads at once.
+#define ATT_KB 128
+#define ATT_VB 8
+
+// q[0..8) · the eight halves of k8.
+__device__ __forceinline__ float dot8(const float* q, uint4 k8) {
+    const float4 qa = *(const float4*)q, qb = *(const float4*)(q + 4);
+    return qa.x * h2f((u16)(k8.x & 0xffff)) + qa.y * h2f((u16)(k8.x >> 16)) +
+           qa.z * h2f((u16)(k8.y & 0xffff)) + qa.w * h2f((u16)(k8.y >> 16)) +
+           qb.x * h2f((u16)(k8.z & 0xffff)) + qb.y * h2f((u16)(k8.z >> 16)) +
+           qb.z * h2f((u16)(k8.w & 0xffff)) + qb.w * h2f((u16)(k8.w >> 16));
+}
 
 // An output value times sigmoid(its gate), as mul_sigmoid (hybrid.cu) computes it, where a
 // gated layer's gate (heads g_hs apart in each row) is set.
@@ -553,15 +565,18 @@ __device__ __forceinline__ void attention_tiles(const float* sq, const u16* kb, 
         if (t < t1) {
             const u16* kt = kb + (i64)t * hd;
             float a = 0.f;
-            if (vec) {
-                for (int d = 0; d < hd; d += 8) {
-                    const uint4 k8 = *(const uint4*)(kt + d);
-                    const float4 qa = *(const float4*)(sq + d), qb = *(const float4*)(sq + d + 4);
-                    a += qa.x * h2f((u16)(k8.x & 0xffff)) + qa.y * h2f((u16)(k8.x >> 16)) +
-                         qa.z * h2f((u16)(k8.y & 0xffff)) + qa.w * h2f((u16)(k8.y >> 16)) +
-                         qb.x * h2f((u16)(k8.z & 0xffff)) + qb.y * h2f((u16)(k8.z >> 16)) +
-                         qb.z * h2f((u16)(k8.w & 0xffff)) + qb.w * h2f((u16)(k8.w >> 16));
+            if (hd % ATT_KB == 0) {
+                // ATT_KB/8 key loads asked for before the first is used: one at a time (or
+                // the two ptxas paired) the 256-dim dot was 16 L2 round trips in a row.
+                for (int d = 0; d < hd; d += ATT_KB) {
+                    uint4 k8[ATT_KB / 8];
+#pragma unroll
+                    for (int j = 0; j < ATT_KB / 8; j++) k8[j] = *(const uint4*)(kt + d + 8 * j);
+#pragma unroll
+                    for (int j = 0; j < ATT_KB / 8; j++) a += dot8(sq + d + 8 * j, k8[j]);
                 }
+            } else if (vec) {
+                for (int d = 0; d < hd; d += 8) a += dot8(sq + d, *(const uint4*)(kt + d));
             } else {
                 for (int d = 0; d < hd; d++) a += sq[d] * h2f(kt[d]);
             }
@@ -577,18 +592,25 @@ __device__ __forceinline__ void attention_tiles(const float* sq, const u16* kb, 
         for (int j = 0; j < ATT_MAXD; j++) acc[j] *= corr;
         const int nt = min(32, t1 - tb);
         if (hd == 32 * ATT_MAXD) {  // a 16-byte load a lane a row
-#pragma unroll 4
-            for (int u = 0; u < nt; u++) {
-                const float pu = __shfl_sync(0xffffffffu, pw, u);
-                const uint4 v8 = *(const uint4*)(vb + (i64)(tb + u) * hd + d0);
-                acc[0] += pu * h2f((u16)(v8.x & 0xffff));
-                acc[1] += pu * h2f((u16)(v8.x >> 16));
-                acc[2] += pu * h2f((u16)(v8.y & 0xffff));
-                acc[3] += pu * h2f((u16)(v8.y >> 16));
-                acc[4] += pu * h2f((u16)(v8.z & 0xffff));
-                acc[5] += pu * h2f((u16)(v8.z >> 16));
-                acc[6] += pu * h2f((u16)(v8.w & 0xffff));
-                acc[7] += pu * h2f((u16)(v8.w >> 16));
+            // ATT_VB rows' loads in flight at once. Rows past the tile's end re-read its last
+            // row (never an unwritten one) with weight 0 (pw is 0 past t1).
+            for (int u0 = 0; u0 < nt; u0 += ATT_VB) {
+                uint4 v8[ATT_VB];
+#pragma unroll
+                for (int j = 0; j < ATT_VB; j++)
+                    v8[j] = *(const uint4*)(vb + (i64)(tb + min(u0 + j, nt - 1)) * hd + d0);
+#pragma unroll
+                for (int j = 0; j < ATT_VB; j++) {
+                    const float pu = __shfl_sync(0xffffffffu, pw, u0 + j);
+                    acc[0] += pu * h2f((u16)(v8[j].x & 0xffff));
+                    acc[1] += pu * h2f((u16)(v8[j].x >> 16));
+                    acc[2] += pu * h2f((u16)(v8[j].y & 0xffff));
+                    acc[3] += pu * h2f((u16)(v8[j].y >> 16));
+                    acc[4] += pu * h2f((u16)(v8[j].z & 0xffff));
+                    acc[5] += pu * h2f((u16)(v8[j].z >> 16));
+                    acc[6] += pu * h2f((u16)(v8[j].w & 0xffff));
+                    acc[7] += pu * h2f((u16)(v8[j].w >> 16));
+                }
             }
         } else {
             for (int u = 0; u < nt; u++) {
