@@ -113,7 +113,8 @@ const MVR_ROWS: usize = 16;
 const MVR_TMA_MAX: usize = 96 << 10;
 /// The 16-row tiles a block of `mvrt_*` takes (gemv_rows.cu's MVRT), most first.
 const MVRT_TILES: [usize; 3] = [4, 2, 1];
-/// The parts `mvrt_*` may split K in (blocks of a cluster), fewest first.
+/// The parts `mvrt_*` may split K in (blocks of a cluster), fewest first; at most
+/// gemv_rows.cu's MVRT_MAXP.
 const MVRT_PARTS: [usize; 3] = [1, 2, 4];
 /// Most warps per block of it (MVR_WARPS in gemv_rows.cu).
 const MVR_WARPS: usize = 8;

@@ -254,6 +254,9 @@ struct B_Q4_K {
     }
 };
 
+// The most parts `mvrt_*` splits K in (mod.rs MVRT_PARTS).
+#define MVRT_MAXP 4
+
 // Up to 8 warps a block split the units of the block's 16 weight rows (the host picks as
 // many as the units fill, `mvr_warps`); they meet in shared memory at the end.
 #define MVR_WARPS 8
@@ -490,17 +493,28 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
     if (part == 0) {
         for (int i = warp; i < MT; i += nw) {
+            // Every part's four sums asked for before the first is added (one at a time they
+            // were 4·parts distributed-memory round trips), then added in rank order.
+            float b[4][MVRT_MAXP];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 const u32 local = (u32)__cvta_generic_to_shared(&psum[i][k][lane]);
-                float v = 0.f;
-                for (int q = 0; q < parts; q++) {
-                    u32 remote;
-                    float b;
-                    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(q));
-                    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(b) : "r"(remote) : "memory");
-                    v += b;
+#pragma unroll
+                for (int q = 0; q < MVRT_MAXP; q++) {
+                    b[k][q] = 0.f;
+                    if (q < parts) {
+                        u32 remote;
+                        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(q));
+                        asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(b[k][q]) : "r"(remote) : "memory");
+                    }
                 }
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float v = 0.f;
+#pragma unroll
+                for (int q = 0; q < MVRT_MAXP; q++)
+                    if (q < parts) v += b[k][q];
                 const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = (k & 1) ? c1 : c0;
                 if (r < rows && c < nr) y[(i64)c * rows + r] = v;
             }
