@@ -1,5 +1,5 @@
 #!/bin/bash
-# On a GPU machine, from the repository root with target/cuda-stage.tgz carried (or
+# On a GPU machine, from the repository root with target/cuda-stage.txz carried (or
 # target/cuda-stage/bin; bench/cuda/stage.sh makes both): the GPU suites, then `neagari
 # bench` on random-weight files of real shapes (neagari synth), each run's figures as the
 # CLI prints them. Environment (all optional):
@@ -15,20 +15,21 @@
 #                      GEMV_ROWS=8 times it with 8 activation rows (the verify's kernels)
 #   LLAMA_BENCH=path   a llama-bench binary built elsewhere: the same files, -ngl 99 -fa 1
 # A fresh machine spends minutes compiling kernels: with KCACHE_OUT=1 and $OUT, NVRTC's kernel
-# cache (~8 MB) comes back as $OUT/kcache-ptx.tgz.* (pieces of 15 MB, the most the device tool
-# returns a file); put in target/kcache/ and carried next time, it is unpacked first and only
-# modules whose source changed compile again (cuda_hybrid's fused DeltaNet test: 18 s in all).
+# cache comes back as $OUT/kcache-ptx.txz (~2 MB); put in target/kcache/ and carried next
+# time, it is unpacked first and only modules whose source changed compile again
+# (cuda_hybrid's fused DeltaNet test: 18 s in all). xz through Python's lzma: the machine
+# may have no xz.
 # The driver's own cache (~30 MB) does not fit beside the checkout and the stage in a call.
 set -uo pipefail
 R0=$(pwd)
 B=$R0/target/cuda-stage/bin
-[ -x "$B/neagari" ] || tar xzf "$R0/target/cuda-stage.tgz" -C "$R0/target" || exit 1
+unxz() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)" "$1"; }
+[ -x "$B/neagari" ] || unxz "$R0/target/cuda-stage.txz" | tar x -C "$R0/target" || exit 1
 W=${WORK:-/tmp/neagari-cuda}
 LOG=${OUT:-/tmp}
 mkdir -p "$W"
 T0=$(date +%s)
-ls "$R0"/target/kcache/kcache-ptx.tgz.* > /dev/null 2>&1 &&
-    cat "$R0"/target/kcache/kcache-ptx.tgz.* | tar xz -C "$HOME"
+[ -f "$R0/target/kcache/kcache-ptx.txz" ] && unxz "$R0/target/kcache/kcache-ptx.txz" | tar x -C "$HOME"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true
 file_of() {
     if [ "$1" = gemma ]; then echo "$W/gemma3-270m.gguf"; else echo "$W/qwen3.6-27b-$1.gguf"; fi
@@ -91,7 +92,8 @@ for t in $TYPES; do
     fi
 done
 if [ -n "${KCACHE_OUT:-}" ] && [ -n "${OUT:-}" ]; then
-    tar cz -C "$HOME" .cache/neagari | split -b 15m - "$OUT/kcache-ptx.tgz."
-    ls -l "$OUT"/kcache-*
+    tar c -C "$HOME" .cache/neagari |
+        python3 -c "import lzma, shutil, sys; shutil.copyfileobj(sys.stdin.buffer, lzma.open(sys.argv[1], 'w', preset=9))" "$OUT/kcache-ptx.txz"
+    ls -l "$OUT"/kcache-ptx.txz
 fi
 echo "total $(( $(date +%s) - T0 )) s"

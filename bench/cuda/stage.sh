@@ -1,10 +1,10 @@
 #!/bin/bash
 # Builds what a GPU run needs here (no CUDA needed: kernels compile by NVRTC on the device)
-# and packs stripped copies into target/cuda-stage.tgz (~14 MB; the device tool carries at
-# most 64 MiB with the checkout): the CLI, the one-row GEMV timer (examples/cuda_gemv.rs)
+# and packs stripped copies into target/cuda-stage.txz (xz: ~5 MB, where gzip made 15 of the
+# 64 MiB the device tool carries with the checkout): the CLI, the one-row GEMV timer (examples/cuda_gemv.rs)
 # and the four GPU suites. The CLI of the previous staging is kept as `neagari_prev`, so one
 # device call can time the change against what came before it on the same files (run.sh's
-# AB entry `prev`). Then carry target/cuda-stage.tgz and, on the GPU machine, from a
+# AB entry `prev`). Then carry target/cuda-stage.txz and, on the GPU machine, from a
 # checkout of the same commit: bash bench/cuda/run.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,5 +24,6 @@ for t in cuda_ops cuda_hybrid cuda_models cuda_hybrid_models; do
 done
 strip "$D"/*
 if [ -f "$prev" ]; then mv "$prev" "$D/neagari_prev" && chmod 755 "$D/neagari_prev"; fi
-tar czf target/cuda-stage.tgz -C target cuda-stage/bin
-du -sh "$D" target/cuda-stage.tgz
+rm -f target/cuda-stage.tgz
+tar cf - -C target cuda-stage/bin | xz -T2 -9 > target/cuda-stage.txz
+du -sh "$D" target/cuda-stage.txz

@@ -570,7 +570,9 @@ __device__ __forceinline__ void attention_tiles(const float* sq, const u16* kb, 
             float a = 0.f;
             if (hd % ATT_KB == 0) {
                 // ATT_KB/8 key loads asked for before the first is used: one at a time (or
-                // the two ptxas paired) the 256-dim dot was 16 L2 round trips in a row.
+                // the two ptxas paired) the 256-dim dot was 16 L2 round trips in a row
+                // (with the value rows 8 at once: Gemma 3 270M shape tg128 1,345 → 1,666,
+                // `attention` alone 14.8 → 9.8 µs; H200).
                 for (int d = 0; d < hd; d += ATT_KB) {
                     uint4 k8[ATT_KB / 8];
 #pragma unroll
