@@ -170,3 +170,48 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
 #endif
 }
 
+// Thread-block clusters (sm_90+; no-ops before, where the host launches none): the
+// cluster's barrier, split (`cluster_arrive`: this thread's shared-memory writes released;
+// `cluster_wait`: every block's acquired) or whole, and a read of another block's copy of
+// a shared variable (`v` in cluster rank `rank`'s shared memory).
+__device__ __forceinline__ void cluster_arrive() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cluster_sync() {
+    cluster_arrive();
+    cluster_wait();
+}
+
+__device__ __forceinline__ u32 cluster_addr(const void* v, int rank) {
+    u32 remote = 0;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(v)), "r"(rank));
+#endif
+    return remote;
+}
+
+__device__ __forceinline__ float ld_cluster(const float* v, int rank) {
+    float b = 0.f;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(b) : "r"(cluster_addr(v, rank)) : "memory");
+#endif
+    return b;
+}
+
+__device__ __forceinline__ double ld_cluster(const double* v, int rank) {
+    double b = 0.0;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(b) : "r"(cluster_addr(v, rank)) : "memory");
+#endif
+    return b;
+}
+

@@ -490,25 +490,17 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
     if (parts == 1) return;
 #if __CUDA_ARCH__ >= 900
     // Every part's psum is written and visible cluster-wide after this.
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    cluster_sync();
     if (part == 0) {
         for (int i = warp; i < MT; i += nw) {
             // Every part's four sums asked for before the first is added (one at a time they
             // were 4·parts distributed-memory round trips), then added in rank order.
             float b[4][MVRT_MAXP];
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const u32 local = (u32)__cvta_generic_to_shared(&psum[i][k][lane]);
+            for (int k = 0; k < 4; k++)
 #pragma unroll
-                for (int q = 0; q < MVRT_MAXP; q++) {
-                    b[k][q] = 0.f;
-                    if (q < parts) {
-                        u32 remote;
-                        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(q));
-                        asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(b[k][q]) : "r"(remote) : "memory");
-                    }
-                }
-            }
+                for (int q = 0; q < MVRT_MAXP; q++)
+                    b[k][q] = q < parts ? ld_cluster(&psum[i][k][lane], q) : 0.f;
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 float v = 0.f;
@@ -521,7 +513,7 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
         }
     }
     // No block leaves while rank 0 still reads its psum.
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    cluster_sync();
 #endif
 }
 

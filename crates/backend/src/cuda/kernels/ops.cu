@@ -280,27 +280,21 @@ extern "C" __global__ void add_rms_norm_cl(float* x, const float* y, const float
     __shared__ double total;
     if (threadIdx.x == 0) bsum = t;
     // Every block's bsum is written and visible cluster-wide after this.
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    cluster_sync();
     if (threadIdx.x < 32) {
         // Lane r reads rank r's sum (the reads in flight together: one after another they
         // were gridDim.x distributed-memory round trips), lane 0 adds them in rank order.
         const int lane = threadIdx.x;
-        double b = 0.0;
-        if (lane < (int)gridDim.x) {
-            const u32 local = (u32)__cvta_generic_to_shared(&bsum);
-            u32 remote;
-            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(lane));
-            asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(b) : "r"(remote) : "memory");
-        }
+        const double b = lane < (int)gridDim.x ? ld_cluster(&bsum, lane) : 0.0;
         double sum = 0.0;
         for (int r = 0; r < (int)gridDim.x; r++) sum += __shfl_sync(0xffffffffu, b, r);
         if (lane == 0) total = sum;
     }
     // No block may leave while another still reads its bsum: arrive here, wait at the end.
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    cluster_arrive();
     __syncthreads();
     norm_out_row(v, wi, total, g, eps, out, xq, xds);
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    cluster_wait();
 #endif
 }
 
