@@ -507,8 +507,7 @@ __device__ __forceinline__ void norm_rope_head(float* hs, int hd, const float* w
 
 #define ATT_WARPS 4
 #define ATT_MAXD 8  // head_dim ≤ 256
-// Key dims a lane loads at once (head_dim a multiple of it), value rows a warp loads at once.
-#define ATT_KB 128
+// Value rows a warp loads at once.
 #define ATT_VB 8
 
 // q[0..8) · the eight halves of k8.
@@ -518,6 +517,55 @@ __device__ __forceinline__ float dot8(const float* q, uint4 k8) {
            qa.z * h2f((u16)(k8.y & 0xffff)) + qa.w * h2f((u16)(k8.y >> 16)) +
            qb.x * h2f((u16)(k8.z & 0xffff)) + qb.y * h2f((u16)(k8.z >> 16)) +
            qb.z * h2f((u16)(k8.w & 0xffff)) + qb.w * h2f((u16)(k8.w >> 16));
+}
+
+// The f16 key row kt (hd a multiple of KB) dotted with q (sq): KB/8 16-byte loads asked for
+// before the first is used, then added in order (as one load at a time would).
+template <int KB>
+__device__ __forceinline__ float att_dot(const float* sq, const u16* kt, int hd) {
+    float a = 0.f;
+    for (int d = 0; d < hd; d += KB) {
+        uint4 k8[KB / 8];
+#pragma unroll
+        for (int j = 0; j < KB / 8; j++) k8[j] = *(const uint4*)(kt + d + 8 * j);
+#pragma unroll
+        for (int j = 0; j < KB / 8; j++) a += dot8(sq + d + 8 * j, k8[j]);
+    }
+    return a;
+}
+
+// acc[0..VD) += the tile's value rows tb .. tb + nt (dims d0 .. d0 + VD of each, VD = hd/32,
+// one load of 2·VD bytes) weighted by lane u's pw; ATT_VB rows' loads in flight at once.
+// Rows past the tile's end re-read its last row (never an unwritten one) with weight 0 (pw
+// is 0 past t1).
+template <int VD>
+__device__ __forceinline__ void att_values(const u16* vb, int tb, int nt, int hd, int d0,
+                                           float pw, float (&acc)[ATT_MAXD]) {
+    for (int u0 = 0; u0 < nt; u0 += ATT_VB) {
+        u32 w[ATT_VB][(VD + 1) / 2];
+#pragma unroll
+        for (int j = 0; j < ATT_VB; j++) {
+            const u16* p = vb + (i64)(tb + min(u0 + j, nt - 1)) * hd + d0;
+            if constexpr (VD == 8) {
+                const uint4 v = *(const uint4*)p;
+                w[j][0] = v.x, w[j][1] = v.y, w[j][2] = v.z, w[j][3] = v.w;
+            } else if constexpr (VD == 4) {
+                const uint2 v = *(const uint2*)p;
+                w[j][0] = v.x, w[j][1] = v.y;
+            } else if constexpr (VD == 2) {
+                w[j][0] = *(const u32*)p;
+            } else {
+                w[j][0] = *p;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < ATT_VB; j++) {
+            const float pu = __shfl_sync(0xffffffffu, pw, u0 + j);
+#pragma unroll
+            for (int e = 0; e < VD; e++)
+                acc[e] += pu * h2f((u16)(e & 1 ? w[j][e / 2] >> 16 : w[j][e / 2] & 0xffff));
+        }
+    }
 }
 
 // An output value times sigmoid(its gate), as mul_sigmoid (hybrid.cu) computes it, where a
@@ -562,18 +610,14 @@ __device__ __forceinline__ void attention_tiles(const float* sq, const u16* kb, 
         if (t < t1) {
             const u16* kt = kb + (i64)t * hd;
             float a = 0.f;
-            if (hd % ATT_KB == 0) {
-                // ATT_KB/8 key loads asked for before the first is used: one at a time (or
-                // the two ptxas paired) the 256-dim dot was 16 L2 round trips in a row
-                // (with the value rows 8 at once: Gemma 3 270M shape tg128 1,345 → 1,666,
-                // `attention` alone 14.8 → 9.8 µs; H200).
-                for (int d = 0; d < hd; d += ATT_KB) {
-                    uint4 k8[ATT_KB / 8];
-#pragma unroll
-                    for (int j = 0; j < ATT_KB / 8; j++) k8[j] = *(const uint4*)(kt + d + 8 * j);
-#pragma unroll
-                    for (int j = 0; j < ATT_KB / 8; j++) a += dot8(sq + d + 8 * j, k8[j]);
-                }
+            // Key loads asked for KB/8 at a time before the first is used: one at a time
+            // (or the two ptxas paired) the 256-dim dot was 16 L2 round trips in a row
+            // (with the value rows 8 at once: Gemma 3 270M shape tg128 1,345 → 1,666,
+            // `attention` alone 14.8 → 9.8 µs; H200).
+            if (hd % 128 == 0) {
+                a = att_dot<128>(sq, kt, hd);
+            } else if (hd % 64 == 0) {
+                a = att_dot<64>(sq, kt, hd);
             } else if (vec) {
                 for (int d = 0; d < hd; d += 8) a += dot8(sq + d, *(const uint4*)(kt + d));
             } else {
@@ -590,27 +634,16 @@ __device__ __forceinline__ void attention_tiles(const float* sq, const u16* kb, 
 #pragma unroll
         for (int j = 0; j < ATT_MAXD; j++) acc[j] *= corr;
         const int nt = min(32, t1 - tb);
-        if (hd == 32 * ATT_MAXD) {  // a 16-byte load a lane a row
-            // ATT_VB rows' loads in flight at once. Rows past the tile's end re-read its last
-            // row (never an unwritten one) with weight 0 (pw is 0 past t1).
-            for (int u0 = 0; u0 < nt; u0 += ATT_VB) {
-                uint4 v8[ATT_VB];
-#pragma unroll
-                for (int j = 0; j < ATT_VB; j++)
-                    v8[j] = *(const uint4*)(vb + (i64)(tb + min(u0 + j, nt - 1)) * hd + d0);
-#pragma unroll
-                for (int j = 0; j < ATT_VB; j++) {
-                    const float pu = __shfl_sync(0xffffffffu, pw, u0 + j);
-                    acc[0] += pu * h2f((u16)(v8[j].x & 0xffff));
-                    acc[1] += pu * h2f((u16)(v8[j].x >> 16));
-                    acc[2] += pu * h2f((u16)(v8[j].y & 0xffff));
-                    acc[3] += pu * h2f((u16)(v8[j].y >> 16));
-                    acc[4] += pu * h2f((u16)(v8[j].z & 0xffff));
-                    acc[5] += pu * h2f((u16)(v8[j].z >> 16));
-                    acc[6] += pu * h2f((u16)(v8[j].w & 0xffff));
-                    acc[7] += pu * h2f((u16)(v8[j].w >> 16));
-                }
-            }
+        // A lane's vd = hd/32 value dims of ATT_VB rows in flight at once (one at a time,
+        // a tile's 32 rows were as many L2 round trips in a row).
+        if (hd == 256) {
+            att_values<8>(vb, tb, nt, hd, d0, pw, acc);
+        } else if (hd == 128) {
+            att_values<4>(vb, tb, nt, hd, d0, pw, acc);
+        } else if (hd == 64) {
+            att_values<2>(vb, tb, nt, hd, d0, pw, acc);
+        } else if (hd == 32) {
+            att_values<1>(vb, tb, nt, hd, d0, pw, acc);
         } else {
             for (int u = 0; u < nt; u++) {
                 const float pu = __shfl_sync(0xffffffffu, pw, u);
