@@ -1043,7 +1043,13 @@ fn fused_matmul_glu() {
     let c = cpu();
     let mut r = rng();
     // (format, ffn rows, model width): Gemma 3 270M's, a ragged one (no q8_1), wider ones.
+    // One row of Q1_0 / TQ2_0 takes gemv_stream.cu's `mvsg_R` (the 27B's 5120-wide rows:
+    // 8 × 2 × 4 and 4 × 4 × 4; ragged 200 rows: no q8_1, a partial last block).
     let cases = [
+        (GgmlType::Q1_0, 1024, 5120),
+        (GgmlType::TQ2_0, 512, 5120),
+        (GgmlType::Q1_0, 200, 512),
+        (GgmlType::TQ2_0, 200, 1024),
         (GgmlType::Q1_0, 2048, 640),
         (GgmlType::Q8_0, 2048, 640),
         (GgmlType::Q4_K, 1024, 768),

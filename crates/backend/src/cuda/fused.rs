@@ -32,6 +32,19 @@ impl CudaBackend {
         u: &mut CudaBuf,
     ) -> Result<()> {
         let n = x.rows;
+        if n == 1
+            && self.fuse
+            && self.mv_int
+            && gate.ty == up.ty
+            && (gate.rows, gate.cols, gate.row_bytes) == (up.rows, up.cols, up.row_bytes)
+            && gate.cols == x.cols
+        {
+            if let Some(k) = &gate.k.int {
+                if self.matmul_glu_stream(k, gate, up, x, act, g, u)? {
+                    return Ok(());
+                }
+            }
+        }
         let fused = self.fuse
             && self.mv_int
             && (1..=MV_MAX_ROWS).contains(&n)
@@ -118,6 +131,78 @@ impl CudaBackend {
             sc.xq_alt_key = Some((gp, n, rows, self.gen.load(Ordering::Relaxed)));
         }
         Ok(())
+    }
+
+    /// One activation row's gate/up GEMV and GLU as one gemv_stream.cu `mvsg_R` launch
+    /// (with the q8_1 of g for the down projection where its rows are whole units), where
+    /// `matmul_multi` would run `mvs_R` over both: `false` where it does not fit, and
+    /// nothing was launched.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_glu_stream(
+        &self,
+        k: &IntKernels,
+        gate: &CudaMat,
+        up: &CudaMat,
+        x: &CudaBuf,
+        act: GluAct,
+        g: &mut CudaBuf,
+        u: &mut CudaBuf,
+    ) -> Result<bool> {
+        let (rows, cols) = (gate.rows, gate.cols);
+        let units = cols.div_ceil(32);
+        let steps = units / k.step;
+        let (Some(shape), Some(_)) = (self.mvsg, self.mvs) else {
+            return Ok(false);
+        };
+        if !(1..=256).contains(&steps) || units != steps * k.step {
+            return Ok(false);
+        }
+        let Some((r, kc, gg)) = super::matmul::mvsg_geometry(shape, steps, gate.row_bytes) else {
+            return Ok(false);
+        };
+        let Some((_, func)) = k.stream_glu.iter().find(|(s, _)| *s == r) else {
+            return Ok(false);
+        };
+        self.reshape(g, 1, rows)?;
+        self.reshape(u, 1, rows)?;
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let (qp, dsp) = self.xq_input(&mut sc, k, x, cols)?;
+        // The down projection's q8_1 input (not into the second area while x's is read
+        // from it).
+        let x_in_alt = sc.xq_alt.as_ref().is_some_and(|b| self.dptr(b) == qp);
+        let (oq, ods) = if rows.is_multiple_of(32) && !x_in_alt {
+            self.xq_alt_reserve(&mut sc, 1, rows / 32)?
+        } else {
+            (0, 0)
+        };
+        let per_block = gg / 2 * r * kc;
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(per_block) as u32, 1, 1),
+            block_dim: (steps as u32, gg as u32, 1),
+            shared_mem_bytes: 0,
+        };
+        let (wg, wu, gp, up_) = (
+            self.dptr(&gate.data),
+            self.dptr(&up.data),
+            self.dptr(&g.data),
+            self.dptr(&u.data),
+        );
+        let (rows_i, units_i, rb, k_i) =
+            (rows as i32, units as i32, gate.row_bytes as i64, kc as i32);
+        let act_i = match act {
+            GluAct::Silu => 0i32,
+            GluAct::GeluTanh => 1,
+        };
+        // `@keep`: x's q8_1 stays valid for other matmuls of x.
+        launch!(
+            @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
+            &k_i, &act_i, &oq, &ods
+        )?;
+        if sc.xq_key.is_some_and(|(p, ..)| p == gp || p == up_) {
+            sc.xq_key = None;
+        }
+        sc.xq_alt_key = (oq != 0).then(|| (gp, 1, rows, self.gen.load(Ordering::Relaxed)));
+        Ok(true)
     }
 
     #[allow(clippy::too_many_arguments)] // the trait method's arguments, forwarded

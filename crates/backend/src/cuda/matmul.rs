@@ -108,6 +108,14 @@ impl CudaBackend {
                     } else {
                         Vec::new()
                     },
+                    stream_glu: if names.stream {
+                        MVS_R
+                            .iter()
+                            .map(|&r| Ok((r, f(&format!("mvsg_{r}"))?)))
+                            .collect::<Result<Vec<_>>>()?
+                    } else {
+                        Vec::new()
+                    },
                 }),
                 None => None,
             },
@@ -1186,6 +1194,42 @@ fn mvs_geometry(
     (r, k, gr)
 }
 
+/// (R, K, G) of gemv_stream.cu's `mvsg_R` over gate/up matrices of rows of `steps` steps
+/// (`row_bytes` a row), or `None` where no shape fits: G even (the first half of a block's
+/// groups gate, the rest up), N = (G/2)·R·K output rows a block, a multiple of 32 (the q8_1
+/// of the output in whole units) and at most the block's threads. By default R as
+/// `mvs_geometry` picks it, the first of G = 4, 2, 8, 16 that fits with K for N = 32
+/// (Q1_0 on the 27B's 40-step rows: 8 × 2 × 4, 544 blocks of 160 threads over 17,408
+/// rows, where `mvs_8` took 484 of 120 over each matrix).
+pub(super) fn mvsg_geometry(
+    (r, kc, g): MvsShape,
+    steps: usize,
+    row_bytes: usize,
+) -> Option<MvsShape> {
+    let r = match (r, row_bytes / steps.max(1)) {
+        (0, b) if b <= 24 => 8,
+        (0, _) => 4,
+        (r, _) => r,
+    };
+    let fit = 256 / steps.max(1);
+    let valid = |g: usize, k: usize| {
+        let n = g / 2 * r * k;
+        g.is_multiple_of(2)
+            && (2..=fit).contains(&g)
+            && k >= 1
+            && r * k <= MVS_ROWS
+            && n.is_multiple_of(32)
+            && n <= g * steps
+    };
+    // K for N = 32 unless forced.
+    let k_for = |g: usize| if kc == 0 { 64 / (g * r).max(1) } else { kc };
+    let gs: &[usize] = if g == 0 { &[4, 2, 8, 16] } else { &[g] };
+    gs.iter()
+        .map(|&g| (g, k_for(g)))
+        .find(|&(g, k)| valid(g, k))
+        .map(|(g, k)| (r, k, g))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1226,5 +1270,26 @@ mod tests {
         assert_eq!(mvs_shape(Some("0x2x3")), Some((0, 2, 3)));
         assert_eq!(mvs_shape(Some("3,2,0")), Some(MVS_DEFAULT));
         assert_eq!(mvs_shape(None), Some(MVS_DEFAULT));
+    }
+
+    /// The gate/up GEMV with its GLU: 32 output rows a block by default, G even.
+    #[test]
+    fn stream_glu_geometry() {
+        // 27B gate/up rows (5120 wide: 40 steps): Q1_0 18 bytes a step, TQ2_0 33.
+        assert_eq!(mvsg_geometry(MVS_DEFAULT, 40, 720), Some((8, 2, 4)));
+        assert_eq!(mvsg_geometry(MVS_DEFAULT, 40, 1320), Some((4, 4, 4)));
+        // 100 steps: two groups only, R·K = 32.
+        assert_eq!(mvsg_geometry(MVS_DEFAULT, 100, 1800), Some((8, 4, 2)));
+        // Past 128 steps no two groups fit.
+        assert_eq!(mvsg_geometry(MVS_DEFAULT, 136, 2448), None);
+        // Forced: odd G, N not whole units, R·K past 32, more rows than threads: none.
+        assert_eq!(mvsg_geometry((8, 3, 3), 40, 720), None);
+        assert_eq!(mvsg_geometry((8, 3, 4), 40, 720), None);
+        assert_eq!(mvsg_geometry((8, 8, 2), 40, 720), None);
+        assert_eq!(mvsg_geometry((8, 4, 4), 40, 720), Some((8, 4, 4)));
+        assert_eq!(mvsg_geometry((8, 2, 4), 5, 90), None);
+        // Short rows: more groups, so that a block's threads cover its 32 outputs.
+        assert_eq!(mvsg_geometry(MVS_DEFAULT, 5, 90), Some((8, 1, 8)));
+        assert_eq!(mvsg_geometry(MVS_DEFAULT, 8, 264), Some((4, 4, 4)));
     }
 }

@@ -196,6 +196,8 @@ struct IntKernels {
     rows_tma: Option<RowsTma>,
     /// gemv_stream.cu's `mvs_R` (one activation row, the repacked formats), by R.
     stream: Vec<(usize, CudaFunction)>,
+    /// Its `mvsg_R`: gate, up and the GLU in one launch, by R.
+    stream_glu: Vec<(usize, CudaFunction)>,
 }
 
 /// gemv_rows.cu's `mvrt_MT` / `mvrmt_MT` of a format.
@@ -294,6 +296,11 @@ pub struct CudaBackend {
     /// (rows of at most 256 steps) with this shape, unless NEAGARI_CUDA_MVS=0 (then
     /// `mvq_step`); NEAGARI_CUDA_MVS=R,K,G picks one.
     mvs: Option<MvsShape>,
+    /// One activation row's gate/up GEMV with its GLU (`matmul_glu`) runs as one
+    /// gemv_stream.cu `mvsg_R` launch where `mvs` would run the GEMV, unless
+    /// NEAGARI_CUDA_MVSG=0 (then `mvs_R` and the GLU kernel); NEAGARI_CUDA_MVSG=R,K,G picks
+    /// a shape.
+    mvsg: Option<MvsShape>,
     /// The tensor-core GEMV of the B_ formats takes its tile by bulk copies (`mvrt_*`) on
     /// sm_90 and newer, with these tiles a block (16 rows each) and K split in these many
     /// parts to choose from (`mvr_tma`): NEAGARI_CUDA_MVRT=N (1, 2 or 4; 0 = `mvr`
@@ -511,6 +518,7 @@ impl CudaBackend {
                 .filter(|n| (1..=16).contains(n))
                 .unwrap_or(4),
             mvs: mvs_shape(std::env::var("NEAGARI_CUDA_MVS").ok().as_deref()),
+            mvsg: mvs_shape(std::env::var("NEAGARI_CUDA_MVSG").ok().as_deref()),
             mvrt_tiles: match std::env::var("NEAGARI_CUDA_MVRT").as_deref() {
                 _ if maj < 9 => Vec::new(),
                 Ok("0") => Vec::new(),

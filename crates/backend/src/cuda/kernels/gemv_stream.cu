@@ -26,15 +26,17 @@
 #define MVS_MINB 2
 #endif
 
-// `wait` is the kernel's gdc_wait, called once the first weight loads are out.
+// Per-thread sums of a group's R·K rows from `base` into part[c·R + q][tid] (thread t's
+// step t of each). `wait` is the kernel's gdc_wait, called once the first weight loads are
+// out.
 template <class F, int R, class Wait>
-__device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
-                                         const float2* __restrict__ xds, float* __restrict__ y,
-                                         int rows, int units, i64 row_bytes, int K, int blk,
-                                         Wait wait) {
+__device__ __forceinline__ void mvs_parts(const u8* __restrict__ W, int base,
+                                          const i8* __restrict__ xq,
+                                          const float2* __restrict__ xds, int rows, int units,
+                                          i64 row_bytes, int K, Wait wait,
+                                          float (&part)[MVS_ROWS][257]) {
     constexpr int S = F::STEP;
     const int T = blockDim.x, t = threadIdx.x, tid = threadIdx.y * T + t;
-    const int base = (blk * (int)blockDim.y + (int)threadIdx.y) * R * K;
     // Rows past the end re-read the last row (their sums are dropped).
     auto row_at = [&](int c, int q) {
         return W + (i64)min(base + c * R + q, rows - 1) * row_bytes;
@@ -49,7 +51,6 @@ __device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __r
     float2 ds[S][1];
 #pragma unroll
     for (int u = 0; u < S; u++) load_xq<1>(xq, xds, units, t * S + u, 1, x[u], ds[u]);
-    __shared__ float part[MVS_ROWS][256 + 1];  // +1: the adds below read a column
     for (int c = 0; c < K; c++) {
 #pragma unroll
         for (int q = 0; q < R; q++) {
@@ -61,6 +62,17 @@ __device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __r
             part[c * R + q][tid] = a[0];
         }
     }
+}
+
+template <class F, int R, class Wait>
+__device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
+                                         const float2* __restrict__ xds, float* __restrict__ y,
+                                         int rows, int units, i64 row_bytes, int K, int blk,
+                                         Wait wait) {
+    const int T = blockDim.x, tid = threadIdx.y * T + threadIdx.x;
+    __shared__ float part[MVS_ROWS][256 + 1];  // +1: the adds below read a column
+    mvs_parts<F, R>(W, (blk * (int)blockDim.y + (int)threadIdx.y) * R * K, xq, xds, rows,
+                    units, row_bytes, K, wait, part);
     __syncthreads();
     const int per = R * K;
     for (int o = tid; o < (int)blockDim.y * per; o += T * (int)blockDim.y) {
@@ -88,3 +100,54 @@ __device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __r
 MVS(2)
 MVS(4)
 MVS(8)
+
+// mvsg_R: a gated MLP's gate and up GEMVs and its GLU in one launch (one activation row),
+// where the separate ops took `mvs_R` over both matrices and a `glu_*_q` launch. A block's
+// first G/2 groups compute N = (G/2)·R·K rows of gate, the others the same rows of up; the
+// thread of output row o adds both rows' parts as `mvs_impl` does (same order, so the same
+// sums), writes u and g = act(g)·u (glu_act_mul: the GLU kernels' arithmetic). With oq set
+// (rows and N multiples of 32), the q8_1 of g for the down projection: warp w of the block
+// quantizes rows 32w .. 32w+31 of its N (the host keeps N within the block's threads, so a
+// thread has one output row, tid), the values q8_1_warp took in glu_*_q.
+template <class F, int R, class Wait>
+__device__ __forceinline__ void mvsg_impl(const u8* Wg, const u8* Wu, const i8* xq,
+                                          const float2* xds, float* g, float* u, int rows,
+                                          int units, i64 row_bytes, int K, int act, i8* oq,
+                                          float2* ods, Wait wait) {
+    const int T = blockDim.x, half = blockDim.y >> 1, gy = threadIdx.y;
+    const int tid = gy * T + threadIdx.x, blk = blockIdx.x;
+    const int per = R * K, N = half * per;
+    const bool is_up = gy >= half;
+    const u8* W = is_up ? Wu : Wg;
+    const int first = blk * N + (is_up ? gy - half : gy) * per;
+    if (first < rows) gdc_prefetch(W + (i64)first * row_bytes, (i64)min(per, rows - first) * row_bytes);
+    __shared__ float part[MVS_ROWS][256 + 1];
+    mvs_parts<F, R>(W, first, xq, xds, rows, units, row_bytes, K, wait, part);
+    __syncthreads();
+    for (int o = tid; o < N; o += T * (int)blockDim.y) {
+        const int lg = o / per, cq = o % per, row = blk * N + o;
+        float r = 0.f;
+        if (row < rows) {
+            float vg = 0.f, vu = 0.f;
+            for (int i = 0; i < T; i++) vg += part[cq][lg * T + i];
+            for (int i = 0; i < T; i++) vu += part[cq][(lg + half) * T + i];
+            r = glu_act_mul(vg, vu, act);
+            g[row] = r;
+            u[row] = vu;
+        }
+        // A warp's 32 rows are one unit, all in (rows a multiple of 32) or all out.
+        if (oq && row < rows) q8_1_warp(r, oq, ods, row >> 5, o & 31);
+    }
+}
+
+#define MVSG(R)                                                                              \
+    extern "C" __global__ void __launch_bounds__(256, MVS_MINB)                              \
+        mvsg_##R(const u8* wg, const u8* wu, const i8* xq, const float2* xds, float* g,        \
+                 float* u, int rows, int units, i64 row_bytes, int K, int act, i8* oq,         \
+                 float2* ods) {                                                              \
+        mvsg_impl<FMTQ, R>(wg, wu, xq, xds, g, u, rows, units, row_bytes, K, act, oq, ods,    \
+                           [] { gdc_wait(); });                                              \
+    }
+MVSG(2)
+MVSG(4)
+MVSG(8)
