@@ -1039,25 +1039,30 @@ fn n_diff(a: &[f32], b: &[f32]) -> usize {
 /// the q8_1 it left.
 #[test]
 fn fused_matmul_glu() {
-    let Some(g) = gpu() else { return };
+    let Some(g0) = gpu() else { return };
     let c = cpu();
     let mut r = rng();
     // (format, ffn rows, model width): Gemma 3 270M's, a ragged one (no q8_1), wider ones.
-    // One row of Q1_0 / TQ2_0 takes gemv_stream.cu's `mvsg_R` (the 27B's 5120-wide rows:
-    // 8 × 2 × 4 and 4 × 4 × 4; ragged 200 rows: no q8_1, a partial last block).
+    // One row of TQ2_0 takes gemv_stream.cu's `mvsg_R` (the 27B's 5120-wide rows: 2 × 16 × 4;
+    // 1024 wide: 4 × 4 × 4; ragged 200 rows: no q8_1, a partial last block); Q1_0 does
+    // where NEAGARI_CUDA_MVSG forces a shape (`g8` below, 8 × 2 × 4).
+    std::env::set_var("NEAGARI_CUDA_MVSG", "8x2x4");
+    let g8 = CudaBackend::new(0).expect("open GPU 0");
+    std::env::remove_var("NEAGARI_CUDA_MVSG");
     let cases = [
-        (GgmlType::Q1_0, 1024, 5120),
-        (GgmlType::TQ2_0, 512, 5120),
-        (GgmlType::Q1_0, 200, 512),
-        (GgmlType::TQ2_0, 200, 1024),
-        (GgmlType::Q1_0, 2048, 640),
-        (GgmlType::Q8_0, 2048, 640),
-        (GgmlType::Q4_K, 1024, 768),
-        (GgmlType::TQ2_0, 512, 1024),
-        (GgmlType::Q8_0, 200, 256),
-        (GgmlType::Q6_K, 768, 4096),
+        (&g8, GgmlType::Q1_0, 1024, 5120),
+        (&g0, GgmlType::Q1_0, 1024, 5120),
+        (&g0, GgmlType::TQ2_0, 512, 5120),
+        (&g0, GgmlType::Q1_0, 200, 512),
+        (&g0, GgmlType::TQ2_0, 200, 1024),
+        (&g0, GgmlType::Q1_0, 2048, 640),
+        (&g0, GgmlType::Q8_0, 2048, 640),
+        (&g0, GgmlType::Q4_K, 1024, 768),
+        (&g0, GgmlType::TQ2_0, 512, 1024),
+        (&g0, GgmlType::Q8_0, 200, 256),
+        (&g0, GgmlType::Q6_K, 768, 4096),
     ];
-    for (ty, f, h) in cases {
+    for (g, ty, f, h) in cases {
         let (tg, _) = random_mat(&mut r, ty, f, h);
         let (tu, _) = random_mat(&mut r, ty, f, h);
         let (gm, um) = (g.load_mat(&tg).unwrap(), g.load_mat(&tu).unwrap());
@@ -1069,7 +1074,7 @@ fn fused_matmul_glu() {
         for n in [1usize, 2, 3, 8] {
             for act in [GluAct::Silu, GluAct::GeluTanh] {
                 let x = randv(&mut r, n * h, 1.0);
-                let xb = upload(&g, &x, n, h);
+                let xb = upload(g, &x, n, h);
                 let name = format!("matmul_glu {ty} {f}x{h} {act:?}, {n} rows");
                 // Fused, then the down projection reading the q8_1 it left.
                 let (mut gf, mut uf) = (g.buf(1, 1).unwrap(), g.buf(1, 1).unwrap());
@@ -1077,7 +1082,7 @@ fn fused_matmul_glu() {
                 let down_f = down.as_ref().map(|(m, _)| {
                     let mut o = g.buf(1, 1).unwrap();
                     g.matmul(m, &gf, &mut o).unwrap();
-                    download(&g, &o)
+                    download(g, &o)
                 });
                 // The separate ops.
                 let (mut gs, mut us) = (g.buf(1, 1).unwrap(), g.buf(1, 1).unwrap());
@@ -1087,9 +1092,9 @@ fn fused_matmul_glu() {
                 let down_s = down.as_ref().map(|(m, _)| {
                     let mut o = g.buf(1, 1).unwrap();
                     g.matmul(m, &gs, &mut o).unwrap();
-                    download(&g, &o)
+                    download(g, &o)
                 });
-                let (vf, vs) = (download(&g, &gf), download(&g, &gs));
+                let (vf, vs) = (download(g, &gf), download(g, &gs));
                 assert_eq!(g.buf_shape(&gf), (n, f));
                 let d = n_diff(&vf, &vs);
                 eprintln!(
@@ -1098,7 +1103,7 @@ fn fused_matmul_glu() {
                 );
                 check_float_op(&format!("{name} vs separate"), 1e-6, vs.clone(), vf.clone());
                 assert_eq!(
-                    n_diff(&download(&g, &uf), &download(&g, &us)),
+                    n_diff(&download(g, &uf), &download(g, &us)),
                     0,
                     "{name}: up"
                 );
@@ -1121,14 +1126,14 @@ fn fused_matmul_glu() {
                     let y = randv(&mut r, n * f, 1.0);
                     let mut g2 = g.buf(1, 1).unwrap();
                     g.matmul_glu(&gm, &um, &xb, act, &mut g2, &mut uf).unwrap();
-                    g.add(&mut g2, &upload(&g, &y, n, f)).unwrap();
+                    g.add(&mut g2, &upload(g, &y, n, f)).unwrap();
                     let sum: Vec<f32> = vf.iter().zip(&y).map(|(a, b)| a + b).collect();
                     let mut o = g.buf(1, 1).unwrap();
                     g.matmul(m, &g2, &mut o).unwrap();
                     // Held to the q8_1-rounded product: a stale input misses it by far, and
                     // the exact product is 1–1.3% away from it here (rounding alone).
                     let what = format!("{name}: stale q8_1 after add");
-                    check_q8_1(&download(&g, &o), deq, &sum, 64, f, &what);
+                    check_q8_1(&download(g, &o), deq, &sum, 64, f, &what);
                 }
             }
         }

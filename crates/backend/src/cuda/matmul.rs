@@ -1197,19 +1197,30 @@ fn mvs_geometry(
 /// (R, K, G) of gemv_stream.cu's `mvsg_R` over gate/up matrices of rows of `steps` steps
 /// (`row_bytes` a row), or `None` where no shape fits: G even (the first half of a block's
 /// groups gate, the rest up), N = (G/2)·R·K output rows a block, a multiple of 32 (the q8_1
-/// of the output in whole units) and at most the block's threads. By default R as
-/// `mvs_geometry` picks it, the first of G = 4, 2, 8, 16 that fits with K for N = 32
-/// (Q1_0 on the 27B's 40-step rows: 8 × 2 × 4, 544 blocks of 160 threads over 17,408
-/// rows, where `mvs_8` took 484 of 120 over each matrix).
+/// of the output in whole units) and at most the block's threads. By default none for
+/// formats of ≤ 24 bytes a step (Q1_0), else 2 × 16 × 4 (N = 64) where it fits; a forced
+/// or fallback shape takes R as `mvs_geometry` (8 or 4) where not given and the first of
+/// G = 4, 2, 8, 16 that fits with K for N = 32.
 pub(super) fn mvsg_geometry(
     (r, kc, g): MvsShape,
     steps: usize,
     row_bytes: usize,
 ) -> Option<MvsShape> {
-    let r = match (r, row_bytes / steps.max(1)) {
-        (0, b) if b <= 24 => 8,
-        (0, _) => 4,
-        (r, _) => r,
+    let wide = row_bytes / steps.max(1) > 24;
+    // By default only the wide-step formats (TQ2_0): on the 27B, TQ2_0 tg128 228 → 255
+    // tok/s at 2 × 16 × 4, where Q1_0 stayed level at every shape tried (H200, session 22).
+    if (r, kc, g) == MVS_DEFAULT {
+        if !wide {
+            return None;
+        }
+        if let Some(s) = mvsg_geometry((2, 16, 4), steps, row_bytes) {
+            return Some(s);
+        }
+    }
+    let r = match r {
+        0 if wide => 4,
+        0 => 8,
+        r => r,
     };
     let fit = 256 / steps.max(1);
     let valid = |g: usize, k: usize| {
@@ -1275,21 +1286,24 @@ mod tests {
     /// The gate/up GEMV with its GLU: 32 output rows a block by default, G even.
     #[test]
     fn stream_glu_geometry() {
-        // 27B gate/up rows (5120 wide: 40 steps): Q1_0 18 bytes a step, TQ2_0 33.
-        assert_eq!(mvsg_geometry(MVS_DEFAULT, 40, 720), Some((8, 2, 4)));
-        assert_eq!(mvsg_geometry(MVS_DEFAULT, 40, 1320), Some((4, 4, 4)));
-        // 100 steps: two groups only, R·K = 32.
-        assert_eq!(mvsg_geometry(MVS_DEFAULT, 100, 1800), Some((8, 4, 2)));
+        // 27B gate/up rows (5120 wide: 40 steps): Q1_0 18 bytes a step (none by default),
+        // TQ2_0 33.
+        assert_eq!(mvsg_geometry(MVS_DEFAULT, 40, 720), None);
+        assert_eq!(mvsg_geometry(MVS_DEFAULT, 40, 1320), Some((2, 16, 4)));
+        // Short TQ2_0 rows: 2 × 16 × 4's 64 outputs are more than its threads.
+        assert_eq!(mvsg_geometry(MVS_DEFAULT, 8, 264), Some((4, 4, 4)));
+        // Forced: R from the step size where not given.
+        assert_eq!(mvsg_geometry((0, 0, 4), 40, 720), Some((8, 2, 4)));
+        assert_eq!(mvsg_geometry((0, 0, 2), 100, 1800), Some((8, 4, 2)));
         // Past 128 steps no two groups fit.
-        assert_eq!(mvsg_geometry(MVS_DEFAULT, 136, 2448), None);
-        // Forced: odd G, N not whole units, R·K past 32, more rows than threads: none.
+        assert_eq!(mvsg_geometry((0, 0, 2), 136, 2448), None);
+        // Odd G, N not whole units, R·K past 32, more rows than threads: none.
         assert_eq!(mvsg_geometry((8, 3, 3), 40, 720), None);
         assert_eq!(mvsg_geometry((8, 3, 4), 40, 720), None);
         assert_eq!(mvsg_geometry((8, 8, 2), 40, 720), None);
         assert_eq!(mvsg_geometry((8, 4, 4), 40, 720), Some((8, 4, 4)));
         assert_eq!(mvsg_geometry((8, 2, 4), 5, 90), None);
         // Short rows: more groups, so that a block's threads cover its 32 outputs.
-        assert_eq!(mvsg_geometry(MVS_DEFAULT, 5, 90), Some((8, 1, 8)));
-        assert_eq!(mvsg_geometry(MVS_DEFAULT, 8, 264), Some((4, 4, 4)));
+        assert_eq!(mvsg_geometry((8, 0, 0), 5, 90), Some((8, 1, 8)));
     }
 }

@@ -297,9 +297,9 @@ pub struct CudaBackend {
     /// `mvq_step`); NEAGARI_CUDA_MVS=R,K,G picks one.
     mvs: Option<MvsShape>,
     /// One activation row's gate/up GEMV with its GLU (`matmul_glu`) runs as one
-    /// gemv_stream.cu `mvsg_R` launch where `mvs` would run the GEMV, unless
-    /// NEAGARI_CUDA_MVSG=0 (then `mvs_R` and the GLU kernel); NEAGARI_CUDA_MVSG=R,K,G picks
-    /// a shape.
+    /// gemv_stream.cu `mvsg_R` launch where `mvs` would run the GEMV and `mvsg_geometry`
+    /// gives a shape (by default TQ2_0, not Q1_0), unless NEAGARI_CUDA_MVSG=0 (then `mvs_R`
+    /// and the GLU kernel); NEAGARI_CUDA_MVSG=R,K,G picks a shape (Q1_0 too).
     mvsg: Option<MvsShape>,
     /// The tensor-core GEMV of the B_ formats takes its tile by bulk copies (`mvrt_*`) on
     /// sm_90 and newer, with these tiles a block (16 rows each) and K split in these many
