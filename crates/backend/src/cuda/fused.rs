@@ -12,6 +12,14 @@ use super::*;
 /// thread) streamed 0.98 TB/s against `matmul_multi`'s ~1.0 and the step lost 5%.
 const GLU_FUSE_MAX: usize = 1 << 22;
 
+/// The `act` argument of the GLU kernels (gemv_int.cu `glu_act_mul`): 0 SiLU, 1 GELU.
+fn glu_act_code(act: GluAct) -> i32 {
+    match act {
+        GluAct::Silu => 0,
+        GluAct::GeluTanh => 1,
+    }
+}
+
 impl CudaBackend {
     /// A second q8_1 area (see [`Scratch::xq_alt`]) for up to `MV_MAX_ROWS` rows of
     /// `units`, grown if needed: the addresses of its codes and pairs for `rows` rows.
@@ -32,13 +40,11 @@ impl CudaBackend {
         u: &mut CudaBuf,
     ) -> Result<()> {
         let n = x.rows;
-        if n == 1
-            && self.fuse
-            && self.mv_int
-            && gate.ty == up.ty
+        // Gate and up of one format and shape over x: what the fused kernels take.
+        let pair = gate.ty == up.ty
             && (gate.rows, gate.cols, gate.row_bytes) == (up.rows, up.cols, up.row_bytes)
-            && gate.cols == x.cols
-        {
+            && gate.cols == x.cols;
+        if n == 1 && self.fuse && self.mv_int && pair {
             if let Some(k) = &gate.k.int {
                 if self.matmul_glu_stream(k, gate, up, x, act, g, u)? {
                     return Ok(());
@@ -48,9 +54,7 @@ impl CudaBackend {
         let fused = self.fuse
             && self.mv_int
             && (1..=MV_MAX_ROWS).contains(&n)
-            && gate.ty == up.ty
-            && (gate.rows, gate.cols, gate.row_bytes) == (up.rows, up.cols, up.row_bytes)
-            && gate.cols == x.cols
+            && pair
             && gate.rows * gate.cols <= GLU_FUSE_MAX;
         // Where the separate GEMV runs on the tensor cores (3–8 rows of a format that has
         // that kernel), the separate ops: the same bits, and that kernel's speed.
@@ -111,10 +115,7 @@ impl CudaBackend {
         );
         let (rows_i, units_i, rb, nr_i) =
             (rows as i32, units as i32, gate.row_bytes as i64, n as i32);
-        let act_i = match act {
-            GluAct::Silu => 0i32,
-            GluAct::GeluTanh => 1,
-        };
+        let act_i = glu_act_code(act);
         // `@keep`: x's q8_1 stays valid for other matmuls of x.
         launch!(
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
@@ -189,10 +190,7 @@ impl CudaBackend {
         );
         let (rows_i, units_i, rb, k_i) =
             (rows as i32, units as i32, gate.row_bytes as i64, kc as i32);
-        let act_i = match act {
-            GluAct::Silu => 0i32,
-            GluAct::GeluTanh => 1,
-        };
+        let act_i = glu_act_code(act);
         // `@keep`: x's q8_1 stays valid for other matmuls of x.
         launch!(
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,

@@ -51,6 +51,16 @@ impl CudaBackend {
         })?;
         let m = self.load_module(fmt_module(&names))?;
         let f = |n: &str| m.load_function(n).map_err(drv);
+        // gemv_stream.cu's `<name>_R` by R, where the module has them.
+        let by_r = |name: &str| -> Result<Vec<(usize, CudaFunction)>> {
+            if !names.stream {
+                return Ok(Vec::new());
+            }
+            MVS_R
+                .iter()
+                .map(|&r| Ok((r, f(&format!("{name}_{r}"))?)))
+                .collect()
+        };
         let k = Arc::new(FmtKernels {
             mv: [f("mv1")?, f("mv2")?, f("mv4")?, f("mv8")?],
             mv1x4: f("mv1x4")?,
@@ -100,22 +110,8 @@ impl CudaBackend {
                         }
                         _ => None,
                     },
-                    stream: if names.stream {
-                        MVS_R
-                            .iter()
-                            .map(|&r| Ok((r, f(&format!("mvs_{r}"))?)))
-                            .collect::<Result<Vec<_>>>()?
-                    } else {
-                        Vec::new()
-                    },
-                    stream_glu: if names.stream {
-                        MVS_R
-                            .iter()
-                            .map(|&r| Ok((r, f(&format!("mvsg_{r}"))?)))
-                            .collect::<Result<Vec<_>>>()?
-                    } else {
-                        Vec::new()
-                    },
+                    stream: by_r("mvs")?,
+                    stream_glu: by_r("mvsg")?,
                 }),
                 None => None,
             },
