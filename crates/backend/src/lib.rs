@@ -498,6 +498,17 @@ pub trait Backend: Send + Sync + 'static {
         Ok(host.chunks(cols.max(1)).map(argmax_host).collect())
     }
 
+    /// The `k` best of each row as (index, value), highest first, the lowest index among
+    /// equals, NaN left out (fewer where the row has fewer): top-k sampling's candidates,
+    /// from which the rest of the sampling chain is run on the host. The default reads the
+    /// rows back; a device backend selects on the device and brings back only the k pairs.
+    fn top_k(&self, x: &Self::Buf, k: usize) -> Result<Vec<Vec<(u32, f32)>>> {
+        let (rows, cols) = self.buf_shape(x);
+        let mut host = vec![0f32; rows * cols];
+        self.read(x, 0, rows, &mut host)?;
+        Ok(host.chunks(cols.max(1)).map(|r| top_k_host(r, k)).collect())
+    }
+
     /// Brackets a decode step: `tokens` (one, or a few: the verify forward of a speculative
     /// block) at positions from `kv_len(kv)`. Between `step_begin` and `step_end` the
     /// model's calls are the same every step of that many tokens, so a device backend may
@@ -828,6 +839,26 @@ pub fn argmax_host(v: &[f32]) -> u32 {
     best.map_or(0, |(i, _)| i as u32)
 }
 
+/// The `k` best values of `v` as (index, value): highest first, the lowest index among
+/// equals (−0 equals +0), NaN left out. One compare against the k-th best for most values.
+pub fn top_k_host(v: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    if k == 0 {
+        return best;
+    }
+    for (i, &x) in v.iter().enumerate() {
+        // Indices rise, so a value equal to the k-th best does not beat it; NaN fails too.
+        if best.len() == k && !best.last().is_some_and(|l| x > l.1) || x.is_nan() {
+            continue;
+        }
+        // After every kept value at least as high.
+        let j = best.partition_point(|&(_, y)| y >= x);
+        best.insert(j, (i as u32, x));
+        best.truncate(k);
+    }
+    best
+}
+
 fn not_implemented<B: Backend + ?Sized>(op: &str, be: &B) -> BackendError {
     BackendError::Other(format!("{op} is not implemented on {}", be.name()))
 }
@@ -835,6 +866,19 @@ fn not_implemented<B: Backend + ?Sized>(op: &str, be: &B) -> BackendError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn top_k_host_order() {
+        let v = [1.0, f32::NAN, 3.0, 3.0, -1.0, f32::INFINITY, 0.0, -0.0];
+        assert_eq!(
+            top_k_host(&v, 4),
+            vec![(5, f32::INFINITY), (2, 3.0), (3, 3.0), (0, 1.0)]
+        );
+        // −0 ties +0: the lower index first.
+        assert_eq!(top_k_host(&v, 6)[4..], [(6, 0.0), (7, -0.0)]);
+        assert_eq!(top_k_host(&v, 100).len(), 7);
+        assert!(top_k_host(&v, 0).is_empty());
+    }
 
     #[test]
     fn scatter_add_rows_contract() {

@@ -541,6 +541,67 @@ fn attention_matches_the_cpu() {
 /// Greedy argmax on the device against the host rule (highest, lowest index among equals,
 /// NaN ignored) on random rows with planted ties, NaNs and infinities, at vocabulary sizes
 /// with ragged tails.
+/// `top_k` (ops.cu's `topk_chunks` + `topk_merge`: only k pairs come back) against the host
+/// rule written out here (a full sort by value, then index; NaN left out) on rows with
+/// ties at the k-th value, NaNs, ±inf and fewer than k values; a row too wide for one merge
+/// (74 chunks × 64 > 4,096) takes the host path and must agree too.
+#[test]
+fn top_k_equals_host_rule_with_ties() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng();
+    let want = |row: &[f32], k: usize| -> Vec<(u32, f32)> {
+        let mut v: Vec<(u32, f32)> = row
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| !x.is_nan())
+            .map(|(i, &x)| (i as u32, x))
+            .collect();
+        v.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap().then(a.0.cmp(&b.0)));
+        v.truncate(k);
+        v
+    };
+    for &(rows, cols, k) in &[
+        (1, 248_320, 40),
+        (2, 262_144, 64),
+        (3, 151_936, 1),
+        (2, 1000, 40),
+        (1, 33, 64),
+        (1, 300_000, 64),
+    ] {
+        // Values on a coarse grid: many ties, also across chunks.
+        let mut x: Vec<f32> = randv(&mut r, rows * cols, 4.0)
+            .iter()
+            .map(|v| (v * 8.0).round() / 8.0)
+            .collect();
+        for row in 0..rows {
+            let xs = &mut x[row * cols..(row + 1) * cols];
+            match row % 3 {
+                0 => {
+                    for v in xs.iter_mut().step_by(7) {
+                        *v = f32::NAN;
+                    }
+                    xs[cols - 1] = f32::INFINITY;
+                }
+                1 => {
+                    xs.fill(f32::NAN);
+                    xs[cols / 2] = -1.0;
+                    xs[3] = f32::NEG_INFINITY;
+                }
+                _ => {}
+            }
+        }
+        let mut b = g.buf(rows, cols).unwrap();
+        g.write(&mut b, &x, rows, cols).unwrap();
+        let got = g.top_k(&b, k).unwrap();
+        assert_eq!(got.len(), rows);
+        for row in 0..rows {
+            let xs = &x[row * cols..(row + 1) * cols];
+            assert_eq!(got[row], want(xs, k), "{rows}x{cols} k {k} row {row}");
+            assert_eq!(got[row], neagari_backend::top_k_host(xs, k));
+        }
+    }
+}
+
 #[test]
 fn argmax_equals_host_rule_with_ties() {
     let Some(g) = gpu() else { return };

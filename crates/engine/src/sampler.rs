@@ -22,6 +22,11 @@ use std::collections::hash_map::RandomState;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 
+/// The largest top-k whose candidates a decode loop asks the model for instead of the
+/// logits (`Session::decode_top_k`): a device selects up to 64 of a 262,144-token
+/// vocabulary in two launches (CUDA `top_k`); larger ones read the logits back as before.
+pub const TOP_K_CANDIDATES_MAX: usize = 64;
+
 /// Sampling parameters; `Default` gives llama.cpp's defaults.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplerConfig {
@@ -67,6 +72,14 @@ impl SamplerConfig {
     /// where the logits are (`Session::decode_greedy`).
     pub fn is_plain_greedy(&self) -> bool {
         self.temperature <= 0.0 && !self.penalties_active()
+    }
+
+    /// Where the chain starts with a top-k of at most `max` and has no penalties, that k:
+    /// the draw then depends only on the k best logits, so a device can select them and
+    /// bring back k pairs (`Session::decode_top_k`, then [`Sampler::sample_top_k`]).
+    pub fn top_k_only(&self, max: usize) -> Option<usize> {
+        let k = usize::try_from(self.top_k).ok()?;
+        (self.temperature > 0.0 && (1..=max).contains(&k) && !self.penalties_active()).then_some(k)
     }
 
     fn penalties_active(&self) -> bool {
@@ -223,6 +236,23 @@ impl Sampler {
         pick(&self.cand, r).unwrap_or(0)
     }
 
+    /// [`Sampler::sample`] for a config with [`SamplerConfig::top_k_only`], from the k best
+    /// logits (`top`: (id, logit), highest first, the lowest id among equals, NaN left out,
+    /// as `Backend::top_k` gives them) instead of all of them: the same chain after its
+    /// top-k, so the same token for the same RNG state. Empty `top` gives 0.
+    pub fn sample_top_k(&mut self, top: &[(u32, f32)]) -> u32 {
+        self.cand.clear();
+        self.cand.extend(
+            top.iter()
+                .map(|&(id, logit)| Candidate { id, logit, p: 0.0 }),
+        );
+        if !self.cand.is_empty() {
+            self.finish_chain(true, false);
+        }
+        let r = self.rng.next_f64();
+        pick(&self.cand, r).unwrap_or(0)
+    }
+
     /// The distribution the chain leaves: surviving candidates with their probabilities
     /// (summing to 1), most likely first, ties by lower id. `logits` are not modified.
     pub fn probs(&mut self, logits: &[f32]) -> Vec<(u32, f32)> {
@@ -295,10 +325,17 @@ impl Sampler {
             }
             return;
         }
-        let mut sorted = self.top_k(logits, cfg.top_k);
+        let sorted = self.top_k(logits, cfg.top_k);
         if self.cand.is_empty() {
             return;
         }
+        self.finish_chain(sorted, sort_output);
+    }
+
+    /// The chain after top-k over `self.cand` (`sorted`: in `by_logit_desc` order): top-p,
+    /// min-p, temperature, the final probabilities.
+    fn finish_chain(&mut self, mut sorted: bool, sort_output: bool) {
+        let cfg = self.cfg.clone();
         if cfg.top_p < 1.0 {
             self.top_p(cfg.top_p, sorted);
             sorted = true;
@@ -528,6 +565,64 @@ mod tests {
             2904607092377533576,
         ];
         assert_eq!(got, want);
+    }
+
+    /// `sample_top_k` on the k best logits (`top_k_host`, what a device's `Backend::top_k`
+    /// returns) draws the token `sample` draws from all of them, step after step, for
+    /// configs whose chain starts with that top-k; `top_k_only` says which those are.
+    #[test]
+    fn top_k_candidates_sample_as_the_full_logits() {
+        let mut r = Rng::new(7);
+        for (i, (k, top_p, min_p, temp)) in [
+            (40, 0.95, 0.05, 0.8),
+            (1, 1.0, 0.0, 1.0),
+            (5, 0.5, 0.0, 1.5),
+            (64, 1.0, 0.2, 0.3),
+            (3, 0.9, 0.0, 0.01),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let cfg = SamplerConfig {
+                top_k: k,
+                top_p,
+                min_p,
+                temperature: temp,
+                seed: Some(i as u64),
+                ..SamplerConfig::default()
+            };
+            assert_eq!(cfg.top_k_only(64), Some(k as usize));
+            let (mut full, mut cand) = (Sampler::new(cfg.clone()), Sampler::new(cfg));
+            for step in 0..200 {
+                // Logits in a narrow range with repeats (ties) and a NaN now and then.
+                let mut logits: Vec<f32> = (0..1000)
+                    .map(|_| ((r.next_f64() * 40.0).floor() / 8.0) as f32)
+                    .collect();
+                logits[step * 5 % 1000] = f32::NAN;
+                let top = neagari_backend::top_k_host(&logits, k as usize);
+                assert_eq!(
+                    full.sample(&mut logits),
+                    cand.sample_top_k(&top),
+                    "{i} {step}"
+                );
+            }
+        }
+        let greedy = SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        };
+        assert_eq!(greedy.top_k_only(64), None);
+        let penalized = SamplerConfig {
+            repeat_penalty: 1.1,
+            ..SamplerConfig::default()
+        };
+        assert_eq!(penalized.top_k_only(64), None);
+        assert_eq!(SamplerConfig::default().top_k_only(16), None);
+        let no_top_k = SamplerConfig {
+            top_k: 0,
+            ..SamplerConfig::default()
+        };
+        assert_eq!(no_top_k.top_k_only(64), None);
     }
 
     #[test]

@@ -196,6 +196,24 @@ impl<B: Backend> Session<B> {
         Ok(id)
     }
 
+    /// Runs one token and returns the `k` best of its logits as (id, logit), highest first
+    /// (`CausalLm::forward_top_k`): what a top-k sampler keeps of `decode`'s logits, without
+    /// bringing the logits back from a device.
+    pub fn decode_top_k(
+        &mut self,
+        model: &dyn CausalLm<B>,
+        be: &B,
+        token: u32,
+        k: usize,
+    ) -> Result<Vec<(u32, f32)>, ModelError> {
+        be.step_begin(&self.kv, &[token])?;
+        let top = model.forward_top_k(be, &mut self.kv, &[token], k);
+        be.step_end();
+        let top = top?;
+        self.tokens.push(token);
+        Ok(top)
+    }
+
     /// Runs a few `tokens` (a speculative block: the last accepted token and the drafts) as
     /// one decode step and returns the greedy pick after each: pick `i` is what
     /// `decode_greedy` of `tokens[..=i]` one at a time would return, up to the rounding of

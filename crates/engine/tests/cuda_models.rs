@@ -270,7 +270,8 @@ fn gpu_equals_cpu_on_a_given_file() {
 /// attention split class changes every 64; from 257 visible positions the eager path splits
 /// by the exact count and the graph by its class's lowest, so only there may they differ by
 /// summation order). `decode_greedy` (argmax on the device, in graphs) must pick the host
-/// rule's token of the graph's logits at every step.
+/// rule's token of the graph's logits at every step, and `decode_top_k` (the 40 best on the
+/// device) bring back the host's top 40 of them.
 #[test]
 fn graph_replayed_decode_equals_eager_decode() {
     let Some(g) = gpu() else { return };
@@ -290,26 +291,34 @@ fn graph_replayed_decode_equals_eager_decode() {
         let toks: Vec<u32> = (0..steps)
             .map(|i| prompt[(7 * i + 3) % prompt.len()])
             .collect();
-        let run = |be: &CudaBackend, model: &dyn CausalLm<CudaBackend>, greedy: bool| {
+        // What each step brings back: the logits, the device's greedy pick, or its 40 best.
+        #[derive(PartialEq)]
+        enum Mode {
+            Logits,
+            Greedy,
+            TopK,
+        }
+        type Steps = (Vec<Vec<f32>>, Vec<u32>, Vec<Vec<(u32, f32)>>);
+        let run = |be: &CudaBackend, model: &dyn CausalLm<CudaBackend>, mode: Mode| -> Steps {
             let mut s = Session::new(model, be, n_ctx, KvType::F16).expect("session");
             s.prefill(model, be, &prompt, 512, |_, _| true)
                 .expect("prefill");
-            let mut logits = Vec::new();
-            let mut picks = Vec::new();
+            let (mut logits, mut picks, mut tops) = (Vec::new(), Vec::new(), Vec::new());
             for &t in &toks {
-                if greedy {
-                    picks.push(s.decode_greedy(model, be, t).expect("decode_greedy"));
-                } else {
-                    logits.push(s.decode(model, be, t).expect("decode"));
+                match mode {
+                    Mode::Greedy => picks.push(s.decode_greedy(model, be, t).expect("greedy")),
+                    Mode::TopK => tops.push(s.decode_top_k(model, be, t, 40).expect("top_k")),
+                    Mode::Logits => logits.push(s.decode(model, be, t).expect("decode")),
                 }
             }
-            (logits, picks)
+            (logits, picks, tops)
         };
         let (c0, r0) = g.graph_stats();
-        let (lg, _) = run(&g, mg.as_ref(), false);
+        let (lg, ..) = run(&g, mg.as_ref(), Mode::Logits);
         let (c1, r1) = g.graph_stats();
-        let (_, picks) = run(&g, mg.as_ref(), true);
-        let (le, _) = run(&e, me.as_ref(), false);
+        let (_, picks, _) = run(&g, mg.as_ref(), Mode::Greedy);
+        let (.., tops) = run(&g, mg.as_ref(), Mode::TopK);
+        let (le, ..) = run(&e, me.as_ref(), Mode::Logits);
         assert_eq!(e.graph_stats(), (0, 0), "{name}: graphs off yet recorded");
         // Classes of 64 positions: each costs a warm step and a capture, plus one more warm
         // step where scratch grew in the first (arena, attention partials); the rest replay.
@@ -343,6 +352,11 @@ fn graph_replayed_decode_equals_eager_decode() {
                 picks[i],
                 neagari_backend::argmax_host(a),
                 "{name}: position {pos}: device argmax"
+            );
+            assert_eq!(
+                tops[i],
+                neagari_backend::top_k_host(a, 40),
+                "{name}: position {pos}: device top-k"
             );
         }
         note(&format!(

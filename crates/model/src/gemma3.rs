@@ -261,6 +261,17 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
         let (x, _) = self.hidden(be, kv, tokens, false)?;
         self.head().argmax(be, &x)
     }
+
+    fn forward_top_k(
+        &self,
+        be: &B,
+        kv: &mut B::Kv,
+        tokens: &[u32],
+        k: usize,
+    ) -> Result<Vec<(u32, f32)>> {
+        let (x, _) = self.hidden(be, kv, tokens, false)?;
+        self.head().top_k(be, &x, k)
+    }
 }
 
 impl<B: Backend> Gemma3<B> {

@@ -88,6 +88,22 @@ pub trait CausalLm<B: Backend>: Send + Sync {
         Ok(neagari_backend::argmax_host(&logits))
     }
 
+    /// Runs `tokens` like `forward` and returns the `k` best of the last token's logits as
+    /// (id, logit), highest first, the lowest id among equals, NaN left out: top-k
+    /// sampling's candidates (`Sampler::sample_top_k` runs the rest of the chain on them).
+    /// Families that override it select with `Backend::top_k`, so a device backend brings
+    /// back k pairs instead of the logits.
+    fn forward_top_k(
+        &self,
+        be: &B,
+        kv: &mut B::Kv,
+        tokens: &[u32],
+        k: usize,
+    ) -> Result<Vec<(u32, f32)>> {
+        let logits = self.forward(be, kv, tokens, false)?;
+        Ok(neagari_backend::top_k_host(&logits, k))
+    }
+
     /// Runs `tokens` and returns the greedy pick of every token's logits (the check of a
     /// speculative block's drafts). Families that override it pick on the device, as
     /// `forward_greedy`.
@@ -171,6 +187,12 @@ impl<B: Backend> OutputHead<'_, B> {
                 "argmax returned no row".into(),
             ))
         })
+    }
+
+    /// The `k` best logits of the last row (`Backend::top_k`: only k pairs come back).
+    pub fn top_k(&self, be: &B, x: &B::Buf, k: usize) -> Result<Vec<(u32, f32)>> {
+        let mut rows = be.top_k(&self.project(be, x, false)?, k)?;
+        Ok(rows.pop().unwrap_or_default())
     }
 
     /// The greedy pick of every row of `x`.

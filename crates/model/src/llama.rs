@@ -234,6 +234,17 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
         self.head().argmax(be, &x)
     }
 
+    fn forward_top_k(
+        &self,
+        be: &B,
+        kv: &mut B::Kv,
+        tokens: &[u32],
+        k: usize,
+    ) -> Result<Vec<(u32, f32)>> {
+        let x = self.hidden(be, kv, tokens)?;
+        self.head().top_k(be, &x, k)
+    }
+
     fn forward_greedy_all(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<Vec<u32>> {
         let x = self.hidden(be, kv, tokens)?;
         self.head().argmax_rows(be, &x)

@@ -37,6 +37,10 @@ pub struct BenchArgs {
     /// instead of reading the logits back each step.
     #[arg(long)]
     pub argmax: bool,
+    /// Decode test: bring back the K best logits each step (top-k sampling's candidates,
+    /// what `run` and `serve` ask for under a top-k chain of K ≤ 64) instead of all of them.
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    pub top_k: usize,
     /// Also time an N-token forward (speculative verification: N rows through the decode
     /// kernels) against a one-token step at the same position (0 skips it).
     #[arg(long, default_value_t = 0)]
@@ -141,6 +145,8 @@ fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
             for &tok in std::iter::once(&first).chain(&toks[1..]) {
                 if args.argmax {
                     sess.decode_greedy(l.model.as_ref(), &l.be, tok)?;
+                } else if args.top_k > 0 {
+                    sess.decode_top_k(l.model.as_ref(), &l.be, tok, args.top_k)?;
                 } else {
                     sess.decode(l.model.as_ref(), &l.be, tok)?;
                 }

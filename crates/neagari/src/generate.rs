@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use neagari_backend::Backend;
-use neagari_engine::sampler::{Sampler, SamplerConfig};
+use neagari_engine::sampler::{Sampler, SamplerConfig, TOP_K_CANDIDATES_MAX};
 use neagari_engine::session::Session;
 
 use crate::load::Loaded;
@@ -162,8 +162,10 @@ pub fn generate<B: Backend>(
     let t = Instant::now();
     st.stopped_by = "length";
     // Greedy without penalties: the next pick is made where the logits are (on a GPU only
-    // the id comes back).
+    // the id comes back); a chain that starts with a small top-k draws from the k best
+    // (only those come back).
     let greedy = sampler.config().is_plain_greedy();
+    let top_k = sampler.config().top_k_only(TOP_K_CANDIDATES_MAX);
     let mut next: Option<u32> = None;
     for i in 0..max_tokens {
         let tok = match next.take() {
@@ -186,6 +188,9 @@ pub fn generate<B: Backend>(
         }
         if greedy {
             next = Some(sess.decode_greedy(l.model.as_ref(), &l.be, tok)?);
+        } else if let Some(k) = top_k {
+            let top = sess.decode_top_k(l.model.as_ref(), &l.be, tok, k)?;
+            next = Some(sampler.sample_top_k(&top));
         } else {
             logits = sess.decode(l.model.as_ref(), &l.be, tok)?;
         }

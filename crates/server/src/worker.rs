@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use neagari_backend::{Backend, KvType};
-use neagari_engine::sampler::{Sampler, SamplerConfig};
+use neagari_engine::sampler::{Sampler, SamplerConfig, TOP_K_CANDIDATES_MAX};
 use neagari_engine::session::Session;
 use neagari_model::CausalLm;
 use neagari_tokenizer::chat_template::ChatTemplate;
@@ -24,6 +24,17 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::grammar::Constraint;
 use crate::metrics::Metrics;
 use crate::stop::StopMatcher;
+
+/// What a decode step brings back for the next pick (see `Worker::generate`).
+#[derive(Clone, Copy)]
+enum Pick {
+    /// The logits: the sampler (and grammar, EOS mask, logprobs) see all of them.
+    Logits,
+    /// The greedy id alone.
+    Greedy,
+    /// The k best logits of a chain that starts with top-k.
+    TopK(usize),
+}
 
 /// What the worker needs to run a model, built on the worker thread by the loader.
 pub struct EngineParts<B: Backend> {
@@ -403,6 +414,18 @@ impl<B: Backend> Worker<B> {
             return Ok(Outcome::Cancelled(usage));
         };
 
+        // Where nothing needs the whole logits (no grammar, no EOS mask, no logprobs), the
+        // next pick is made from what a device brings back: the greedy id, or the k best
+        // logits of a chain that starts with a small top-k.
+        let plain =
+            params.constraint.is_none() && !params.ignore_eos && params.top_logprobs.is_none();
+        let pick = match (plain, sampler.config().top_k_only(TOP_K_CANDIDATES_MAX)) {
+            (false, _) => Pick::Logits,
+            _ if sampler.config().is_plain_greedy() => Pick::Greedy,
+            (true, Some(k)) => Pick::TopK(k),
+            (true, None) => Pick::Logits,
+        };
+        let mut next: Option<u32> = None;
         let t1 = Instant::now();
         let mut dec = StreamDecoder::new(false);
         let mut stop = StopMatcher::new(params.stop.clone());
@@ -423,20 +446,25 @@ impl<B: Backend> Worker<B> {
                 finish = Finish::Eog;
                 break;
             }
-            if let Some(c) = params.constraint.as_mut() {
-                c.mask(&mut logits)?;
-            }
-            if params.ignore_eos {
-                for &e in &eog {
-                    if let Some(l) = logits.get_mut(e as usize) {
-                        *l = f32::NEG_INFINITY;
+            let (t, lp) = match next.take() {
+                Some(t) => (t, None),
+                None => {
+                    if let Some(c) = params.constraint.as_mut() {
+                        c.mask(&mut logits)?;
                     }
+                    if params.ignore_eos {
+                        for &e in &eog {
+                            if let Some(l) = logits.get_mut(e as usize) {
+                                *l = f32::NEG_INFINITY;
+                            }
+                        }
+                    }
+                    let lp = params
+                        .top_logprobs
+                        .map(|k| log_softmax_top(&logits, k.min(20)));
+                    (sampler.sample(&mut logits), lp)
                 }
-            }
-            let lp = params
-                .top_logprobs
-                .map(|k| log_softmax_top(&logits, k.min(20)));
-            let t = sampler.sample(&mut logits);
+            };
             sampler.accept(t);
             n += 1;
             let mut grammar_done = false;
@@ -480,10 +508,18 @@ impl<B: Backend> Worker<B> {
             {
                 break;
             }
-            logits = self.slots[self.cur]
-                .sess
-                .decode(self.model.as_ref(), &self.be, t)
-                .map_err(|e| e.to_string())?;
+            let sess = &mut self.slots[self.cur].sess;
+            let (m, be) = (self.model.as_ref(), &self.be);
+            match pick {
+                Pick::Greedy => {
+                    next = Some(sess.decode_greedy(m, be, t).map_err(|e| e.to_string())?);
+                }
+                Pick::TopK(k) => {
+                    let top = sess.decode_top_k(m, be, t, k).map_err(|e| e.to_string())?;
+                    next = Some(sampler.sample_top_k(&top));
+                }
+                Pick::Logits => logits = sess.decode(m, be, t).map_err(|e| e.to_string())?,
+            }
         }
         if !matches!(finish, Finish::Stop(_)) {
             let (text, hit) = stop.push(&dec.finish());

@@ -35,8 +35,8 @@ use std::sync::atomic::Ordering;
 
 use cudarc::driver::{CudaGraph, CudaSlice, LaunchConfig};
 
-use super::{drv, CudaBackend, CudaBuf, CudaKv};
-use crate::{BackendError, Result};
+use super::{drv, CudaBackend, CudaBuf, CudaKv, TOPK_N, TOPK_THREADS};
+use crate::{Backend, BackendError, Result};
 
 /// Positions per attention split class (the split count changes at multiples of 64).
 pub(super) const POS_CLASS: usize = 64;
@@ -458,6 +458,89 @@ impl CudaBackend {
         // A zero key: no value that is not NaN (id 0); else the complement of the index.
         Ok(k.iter()
             .map(|&k| if k == 0 { 0 } else { !(k as u32) })
+            .collect())
+    }
+
+    /// The k best of each row on the device (`topk_chunks`, then `topk_merge`: ops.cu);
+    /// only k keys a row come back. Both take K, the power of two from k; a row whose
+    /// chunks' K best do not fit one merge (a power of two of chunks · K > TOPK_N), or a k
+    /// over 64, is read back and selected on the host.
+    pub(super) fn top_k_impl(&self, x: &CudaBuf, k: usize) -> Result<Vec<Vec<(u32, f32)>>> {
+        let (rows, cols) = (x.rows, x.cols);
+        let k = k.min(cols);
+        if rows == 0 || k == 0 {
+            return Ok(vec![Vec::new(); rows]);
+        }
+        let big_k = k.next_power_of_two();
+        let chunks = cols.div_ceil(TOPK_N);
+        let runs = chunks.next_power_of_two();
+        if big_k > 64 || runs * big_k > TOPK_N {
+            let mut host = vec![0f32; rows * cols];
+            Backend::read(self, x, 0, rows, &mut host)?;
+            return Ok(host.chunks(cols).map(|r| crate::top_k_host(r, k)).collect());
+        }
+        self.step_finish()?;
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        // [rows, chunks, K] chunk keys, then [rows, K] merged keys.
+        let need = rows * (chunks + 1) * big_k;
+        if sc.topk.as_ref().is_none_or(|s| s.len() < need) {
+            sc.topk = Some(self.stream.alloc_zeros::<u64>(need).map_err(drv)?);
+        }
+        let Some(buf) = sc.topk.as_ref() else {
+            return Err(BackendError::Other("cuda: top-k scratch missing".into()));
+        };
+        let part = self.dptr(buf);
+        let off = rows * chunks * big_k;
+        let keys = part + (off * 8) as u64;
+        let xp = self.dptr(&x.data);
+        let (cols_i, k_i, chunks_i, runs_i) =
+            (cols as i32, big_k as i32, chunks as i32, runs as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (chunks as u32, rows as u32, 1),
+            block_dim: (TOPK_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(self, &self.ops.topk_chunks, cfg, &xp, &cols_i, &k_i, &part)?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (TOPK_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(
+            self,
+            &self.ops.topk_merge,
+            cfg,
+            &part,
+            &chunks_i,
+            &runs_i,
+            &k_i,
+            &keys
+        )?;
+        let mut host = vec![0u64; rows * big_k];
+        self.stream
+            .memcpy_dtoh(&buf.slice(off..off + rows * big_k), &mut host)
+            .map_err(drv)?;
+        self.synchronize()?;
+        self.step_stats_done();
+        // Zero keys (NaN, or past a short row) end a row's list; else the monotone bits of
+        // the value (amax_key) and the complement of the index.
+        Ok(host
+            .chunks(big_k)
+            .map(|r| {
+                r.iter()
+                    .take(k)
+                    .take_while(|&&key| key != 0)
+                    .map(|&key| {
+                        let o = (key >> 32) as u32;
+                        let b = if o & 0x8000_0000 != 0 {
+                            o & 0x7fff_ffff
+                        } else {
+                            !o
+                        };
+                        (!(key as u32), f32::from_bits(b))
+                    })
+                    .collect()
+            })
             .collect())
     }
 }

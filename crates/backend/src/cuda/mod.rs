@@ -85,6 +85,10 @@ type MvsShape = (usize, usize, usize);
 const MVS_R: [usize; 3] = [2, 4, 8];
 const MVS_ROWS: usize = 32;
 const MVS_DEFAULT: MvsShape = (0, 0, 0);
+/// Values a block of ops.cu's `topk_chunks` takes, and the most chunk candidates
+/// `topk_merge` takes (TOPK_N there); threads a block of both (TOPK_THREADS).
+const TOPK_N: usize = 4096;
+const TOPK_THREADS: u32 = 512;
 
 /// NEAGARI_CUDA_MVS: unset → the default, "0" → off, "R,K,G" (or "RxKxG", which
 /// bench/cuda/run.sh's comma-separated environments can carry) → that shape where it is
@@ -154,6 +158,8 @@ struct OpsKernels {
     attention: CudaFunction,
     att_combine: CudaFunction,
     argmax_rows: CudaFunction,
+    topk_chunks: CudaFunction,
+    topk_merge: CudaFunction,
     qk_norm_rope: CudaFunction,
 }
 
@@ -228,6 +234,8 @@ struct Scratch {
     norm_cnt: Option<CudaSlice<u32>>,
     /// Greedy picks of `argmax` `[rows]`, as keys (graph.rs).
     amax: Option<CudaSlice<u64>>,
+    /// `top_k`'s keys: `[rows, chunks, k]` of the chunks, then `[rows, k]` merged.
+    topk: Option<CudaSlice<u64>>,
     /// Arrival counters of the fused kernels' last-block steps (`delta_rows`, `mvqg*`),
     /// zero between launches (each last block resets its own).
     fuse_cnt: Option<CudaSlice<u32>>,
@@ -469,6 +477,8 @@ impl CudaBackend {
             attention: f("attention")?,
             att_combine: f("att_combine")?,
             argmax_rows: f("argmax_rows")?,
+            topk_chunks: f("topk_chunks")?,
+            topk_merge: f("topk_merge")?,
             qk_norm_rope: f("qk_norm_rope")?,
         };
         let hybrid = hybrid::HybridKernels::load(&ctx, &arch)?;
@@ -842,6 +852,10 @@ impl Backend for CudaBackend {
 
     fn argmax(&self, x: &CudaBuf) -> Result<Vec<u32>> {
         self.argmax_impl(x)
+    }
+
+    fn top_k(&self, x: &CudaBuf, k: usize) -> Result<Vec<Vec<(u32, f32)>>> {
+        self.top_k_impl(x, k)
     }
 
     fn step_begin(&self, kv: &CudaKv, tokens: &[u32]) -> Result<()> {

@@ -828,6 +828,97 @@ extern "C" __global__ void argmax_rows(const float* x, int cols, int chunk, u64*
     }
 }
 
+// The k best of each row (top-k sampling's candidates: highest value, lowest index among
+// equals, NaN left out), in two launches so that only k keys a row come back to the host.
+// Keys are amax_key's (zeros: NaN and padding, which sort last), in shared memory, in runs
+// of K (a power of two ≥ k, at most 64) sorted descending; pairs of runs are then halved
+// into one until one is left: C[i] = max(A[i], B[K−1−i]) is a bitonic run holding the K
+// best of A and B, and a bitonic merge sorts it (Shanbhag et al., "Efficient Top-K Query
+// Processing on Massively Parallel Hardware", 2018). Blocks of TOPK_THREADS.
+#define TOPK_N 4096
+#define TOPK_THREADS 512
+
+__device__ __forceinline__ void topk_swap_desc(u64* s, int i, int j) {
+    const u64 a = s[i], b = s[j];
+    if (a < b) {
+        s[i] = b;
+        s[j] = a;
+    }
+}
+
+// s[0..runs·K): runs (a power of two) of K keys, each sorted descending → s[0..K) the K
+// best, descending.
+__device__ __forceinline__ void topk_reduce(u64* s, int runs, int K) {
+    for (; runs > 1; runs >>= 1) {
+        const int n = (runs >> 1) * K;
+        u64 c[TOPK_N / 2 / TOPK_THREADS];
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < TOPK_N / 2 / TOPK_THREADS; q++) {
+            const int j = threadIdx.x + q * TOPK_THREADS, m = j / K, i = j % K;
+            if (j < n) {
+                const u64 a = s[2 * m * K + i], b = s[(2 * m + 1) * K + K - 1 - i];
+                c[q] = a > b ? a : b;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < TOPK_N / 2 / TOPK_THREADS; q++) {
+            const int j = threadIdx.x + q * TOPK_THREADS;
+            if (j < n) s[j] = c[q];
+        }
+        for (int stride = K >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (int t = threadIdx.x; t < n / 2; t += TOPK_THREADS) {
+                const int i = 2 * t - (t & (stride - 1));
+                topk_swap_desc(s, i, i + stride);
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// Grid (chunks of TOPK_N values, rows): part[row][chunk][0..K) = the chunk's K best keys.
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
+    topk_chunks(const float* x, int cols, int K, u64* part) {
+    gdc_wait();
+    __shared__ u64 s[TOPK_N];
+    const float* row = x + (i64)blockIdx.y * cols;
+    const int c0 = blockIdx.x * TOPK_N;
+    for (int j = threadIdx.x; j < TOPK_N; j += TOPK_THREADS) {
+        const int c = c0 + j;
+        const float v = c < cols ? row[c] : 0.0f;
+        s[j] = c >= cols || isnan(v) ? 0ull : amax_key(v, c);
+    }
+    // Each run of K sorted descending (bitonic; a run's last pass is all descending).
+    for (int size = 2; size <= K; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (int t = threadIdx.x; t < TOPK_N / 2; t += TOPK_THREADS) {
+                const int i = 2 * t - (t & (stride - 1));
+                if (((i & (K - 1)) & size) == 0) topk_swap_desc(s, i, i + stride);
+                else topk_swap_desc(s, i + stride, i);
+            }
+        }
+    }
+    topk_reduce(s, TOPK_N / K, K);
+    u64* out = part + ((i64)blockIdx.y * gridDim.x + blockIdx.x) * K;
+    for (int j = threadIdx.x; j < K; j += TOPK_THREADS) out[j] = s[j];
+}
+
+// Grid (rows): keys[row][0..K) = the K best of the row's `chunks` runs of K chunk keys
+// (padded with empty runs to `runs`, a power of two; runs·K ≤ TOPK_N).
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
+    topk_merge(const u64* part, int chunks, int runs, int K, u64* keys) {
+    gdc_wait();
+    __shared__ u64 s[TOPK_N];
+    const u64* in = part + (i64)blockIdx.x * chunks * K;
+    const int n = chunks * K;
+    for (int j = threadIdx.x; j < runs * K; j += TOPK_THREADS) s[j] = j < n ? in[j] : 0ull;
+    topk_reduce(s, runs, K);
+    for (int j = threadIdx.x; j < K; j += TOPK_THREADS) keys[(i64)blockIdx.x * K + j] = s[j];
+}
+
 // The attention input in one launch: each head of q and k RMS-normed over its hd values
 // (when its weight is set), then rotated as `rope` does. Grid (rows, nh + nkv): block
 // (r, h) takes head h of q's row r, or head h − nh of k's; ceil32(hd) threads, a value each,
