@@ -9,8 +9,10 @@ use super::*;
 /// The largest gate matrix (rows × cols) whose GLU is fused into its GEMV. Fusing pays
 /// where launches dominate (Gemma 3 270M, 2048 × 640: tg128 827 → 880 tok/s on the H200);
 /// on the 27B's 17,408 × 5,120 the fused kernel (121 registers, gate then up in one
-/// thread) streamed 0.98 TB/s against `matmul_multi`'s ~1.0 and the step lost 5%.
-const GLU_FUSE_MAX: usize = 1 << 22;
+/// thread) streamed 0.98 TB/s against `matmul_multi`'s ~1.0 and the step lost 5%; again
+/// with Q4_K's `mvqg1x4` at 60 registers (session 23: tg128 162.3 → 140.7 tok/s, 121.3 at
+/// 2 rows a block; NEAGARI_CUDA_GLU_FUSE_MAX raises the bound for measuring).
+pub(super) const GLU_FUSE_MAX: usize = 1 << 22;
 
 /// The `act` argument of the GLU kernels (gemv_int.cu `glu_act_mul`): 0 SiLU, 1 GELU.
 fn glu_act_code(act: GluAct) -> i32 {
@@ -55,7 +57,7 @@ impl CudaBackend {
             && self.mv_int
             && (1..=MV_MAX_ROWS).contains(&n)
             && pair
-            && gate.rows * gate.cols <= GLU_FUSE_MAX;
+            && gate.rows * gate.cols <= self.glu_fuse_max;
         // Where the separate GEMV runs on the tensor cores (3–8 rows of a format that has
         // that kernel), the separate ops: the same bits, and that kernel's speed.
         // Likewise where one row takes the streaming GEMV (gemv_stream.cu).

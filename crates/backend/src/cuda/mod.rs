@@ -309,6 +309,9 @@ pub struct CudaBackend {
     /// gives a shape (by default TQ2_0, not Q1_0), unless NEAGARI_CUDA_MVSG=0 (then `mvs_R`
     /// and the GLU kernel); NEAGARI_CUDA_MVSG=R,K,G picks a shape (Q1_0 too).
     mvsg: Option<MvsShape>,
+    /// The largest gate matrix (rows × cols) whose GLU `mvqg*` fuses into its GEMV
+    /// (fused.rs GLU_FUSE_MAX; NEAGARI_CUDA_GLU_FUSE_MAX=N for measuring).
+    glu_fuse_max: usize,
     /// The tensor-core GEMV of the B_ formats takes its tile by bulk copies (`mvrt_*`) on
     /// sm_90 and newer, with these tiles a block (16 rows each) and K split in these many
     /// parts to choose from (`mvr_tma`): NEAGARI_CUDA_MVRT=N (1, 2 or 4; 0 = `mvr`
@@ -529,6 +532,10 @@ impl CudaBackend {
                 .unwrap_or(4),
             mvs: mvs_shape(std::env::var("NEAGARI_CUDA_MVS").ok().as_deref()),
             mvsg: mvs_shape(std::env::var("NEAGARI_CUDA_MVSG").ok().as_deref()),
+            glu_fuse_max: std::env::var("NEAGARI_CUDA_GLU_FUSE_MAX")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(fused::GLU_FUSE_MAX),
             mvrt_tiles: match std::env::var("NEAGARI_CUDA_MVRT").as_deref() {
                 _ if maj < 9 => Vec::new(),
                 Ok("0") => Vec::new(),
