@@ -499,14 +499,22 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// The `k` best of each row as (index, value), highest first, the lowest index among
-    /// equals, NaN left out (fewer where the row has fewer): top-k sampling's candidates,
-    /// from which the rest of the sampling chain is run on the host. The default reads the
-    /// rows back; a device backend selects on the device and brings back only the k pairs.
-    fn top_k(&self, x: &Self::Buf, k: usize) -> Result<Vec<Vec<(u32, f32)>>> {
+    /// equals, NaN left out (fewer where the row has fewer), after `pen` has changed the
+    /// listed values of every row: top-k sampling's candidates, from which the rest of the
+    /// sampling chain is run on the host. The default reads the rows back; a device backend
+    /// selects on the device and brings back only the k pairs (and may leave the penalized
+    /// values in `x`).
+    fn top_k(&self, x: &Self::Buf, k: usize, pen: &Penalties) -> Result<Vec<Vec<(u32, f32)>>> {
         let (rows, cols) = self.buf_shape(x);
         let mut host = vec![0f32; rows * cols];
         self.read(x, 0, rows, &mut host)?;
-        Ok(host.chunks(cols.max(1)).map(|r| top_k_host(r, k)).collect())
+        Ok(host
+            .chunks_mut(cols.max(1))
+            .map(|r| {
+                pen.apply(r);
+                top_k_host(r, k)
+            })
+            .collect())
     }
 
     /// Brackets a decode step: `tokens` (one, or a few: the verify forward of a speculative
@@ -837,6 +845,32 @@ pub fn argmax_host(v: &[f32]) -> u32 {
         }
     }
     best.map_or(0, |(i, _)| i as u32)
+}
+
+/// Repetition penalties as llama.cpp's `penalties` sampler applies them to a row of logits
+/// before top-k: each listed token's logit l becomes `(l ≤ 0 ? l · repeat : l / repeat) −
+/// sub` (sub = count · frequency + presence). Empty: nothing changes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Penalties {
+    pub repeat: f32,
+    /// (token, sub), each token once.
+    pub tokens: Vec<(u32, f32)>,
+}
+
+impl Penalties {
+    /// The host's form (the reference for a device's): tokens past the row are skipped.
+    pub fn apply(&self, logits: &mut [f32]) {
+        for &(tok, sub) in &self.tokens {
+            if let Some(l) = logits.get_mut(tok as usize) {
+                if *l <= 0.0 {
+                    *l *= self.repeat;
+                } else {
+                    *l /= self.repeat;
+                }
+                *l -= sub;
+            }
+        }
+    }
 }
 
 /// The `k` best values of `v` as (index, value): highest first, the lowest index among

@@ -12,7 +12,9 @@ use cuda_common::{check_q8_1, cpu, exact_product, gpu, randv, rel, rng, tensor};
 use std::io::Write;
 
 use neagari_backend::cuda::CudaBackend;
-use neagari_backend::{Attn, Backend, GluAct, HostTensor, KvShape, KvType, QkPrep, Rope};
+use neagari_backend::{
+    Attn, Backend, GluAct, HostTensor, KvShape, KvType, Penalties, QkPrep, Rope,
+};
 use neagari_quant::GgmlType;
 use rand::{rngs::StdRng, Rng};
 
@@ -541,8 +543,9 @@ fn attention_matches_the_cpu() {
 /// Greedy argmax on the device against the host rule (highest, lowest index among equals,
 /// NaN ignored) on random rows with planted ties, NaNs and infinities, at vocabulary sizes
 /// with ragged tails.
-/// `top_k` (ops.cu's `topk_chunks` + `topk_merge`: only k pairs come back) against the host
-/// rule written out here (a full sort by value, then index; NaN left out) on rows with
+/// `top_k` (ops.cu's `topk_chunks` + `topk_merge`: only k pairs come back; `penalize` first)
+/// against the host rule written out here (a full sort by value, then index; NaN left out)
+/// after `Penalties::apply`, with and without penalties, on rows with
 /// ties at the k-th value, NaNs, ±inf and fewer than k values; a row too wide for one merge
 /// (74 chunks × 64 > 4,096) takes the host path and must agree too.
 #[test]
@@ -590,14 +593,33 @@ fn top_k_equals_host_rule_with_ties() {
                 _ => {}
             }
         }
-        let mut b = g.buf(rows, cols).unwrap();
-        g.write(&mut b, &x, rows, cols).unwrap();
-        let got = g.top_k(&b, k).unwrap();
-        assert_eq!(got.len(), rows);
-        for row in 0..rows {
-            let xs = &x[row * cols..(row + 1) * cols];
-            assert_eq!(got[row], want(xs, k), "{rows}x{cols} k {k} row {row}");
-            assert_eq!(got[row], neagari_backend::top_k_host(xs, k));
+        // Without penalties, then with the sampler's kind: 50 distinct tokens, the row's best
+        // among them, one past the row.
+        let mut ids: Vec<u32> = (0..50).map(|_| r.gen_range(0..cols as u32)).collect();
+        ids.extend(want(&x[..cols], 3).iter().map(|&(i, _)| i));
+        ids.push(cols as u32 + 5);
+        ids.sort_unstable();
+        ids.dedup();
+        let pen = Penalties {
+            repeat: 1.3,
+            tokens: ids.iter().map(|&t| (t, r.gen_range(0.0..2.0))).collect(),
+        };
+        for pen in [Penalties::default(), pen] {
+            let mut b = g.buf(rows, cols).unwrap();
+            g.write(&mut b, &x, rows, cols).unwrap();
+            let got = g.top_k(&b, k, &pen).unwrap();
+            assert_eq!(got.len(), rows);
+            for row in 0..rows {
+                let mut xs = x[row * cols..(row + 1) * cols].to_vec();
+                pen.apply(&mut xs);
+                let n = pen.tokens.len();
+                assert_eq!(
+                    got[row],
+                    want(&xs, k),
+                    "{rows}x{cols} k {k} row {row} pen {n}"
+                );
+                assert_eq!(got[row], neagari_backend::top_k_host(&xs, k));
+            }
         }
     }
 }

@@ -22,6 +22,8 @@ use std::collections::hash_map::RandomState;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 
+use neagari_backend::Penalties;
+
 /// The largest top-k whose candidates a decode loop asks the model for instead of the
 /// logits (`Session::decode_top_k`): a device selects up to 64 of a 262,144-token
 /// vocabulary in two launches (CUDA `top_k`); larger ones read the logits back as before.
@@ -74,12 +76,13 @@ impl SamplerConfig {
         self.temperature <= 0.0 && !self.penalties_active()
     }
 
-    /// Where the chain starts with a top-k of at most `max` and has no penalties, that k:
-    /// the draw then depends only on the k best logits, so a device can select them and
-    /// bring back k pairs (`Session::decode_top_k`, then [`Sampler::sample_top_k`]).
+    /// Where the chain's first truncation is a top-k of at most `max`, that k: the draw
+    /// then depends only on the k best penalized logits, so a device can apply the
+    /// penalties ([`Sampler::penalties`]), select the k best and bring back k pairs
+    /// (`Session::decode_top_k`, then [`Sampler::sample_top_k`]).
     pub fn top_k_only(&self, max: usize) -> Option<usize> {
         let k = usize::try_from(self.top_k).ok()?;
-        (self.temperature > 0.0 && (1..=max).contains(&k) && !self.penalties_active()).then_some(k)
+        (self.temperature > 0.0 && (1..=max).contains(&k)).then_some(k)
     }
 
     fn penalties_active(&self) -> bool {
@@ -236,10 +239,25 @@ impl Sampler {
         pick(&self.cand, r).unwrap_or(0)
     }
 
+    /// The penalties the chain applies before its top-k now (llama.cpp's `penalties` over
+    /// the window's counts; none when they are off), for `Backend::top_k`.
+    pub fn penalties(&self) -> Penalties {
+        let c = &self.cfg;
+        if !c.penalties_active() {
+            return Penalties::default();
+        }
+        let sub = |count: u32| count as f32 * c.frequency_penalty + c.presence_penalty;
+        Penalties {
+            repeat: c.repeat_penalty,
+            tokens: self.counts.iter().map(|(&t, &n)| (t, sub(n))).collect(),
+        }
+    }
+
     /// [`Sampler::sample`] for a config with [`SamplerConfig::top_k_only`], from the k best
-    /// logits (`top`: (id, logit), highest first, the lowest id among equals, NaN left out,
-    /// as `Backend::top_k` gives them) instead of all of them: the same chain after its
-    /// top-k, so the same token for the same RNG state. Empty `top` gives 0.
+    /// penalized logits (`top`: (id, logit), highest first, the lowest id among equals, NaN
+    /// left out, as `Backend::top_k` gives them after [`Sampler::penalties`]) instead of all
+    /// of them: the same chain after its top-k, so the same token for the same RNG state.
+    /// Empty `top` gives 0.
     pub fn sample_top_k(&mut self, top: &[(u32, f32)]) -> u32 {
         self.cand.clear();
         self.cand.extend(
@@ -294,21 +312,7 @@ impl Sampler {
 
     /// llama.cpp's `penalties` sampler over the window's counts.
     fn apply_penalties(&self, logits: &mut [f32]) {
-        if !self.cfg.penalties_active() {
-            return;
-        }
-        let c = &self.cfg;
-        for (&tok, &count) in &self.counts {
-            let Some(l) = logits.get_mut(tok as usize) else {
-                continue;
-            };
-            if *l <= 0.0 {
-                *l *= c.repeat_penalty;
-            } else {
-                *l /= c.repeat_penalty;
-            }
-            *l -= count as f32 * c.frequency_penalty + c.presence_penalty;
-        }
+        self.penalties().apply(logits);
     }
 
     /// Fills `self.cand` with the chain's survivors and their final probabilities, sorted.
@@ -567,44 +571,51 @@ mod tests {
         assert_eq!(got, want);
     }
 
-    /// `sample_top_k` on the k best logits (`top_k_host`, what a device's `Backend::top_k`
-    /// returns) draws the token `sample` draws from all of them, step after step, for
-    /// configs whose chain starts with that top-k; `top_k_only` says which those are.
+    /// `sample_top_k` on the k best penalized logits (`Penalties::apply`, then `top_k_host`:
+    /// what a device's `Backend::top_k` returns) draws the token `sample` draws from all of
+    /// them, step after step (each pick accepted into the penalty window), for configs
+    /// whose chain starts with that top-k; `top_k_only` says which those are.
     #[test]
     fn top_k_candidates_sample_as_the_full_logits() {
         let mut r = Rng::new(7);
-        for (i, (k, top_p, min_p, temp)) in [
-            (40, 0.95, 0.05, 0.8),
-            (1, 1.0, 0.0, 1.0),
-            (5, 0.5, 0.0, 1.5),
-            (64, 1.0, 0.2, 0.3),
-            (3, 0.9, 0.0, 0.01),
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        let cases = [
+            (40, 0.95, 0.05, 0.8, 1.0, 0.0, 0.0),
+            (1, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0),
+            (5, 0.5, 0.0, 1.5, 1.1, 0.0, 0.0),
+            (64, 1.0, 0.2, 0.3, 1.0, 0.3, 0.5),
+            (3, 0.9, 0.0, 0.01, 1.3, 0.1, 0.0),
+        ];
+        for (i, (k, top_p, min_p, temp, rp, freq, pres)) in cases.into_iter().enumerate() {
             let cfg = SamplerConfig {
                 top_k: k,
                 top_p,
                 min_p,
                 temperature: temp,
+                repeat_penalty: rp,
+                frequency_penalty: freq,
+                presence_penalty: pres,
+                repeat_last_n: 16,
                 seed: Some(i as u64),
-                ..SamplerConfig::default()
             };
             assert_eq!(cfg.top_k_only(64), Some(k as usize));
             let (mut full, mut cand) = (Sampler::new(cfg.clone()), Sampler::new(cfg));
             for step in 0..200 {
-                // Logits in a narrow range with repeats (ties) and a NaN now and then.
+                // Logits in a narrow range with repeats (ties), both signs, a NaN now and
+                // then; a few tokens favoured so that the window repeats them.
                 let mut logits: Vec<f32> = (0..1000)
-                    .map(|_| ((r.next_f64() * 40.0).floor() / 8.0) as f32)
+                    .map(|_| ((r.next_f64() * 40.0).floor() / 8.0 - 2.0) as f32)
                     .collect();
+                for t in 0..8 {
+                    logits[t * 37] += 3.0;
+                }
                 logits[step * 5 % 1000] = f32::NAN;
-                let top = neagari_backend::top_k_host(&logits, k as usize);
-                assert_eq!(
-                    full.sample(&mut logits),
-                    cand.sample_top_k(&top),
-                    "{i} {step}"
-                );
+                let mut pen = logits.clone();
+                cand.penalties().apply(&mut pen);
+                let top = neagari_backend::top_k_host(&pen, k as usize);
+                let (a, b) = (full.sample(&mut logits), cand.sample_top_k(&top));
+                assert_eq!(a, b, "{i} {step}");
+                full.accept(a);
+                cand.accept(b);
             }
         }
         let greedy = SamplerConfig {
@@ -612,11 +623,6 @@ mod tests {
             ..SamplerConfig::default()
         };
         assert_eq!(greedy.top_k_only(64), None);
-        let penalized = SamplerConfig {
-            repeat_penalty: 1.1,
-            ..SamplerConfig::default()
-        };
-        assert_eq!(penalized.top_k_only(64), None);
         assert_eq!(SamplerConfig::default().top_k_only(16), None);
         let no_top_k = SamplerConfig {
             top_k: 0,

@@ -2,7 +2,7 @@
 //! batches of `n_batch` tokens through the matrix-matrix kernels; a new prompt that shares a
 //! prefix with what the cache holds only prefills the part that differs.
 
-use neagari_backend::{Backend, BackendError, KvType};
+use neagari_backend::{Backend, BackendError, KvType, Penalties};
 use neagari_model::{CausalLm, ModelError};
 
 /// A saved position of a `Session` (see `Session::checkpoint`).
@@ -196,18 +196,19 @@ impl<B: Backend> Session<B> {
         Ok(id)
     }
 
-    /// Runs one token and returns the `k` best of its logits as (id, logit), highest first
-    /// (`CausalLm::forward_top_k`): what a top-k sampler keeps of `decode`'s logits, without
-    /// bringing the logits back from a device.
+    /// Runs one token and returns the `k` best of its logits after `pen` as (id, logit),
+    /// highest first (`CausalLm::forward_top_k`): what a top-k sampler keeps of `decode`'s
+    /// logits, without bringing the logits back from a device.
     pub fn decode_top_k(
         &mut self,
         model: &dyn CausalLm<B>,
         be: &B,
         token: u32,
         k: usize,
+        pen: &Penalties,
     ) -> Result<Vec<(u32, f32)>, ModelError> {
         be.step_begin(&self.kv, &[token])?;
-        let top = model.forward_top_k(be, &mut self.kv, &[token], k);
+        let top = model.forward_top_k(be, &mut self.kv, &[token], k, pen);
         be.step_end();
         let top = top?;
         self.tokens.push(token);

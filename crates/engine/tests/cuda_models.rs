@@ -307,7 +307,10 @@ fn graph_replayed_decode_equals_eager_decode() {
             for &t in &toks {
                 match mode {
                     Mode::Greedy => picks.push(s.decode_greedy(model, be, t).expect("greedy")),
-                    Mode::TopK => tops.push(s.decode_top_k(model, be, t, 40).expect("top_k")),
+                    Mode::TopK => tops.push(
+                        s.decode_top_k(model, be, t, 40, &Default::default())
+                            .expect("top_k"),
+                    ),
                     Mode::Logits => logits.push(s.decode(model, be, t).expect("decode")),
                 }
             }

@@ -3,7 +3,7 @@
 //! `1 + w` into the weights); q/k norms before NeoX RoPE; sliding-window layers with their
 //! own RoPE base, every sixth layer global; GeGLU MLP; tied output head.
 
-use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, QkPrep, Rope};
+use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, Penalties, QkPrep, Rope};
 
 use crate::dump::Dump;
 use crate::source::{ModelSource, SourceExt};
@@ -268,9 +268,10 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
         kv: &mut B::Kv,
         tokens: &[u32],
         k: usize,
+        pen: &Penalties,
     ) -> Result<Vec<(u32, f32)>> {
         let (x, _) = self.hidden(be, kv, tokens, false)?;
-        self.head().top_k(be, &x, k)
+        self.head().top_k(be, &x, k, pen)
     }
 }
 

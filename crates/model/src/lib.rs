@@ -14,7 +14,7 @@ pub mod qwen35;
 pub mod source;
 pub mod synth;
 
-use neagari_backend::{Backend, BackendError, KvType};
+use neagari_backend::{Backend, BackendError, KvType, Penalties};
 
 pub use source::ModelSource;
 
@@ -88,9 +88,10 @@ pub trait CausalLm<B: Backend>: Send + Sync {
         Ok(neagari_backend::argmax_host(&logits))
     }
 
-    /// Runs `tokens` like `forward` and returns the `k` best of the last token's logits as
-    /// (id, logit), highest first, the lowest id among equals, NaN left out: top-k
-    /// sampling's candidates (`Sampler::sample_top_k` runs the rest of the chain on them).
+    /// Runs `tokens` like `forward` and returns the `k` best of the last token's logits
+    /// after `pen` as (id, logit), highest first, the lowest id among equals, NaN left out:
+    /// top-k sampling's candidates (`Sampler::sample_top_k` runs the rest of the chain on
+    /// them).
     /// Families that override it select with `Backend::top_k`, so a device backend brings
     /// back k pairs instead of the logits.
     fn forward_top_k(
@@ -99,8 +100,10 @@ pub trait CausalLm<B: Backend>: Send + Sync {
         kv: &mut B::Kv,
         tokens: &[u32],
         k: usize,
+        pen: &Penalties,
     ) -> Result<Vec<(u32, f32)>> {
-        let logits = self.forward(be, kv, tokens, false)?;
+        let mut logits = self.forward(be, kv, tokens, false)?;
+        pen.apply(&mut logits);
         Ok(neagari_backend::top_k_host(&logits, k))
     }
 
@@ -189,9 +192,10 @@ impl<B: Backend> OutputHead<'_, B> {
         })
     }
 
-    /// The `k` best logits of the last row (`Backend::top_k`: only k pairs come back).
-    pub fn top_k(&self, be: &B, x: &B::Buf, k: usize) -> Result<Vec<(u32, f32)>> {
-        let mut rows = be.top_k(&self.project(be, x, false)?, k)?;
+    /// The `k` best logits of the last row after `pen` (`Backend::top_k`: only k pairs
+    /// come back).
+    pub fn top_k(&self, be: &B, x: &B::Buf, k: usize, pen: &Penalties) -> Result<Vec<(u32, f32)>> {
+        let mut rows = be.top_k(&self.project(be, x, false)?, k, pen)?;
         Ok(rows.pop().unwrap_or_default())
     }
 

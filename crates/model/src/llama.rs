@@ -3,7 +3,7 @@
 //! (per-head q/k RMSNorm before NeoX RoPE, explicit head_dim). Pre-norm blocks, GQA,
 //! SwiGLU MLP, optional tied output head and Llama 3.1 `rope_freqs`.
 
-use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, QkPrep, Rope};
+use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, Penalties, QkPrep, Rope};
 
 use crate::source::{ModelSource, SourceExt};
 use crate::{check_room, CausalLm, ModelError, ModelInfo, OutputHead, Result};
@@ -240,9 +240,10 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
         kv: &mut B::Kv,
         tokens: &[u32],
         k: usize,
+        pen: &Penalties,
     ) -> Result<Vec<(u32, f32)>> {
         let x = self.hidden(be, kv, tokens)?;
-        self.head().top_k(be, &x, k)
+        self.head().top_k(be, &x, k, pen)
     }
 
     fn forward_greedy_all(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<Vec<u32>> {

@@ -16,7 +16,8 @@
 //! `nextn_predict_layers` blocks) are loaded and kept for speculative decoding.
 
 use neagari_backend::{
-    Attn, Backend, DeltaNet, GluAct, HeadMap, HostTensor, KvShape, KvType, QkPrep, RecShape, Rope,
+    Attn, Backend, DeltaNet, GluAct, HeadMap, HostTensor, KvShape, KvType, Penalties, QkPrep,
+    RecShape, Rope,
 };
 
 use crate::source::{ModelSource, SourceExt};
@@ -873,9 +874,10 @@ impl<B: Backend> CausalLm<B> for Qwen35<B> {
         kv: &mut B::Kv,
         tokens: &[u32],
         k: usize,
+        pen: &Penalties,
     ) -> Result<Vec<(u32, f32)>> {
         let x = self.hidden(be, kv, tokens)?;
-        self.head().top_k(be, &x, k)
+        self.head().top_k(be, &x, k, pen)
     }
 
     fn forward_greedy_all(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<Vec<u32>> {

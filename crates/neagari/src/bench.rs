@@ -146,7 +146,13 @@ fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
                 if args.argmax {
                     sess.decode_greedy(l.model.as_ref(), &l.be, tok)?;
                 } else if args.top_k > 0 {
-                    sess.decode_top_k(l.model.as_ref(), &l.be, tok, args.top_k)?;
+                    sess.decode_top_k(
+                        l.model.as_ref(),
+                        &l.be,
+                        tok,
+                        args.top_k,
+                        &Default::default(),
+                    )?;
                 } else {
                     sess.decode(l.model.as_ref(), &l.be, tok)?;
                 }

@@ -189,7 +189,7 @@ pub fn generate<B: Backend>(
         if greedy {
             next = Some(sess.decode_greedy(l.model.as_ref(), &l.be, tok)?);
         } else if let Some(k) = top_k {
-            let top = sess.decode_top_k(l.model.as_ref(), &l.be, tok, k)?;
+            let top = sess.decode_top_k(l.model.as_ref(), &l.be, tok, k, &sampler.penalties())?;
             next = Some(sampler.sample_top_k(&top));
         } else {
             logits = sess.decode(l.model.as_ref(), &l.be, tok)?;

@@ -515,7 +515,10 @@ impl<B: Backend> Worker<B> {
                     next = Some(sess.decode_greedy(m, be, t).map_err(|e| e.to_string())?);
                 }
                 Pick::TopK(k) => {
-                    let top = sess.decode_top_k(m, be, t, k).map_err(|e| e.to_string())?;
+                    let pen = sampler.penalties();
+                    let top = sess
+                        .decode_top_k(m, be, t, k, &pen)
+                        .map_err(|e| e.to_string())?;
                     next = Some(sampler.sample_top_k(&top));
                 }
                 Pick::Logits => logits = sess.decode(m, be, t).map_err(|e| e.to_string())?,

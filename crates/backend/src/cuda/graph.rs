@@ -36,7 +36,7 @@ use std::sync::atomic::Ordering;
 use cudarc::driver::{CudaGraph, CudaSlice, LaunchConfig};
 
 use super::{drv, CudaBackend, CudaBuf, CudaKv, TOPK_N, TOPK_THREADS};
-use crate::{Backend, BackendError, Result};
+use crate::{Backend, BackendError, Penalties, Result};
 
 /// Positions per attention split class (the split count changes at multiples of 64).
 pub(super) const POS_CLASS: usize = 64;
@@ -465,7 +465,12 @@ impl CudaBackend {
     /// only k keys a row come back. Both take K, the power of two from k; a row whose
     /// chunks' K best do not fit one merge (a power of two of chunks · K > TOPK_N), or a k
     /// over 64, is read back and selected on the host.
-    pub(super) fn top_k_impl(&self, x: &CudaBuf, k: usize) -> Result<Vec<Vec<(u32, f32)>>> {
+    pub(super) fn top_k_impl(
+        &self,
+        x: &CudaBuf,
+        k: usize,
+        pen: &Penalties,
+    ) -> Result<Vec<Vec<(u32, f32)>>> {
         let (rows, cols) = (x.rows, x.cols);
         let k = k.min(cols);
         if rows == 0 || k == 0 {
@@ -477,10 +482,54 @@ impl CudaBackend {
         if big_k > 64 || runs * big_k > TOPK_N {
             let mut host = vec![0f32; rows * cols];
             Backend::read(self, x, 0, rows, &mut host)?;
-            return Ok(host.chunks(cols).map(|r| crate::top_k_host(r, k)).collect());
+            return Ok(host
+                .chunks_mut(cols)
+                .map(|r| {
+                    pen.apply(r);
+                    crate::top_k_host(r, k)
+                })
+                .collect());
         }
         self.step_finish()?;
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let xp = self.dptr(&x.data);
+        if !pen.tokens.is_empty() {
+            // [ids; subs' bits], uploaded, then applied in place to every row.
+            let n = pen.tokens.len();
+            let host: Vec<u32> = (pen.tokens.iter().map(|&(t, _)| t))
+                .chain(pen.tokens.iter().map(|&(_, s)| s.to_bits()))
+                .collect();
+            if sc.topk_pen.as_ref().is_none_or(|b| b.len() < 2 * n) {
+                let len = 2 * n.max(64);
+                sc.topk_pen = Some(self.stream.alloc_zeros::<u32>(len).map_err(drv)?);
+            }
+            let Some(buf) = sc.topk_pen.as_mut() else {
+                return Err(BackendError::Other("cuda: penalty scratch missing".into()));
+            };
+            self.stream
+                .memcpy_htod(&host, &mut buf.slice_mut(0..2 * n))
+                .map_err(drv)?;
+            let ids = self.dptr(buf);
+            let subs = ids + (4 * n) as u64;
+            let (cols_i, n_i) = (cols as i32, n as i32);
+            let cfg = LaunchConfig {
+                grid_dim: (rows as u32, 1, 1),
+                block_dim: (n.next_multiple_of(32).min(256) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let rp = pen.repeat;
+            launch!(
+                self,
+                &self.ops.penalize,
+                cfg,
+                &xp,
+                &cols_i,
+                &ids,
+                &subs,
+                &n_i,
+                &rp
+            )?;
+        }
         // [rows, chunks, K] chunk keys, then [rows, K] merged keys.
         let need = rows * (chunks + 1) * big_k;
         if sc.topk.as_ref().is_none_or(|s| s.len() < need) {
@@ -492,7 +541,6 @@ impl CudaBackend {
         let part = self.dptr(buf);
         let off = rows * chunks * big_k;
         let keys = part + (off * 8) as u64;
-        let xp = self.dptr(&x.data);
         let (cols_i, k_i, chunks_i, runs_i) =
             (cols as i32, big_k as i32, chunks as i32, runs as i32);
         let cfg = LaunchConfig {

@@ -59,8 +59,8 @@ use neagari_quant::GgmlType;
 use modules::*;
 
 use crate::{
-    Attn, Backend, BackendError, DeltaNet, GluAct, HostTensor, KvShape, KvType, QkPrep, RecShape,
-    Result, Rope,
+    Attn, Backend, BackendError, DeltaNet, GluAct, HostTensor, KvShape, KvType, Penalties, QkPrep,
+    RecShape, Result, Rope,
 };
 
 /// Rows a GEMV kernel handles per launch (the largest `mvN`).
@@ -160,6 +160,7 @@ struct OpsKernels {
     argmax_rows: CudaFunction,
     topk_chunks: CudaFunction,
     topk_merge: CudaFunction,
+    penalize: CudaFunction,
     qk_norm_rope: CudaFunction,
 }
 
@@ -236,6 +237,8 @@ struct Scratch {
     amax: Option<CudaSlice<u64>>,
     /// `top_k`'s keys: `[rows, chunks, k]` of the chunks, then `[rows, k]` merged.
     topk: Option<CudaSlice<u64>>,
+    /// `top_k`'s penalties: token ids, then their subtrahends' bits `[2, n]`.
+    topk_pen: Option<CudaSlice<u32>>,
     /// Arrival counters of the fused kernels' last-block steps (`delta_rows`, `mvqg*`),
     /// zero between launches (each last block resets its own).
     fuse_cnt: Option<CudaSlice<u32>>,
@@ -482,6 +485,7 @@ impl CudaBackend {
             argmax_rows: f("argmax_rows")?,
             topk_chunks: f("topk_chunks")?,
             topk_merge: f("topk_merge")?,
+            penalize: f("penalize")?,
             qk_norm_rope: f("qk_norm_rope")?,
         };
         let hybrid = hybrid::HybridKernels::load(&ctx, &arch)?;
@@ -861,8 +865,8 @@ impl Backend for CudaBackend {
         self.argmax_impl(x)
     }
 
-    fn top_k(&self, x: &CudaBuf, k: usize) -> Result<Vec<Vec<(u32, f32)>>> {
-        self.top_k_impl(x, k)
+    fn top_k(&self, x: &CudaBuf, k: usize, pen: &Penalties) -> Result<Vec<Vec<(u32, f32)>>> {
+        self.top_k_impl(x, k, pen)
     }
 
     fn step_begin(&self, kv: &CudaKv, tokens: &[u32]) -> Result<()> {

@@ -828,6 +828,22 @@ extern "C" __global__ void argmax_rows(const float* x, int cols, int chunk, u64*
     }
 }
 
+// Repetition penalties before a top-k (lib.rs `Penalties::apply`, the same arithmetic):
+// logit l of each listed token of every row becomes (l ≤ 0 ? l·rp : l / rp) − sub. Grid
+// (rows), a thread a token; the tokens are distinct.
+extern "C" __global__ void penalize(float* x, int cols, const u32* ids, const float* subs,
+                                   int n, float rp) {
+    gdc_wait();
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const u32 t = ids[j];
+        if (t >= (u32)cols) continue;
+        float* p = x + (i64)blockIdx.x * cols + t;
+        float l = *p;
+        l = l <= 0.0f ? l * rp : l / rp;
+        *p = l - subs[j];
+    }
+}
+
 // The k best of each row (top-k sampling's candidates: highest value, lowest index among
 // equals, NaN left out), in two launches so that only k keys a row come back to the host.
 // Keys are amax_key's (zeros: NaN and padding, which sort last), in shared memory, in runs
