@@ -8,6 +8,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::load::{DeviceBackend, Loaded};
+use neagari_engine::sampler::{Sampler, SamplerConfig};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -41,6 +42,12 @@ pub struct BenchArgs {
     /// what `run` and `serve` ask for under a top-k chain of K ≤ 64) instead of all of them.
     #[arg(long, default_value_t = 0, value_name = "K")]
     pub top_k: usize,
+    /// Decode test: also draw a token each step with llama.cpp's default chain (top-k 40,
+    /// top-p 0.95, min-p 0.05, temperature 0.8; seeded), as `run` does: from the logits,
+    /// or with `--top-k` from the K best (the sampler's top-k set to K). The inputs stay
+    /// the teacher-forced random tokens.
+    #[arg(long)]
+    pub sample: bool,
     /// Also time an N-token forward (speculative verification: N rows through the decode
     /// kernels) against a one-token step at the same position (0 skips it).
     #[arg(long, default_value_t = 0)]
@@ -142,21 +149,33 @@ fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
             // Teacher-forced random tokens; `--argmax` brings back the greedy pick instead
             // of the logits.
             let first = if args.depth > 0 { toks[0] } else { bos };
+            let mut sampler = Sampler::new(SamplerConfig {
+                top_k: if args.top_k > 0 {
+                    args.top_k as i32
+                } else {
+                    40
+                },
+                seed: Some(r as u64),
+                ..SamplerConfig::default()
+            });
+            let mut drawn = 0u64;
             for &tok in std::iter::once(&first).chain(&toks[1..]) {
                 if args.argmax {
                     sess.decode_greedy(l.model.as_ref(), &l.be, tok)?;
                 } else if args.top_k > 0 {
-                    sess.decode_top_k(
-                        l.model.as_ref(),
-                        &l.be,
-                        tok,
-                        args.top_k,
-                        &Default::default(),
-                    )?;
+                    let pen = sampler.penalties();
+                    let top = sess.decode_top_k(l.model.as_ref(), &l.be, tok, args.top_k, &pen)?;
+                    if args.sample {
+                        drawn += u64::from(sampler.sample_top_k(&top));
+                    }
                 } else {
-                    sess.decode(l.model.as_ref(), &l.be, tok)?;
+                    let mut logits = sess.decode(l.model.as_ref(), &l.be, tok)?;
+                    if args.sample {
+                        drawn += u64::from(sampler.sample(&mut logits));
+                    }
                 }
             }
+            std::hint::black_box(drawn);
             l.be.sync()?;
             tg.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
         }
