@@ -508,13 +508,7 @@ pub trait Backend: Send + Sync + 'static {
         let (rows, cols) = self.buf_shape(x);
         let mut host = vec![0f32; rows * cols];
         self.read(x, 0, rows, &mut host)?;
-        Ok(host
-            .chunks_mut(cols.max(1))
-            .map(|r| {
-                pen.apply(r);
-                top_k_host(r, k)
-            })
-            .collect())
+        Ok(top_k_rows_host(&mut host, cols, k, pen))
     }
 
     /// Brackets a decode step: `tokens` (one, or a few: the verify forward of a speculative
@@ -891,6 +885,21 @@ pub fn top_k_host(v: &[f32], k: usize) -> Vec<(u32, f32)> {
         best.truncate(k);
     }
     best
+}
+
+/// `Backend::top_k` of rows `[rows, cols]` read back to the host (penalized in place).
+pub fn top_k_rows_host(
+    host: &mut [f32],
+    cols: usize,
+    k: usize,
+    pen: &Penalties,
+) -> Vec<Vec<(u32, f32)>> {
+    host.chunks_mut(cols.max(1))
+        .map(|r| {
+            pen.apply(r);
+            top_k_host(r, k)
+        })
+        .collect()
 }
 
 fn not_implemented<B: Backend + ?Sized>(op: &str, be: &B) -> BackendError {

@@ -5,6 +5,16 @@
 use neagari_backend::{Backend, BackendError, KvType, Penalties};
 use neagari_model::{CausalLm, ModelError};
 
+use crate::sampler::{Sampler, TOP_K_CANDIDATES_MAX};
+
+/// What [`Session::decode_next`] brings back.
+pub enum Next {
+    /// The next token, drawn where the logits are.
+    Token(u32),
+    /// The logits, for the caller to mask or read and then sample.
+    Logits(Vec<f32>),
+}
+
 /// A saved position of a `Session` (see `Session::checkpoint`).
 pub struct Checkpoint<B: Backend> {
     kv: B::Kv,
@@ -213,6 +223,34 @@ impl<B: Backend> Session<B> {
         let top = top?;
         self.tokens.push(token);
         Ok(top)
+    }
+
+    /// Runs one token and draws the next with `sampler` where its chain lets the draw be
+    /// made from what a device brings back: greedy without penalties (`decode_greedy`: the
+    /// id), or a chain whose first truncation is a top-k of at most TOP_K_CANDIDATES_MAX
+    /// (`decode_top_k` with the sampler's penalties, then `Sampler::sample_top_k`: the token
+    /// `sample` would draw from all the logits). Otherwise, or where the caller needs the
+    /// logits (`want_logits`: a grammar mask, logprobs), the logits; the caller samples
+    /// (and accepts) as before.
+    pub fn decode_next(
+        &mut self,
+        model: &dyn CausalLm<B>,
+        be: &B,
+        token: u32,
+        sampler: &mut Sampler,
+        want_logits: bool,
+    ) -> Result<Next, ModelError> {
+        let cfg = sampler.config();
+        if !want_logits && cfg.is_plain_greedy() {
+            return Ok(Next::Token(self.decode_greedy(model, be, token)?));
+        }
+        match cfg.top_k_only(TOP_K_CANDIDATES_MAX) {
+            Some(k) if !want_logits => {
+                let top = self.decode_top_k(model, be, token, k, &sampler.penalties())?;
+                Ok(Next::Token(sampler.sample_top_k(&top)))
+            }
+            _ => Ok(Next::Logits(self.decode(model, be, token)?)),
+        }
     }
 
     /// Runs a few `tokens` (a speculative block: the last accepted token and the drafts) as

@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use anyhow::Result;
 use neagari_backend::Backend;
-use neagari_engine::sampler::{Sampler, SamplerConfig, TOP_K_CANDIDATES_MAX};
-use neagari_engine::session::Session;
+use neagari_engine::sampler::{Sampler, SamplerConfig};
+use neagari_engine::session::{Next, Session};
 
 use crate::load::Loaded;
 
@@ -161,11 +161,8 @@ pub fn generate<B: Backend>(
     let mut text = Utf8Stream::default();
     let t = Instant::now();
     st.stopped_by = "length";
-    // Greedy without penalties: the next pick is made where the logits are (on a GPU only
-    // the id comes back); a chain that starts with a small top-k draws from the k best
-    // (only those come back).
-    let greedy = sampler.config().is_plain_greedy();
-    let top_k = sampler.config().top_k_only(TOP_K_CANDIDATES_MAX);
+    // Where the chain allows, the next token is drawn from what the device brings back
+    // (the greedy id, or a top-k chain's k best: `Session::decode_next`).
     let mut next: Option<u32> = None;
     for i in 0..max_tokens {
         let tok = match next.take() {
@@ -186,13 +183,9 @@ pub fn generate<B: Backend>(
             st.stopped_by = "context";
             break;
         }
-        if greedy {
-            next = Some(sess.decode_greedy(l.model.as_ref(), &l.be, tok)?);
-        } else if let Some(k) = top_k {
-            let top = sess.decode_top_k(l.model.as_ref(), &l.be, tok, k, &sampler.penalties())?;
-            next = Some(sampler.sample_top_k(&top));
-        } else {
-            logits = sess.decode(l.model.as_ref(), &l.be, tok)?;
+        match sess.decode_next(l.model.as_ref(), &l.be, tok, sampler, false)? {
+            Next::Token(t) => next = Some(t),
+            Next::Logits(v) => logits = v,
         }
     }
     emit(&text.finish());

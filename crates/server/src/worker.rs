@@ -14,8 +14,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use neagari_backend::{Backend, KvType};
-use neagari_engine::sampler::{Sampler, SamplerConfig, TOP_K_CANDIDATES_MAX};
-use neagari_engine::session::Session;
+use neagari_engine::sampler::{Sampler, SamplerConfig};
+use neagari_engine::session::{Next, Session};
 use neagari_model::CausalLm;
 use neagari_tokenizer::chat_template::ChatTemplate;
 use neagari_tokenizer::{StreamDecoder, Tokenizer};
@@ -24,17 +24,6 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::grammar::Constraint;
 use crate::metrics::Metrics;
 use crate::stop::StopMatcher;
-
-/// What a decode step brings back for the next pick (see `Worker::generate`).
-#[derive(Clone, Copy)]
-enum Pick {
-    /// The logits: the sampler (and grammar, EOS mask, logprobs) see all of them.
-    Logits,
-    /// The greedy id alone.
-    Greedy,
-    /// The k best logits of a chain that starts with top-k.
-    TopK(usize),
-}
 
 /// What the worker needs to run a model, built on the worker thread by the loader.
 pub struct EngineParts<B: Backend> {
@@ -415,16 +404,9 @@ impl<B: Backend> Worker<B> {
         };
 
         // Where nothing needs the whole logits (no grammar, no EOS mask, no logprobs), the
-        // next pick is made from what a device brings back: the greedy id, or the k best
-        // logits of a chain that starts with a small top-k.
-        let plain =
-            params.constraint.is_none() && !params.ignore_eos && params.top_logprobs.is_none();
-        let pick = match (plain, sampler.config().top_k_only(TOP_K_CANDIDATES_MAX)) {
-            (false, _) => Pick::Logits,
-            _ if sampler.config().is_plain_greedy() => Pick::Greedy,
-            (true, Some(k)) => Pick::TopK(k),
-            (true, None) => Pick::Logits,
-        };
+        // next token is drawn from what a device brings back (`Session::decode_next`).
+        let want_logits =
+            params.constraint.is_some() || params.ignore_eos || params.top_logprobs.is_some();
         let mut next: Option<u32> = None;
         let t1 = Instant::now();
         let mut dec = StreamDecoder::new(false);
@@ -508,20 +490,13 @@ impl<B: Backend> Worker<B> {
             {
                 break;
             }
-            let sess = &mut self.slots[self.cur].sess;
-            let (m, be) = (self.model.as_ref(), &self.be);
-            match pick {
-                Pick::Greedy => {
-                    next = Some(sess.decode_greedy(m, be, t).map_err(|e| e.to_string())?);
-                }
-                Pick::TopK(k) => {
-                    let pen = sampler.penalties();
-                    let top = sess
-                        .decode_top_k(m, be, t, k, &pen)
-                        .map_err(|e| e.to_string())?;
-                    next = Some(sampler.sample_top_k(&top));
-                }
-                Pick::Logits => logits = sess.decode(m, be, t).map_err(|e| e.to_string())?,
+            match self.slots[self.cur]
+                .sess
+                .decode_next(self.model.as_ref(), &self.be, t, &mut sampler, want_logits)
+                .map_err(|e| e.to_string())?
+            {
+                Next::Token(t) => next = Some(t),
+                Next::Logits(v) => logits = v,
             }
         }
         if !matches!(finish, Finish::Stop(_)) {

@@ -482,13 +482,7 @@ impl CudaBackend {
         if big_k > 64 || runs * big_k > TOPK_N {
             let mut host = vec![0f32; rows * cols];
             Backend::read(self, x, 0, rows, &mut host)?;
-            return Ok(host
-                .chunks_mut(cols)
-                .map(|r| {
-                    pen.apply(r);
-                    crate::top_k_host(r, k)
-                })
-                .collect());
+            return Ok(crate::top_k_rows_host(&mut host, cols, k, pen));
         }
         self.step_finish()?;
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
