@@ -454,10 +454,12 @@ fn rope_variants_match_the_cpu() {
     }
 }
 
-/// Prefill `n0` rows, then decode `steps` single rows; returns every output.
+/// Prefill `n0` rows, then decode `steps` single rows over a `ty` cache; returns every
+/// output.
 #[allow(clippy::too_many_arguments)]
 fn attention_run<B: Backend>(
     be: &B,
+    ty: KvType,
     attn: &Attn,
     n_ctx: usize,
     n0: usize,
@@ -476,7 +478,7 @@ fn attention_run<B: Backend>(
             n_ctx,
             n_kv_heads: attn.n_kv_heads,
             head_dim: attn.head_dim,
-            ty: KvType::F16,
+            ty,
         })
         .unwrap();
     let mut all = Vec::new();
@@ -504,17 +506,34 @@ fn attention_matches_the_cpu() {
     let c = cpu();
     let mut r = rng();
     let cases = [
-        // (heads, kv heads, head_dim, window, softcap, prefill rows, decode steps)
-        (4usize, 1usize, 256usize, None, None, 40usize, 5usize),
-        (8, 2, 64, Some(16), None, 37, 6),
-        (6, 6, 16, None, Some(20.0f32), 9, 3),
-        (32, 8, 128, None, None, 600, 3),
-        (4, 1, 256, Some(512), None, 700, 2),
+        // (cache, heads, kv heads, head_dim, window, softcap, prefill rows, decode steps)
+        (
+            KvType::F16,
+            4usize,
+            1usize,
+            256usize,
+            None,
+            None,
+            40usize,
+            5usize,
+        ),
+        (KvType::F16, 8, 2, 64, Some(16), None, 37, 6),
+        (KvType::F16, 6, 6, 16, None, Some(20.0f32), 9, 3),
+        (KvType::F16, 32, 8, 128, None, None, 600, 3),
+        (KvType::F16, 4, 1, 256, Some(512), None, 700, 2),
         // Head sizes off the 16-byte key loads (20) and off 32 (80: 3 value dims a lane).
-        (2, 1, 20, None, None, 45, 3),
-        (4, 2, 80, Some(40), None, 70, 3),
+        (KvType::F16, 2, 1, 20, None, None, 45, 3),
+        (KvType::F16, 4, 2, 80, Some(40), None, 70, 3),
+        // q8_0: every value path (8, 4, 2, 1 and 3 dims a lane) and key width (128, 64,
+        // 32 a load round), a split decode (600) and a window.
+        (KvType::Q8_0, 4, 1, 256, None, None, 40, 5),
+        (KvType::Q8_0, 8, 2, 64, Some(16), None, 37, 6),
+        (KvType::Q8_0, 6, 6, 32, None, Some(20.0), 9, 3),
+        (KvType::Q8_0, 32, 8, 128, None, None, 600, 3),
+        (KvType::Q8_0, 4, 1, 256, Some(512), None, 700, 2),
+        (KvType::Q8_0, 4, 2, 96, None, None, 50, 3),
     ];
-    for (nh, nkv, hd, window, softcap, n0, steps) in cases {
+    for (ty, nh, nkv, hd, window, softcap, n0, steps) in cases {
         let attn = Attn {
             n_heads: nh,
             n_kv_heads: nkv,
@@ -527,16 +546,44 @@ fn attention_matches_the_cpu() {
         let q = randv(&mut r, n * nh * hd, 2.0);
         let k = randv(&mut r, n * nkv * hd, 2.0);
         let v = randv(&mut r, n * nkv * hd, 1.0);
-        let a = attention_run(&c, &attn, n + 4, n0, steps, &q, &k, &v);
-        let b = attention_run(&g, &attn, n + 4, n0, steps, &q, &k, &v);
+        let a = attention_run(&c, ty, &attn, n + 4, n0, steps, &q, &k, &v);
+        let b = attention_run(&g, ty, &attn, n + 4, n0, steps, &q, &k, &v);
+        let name =
+            format!("attention {ty:?} {nh}/{nkv}x{hd} window {window:?} softcap {softcap:?}");
+        if ty == KvType::Q8_0 {
+            // The q8_0 rounding itself is larger than the two engines' difference: a GPU
+            // that kept f16 rows would be as far from the CPU's q8_0 as its f16 is.
+            let f = attention_run(&c, KvType::F16, &attn, n + 4, n0, steps, &q, &k, &v);
+            let (to_f16, to_cpu) = (rel(&a, &f), rel(&b, &a));
+            eprintln!("{name}: CPU q8_0 vs CPU f16 {to_f16:.2e}, GPU vs CPU {to_cpu:.2e}");
+            assert!(
+                to_cpu < to_f16 / 4.0,
+                "{name}: GPU {to_cpu:.2e}, q8_0 {to_f16:.2e}"
+            );
+        }
         // The CPU rounds the softmax weights to f16 before meeting V (as ggml does); the GPU
         // keeps them in f32 inside an online softmax: ~1e-3 relative.
-        check_float_op(
-            &format!("attention {nh}/{nkv}x{hd} window {window:?} softcap {softcap:?}"),
-            3e-3,
-            a,
-            b,
-        );
+        check_float_op(&name, 3e-3, a, b);
+    }
+}
+
+/// The CUDA cache types: f16 and q8_0 (head sizes a multiple of 32), refused otherwise.
+#[test]
+fn kv_alloc_refuses_what_attention_cannot_read() {
+    let Some(g) = gpu() else { return };
+    let shape = |ty, head_dim| KvShape {
+        n_layers: 2,
+        n_ctx: 64,
+        n_kv_heads: 2,
+        head_dim,
+        ty,
+    };
+    assert!(g.kv_alloc(&shape(KvType::Q8_0, 128)).is_ok());
+    assert!(g.kv_alloc(&shape(KvType::F16, 80)).is_ok());
+    for (ty, hd) in [(KvType::Q8_0, 80), (KvType::F32, 64), (KvType::F16, 512)] {
+        let e = g.kv_alloc(&shape(ty, hd)).err().map(|e| e.to_string());
+        eprintln!("{ty:?} head_dim {hd}: {e:?}");
+        assert!(e.is_some(), "{ty:?} x {hd} accepted");
     }
 }
 
@@ -1366,6 +1413,7 @@ fn fused_qk_norm_rope() {
 /// projection, which reads the q8_1 the attention kernel wrote on the GPU).
 fn attention_block_run<B: Backend>(
     be: &B,
+    ty: KvType,
     wo: Option<&B::Mat>,
     attn: &Attn,
     gated: bool,
@@ -1386,7 +1434,7 @@ fn attention_block_run<B: Backend>(
             n_ctx: n + 3,
             n_kv_heads: attn.n_kv_heads,
             head_dim: hd,
-            ty: KvType::F16,
+            ty,
         })
         .unwrap();
     let nv = norms.map(|(a, b)| (vector(be, a), vector(be, b)));
@@ -1424,7 +1472,8 @@ fn attention_block_run<B: Backend>(
 /// gated layer's queries and storing k, v; `attention` gating its output) against the
 /// separate GPU ops (the same arithmetic) and the CPU: Qwen3.6's gated heads with a partial
 /// rotation, ungated with and without norms, and a cache long enough that the decode
-/// steps split over the positions (`att_combine` gates).
+/// steps split over the positions (`att_combine` gates); each over an f16 and a q8_0 cache
+/// (`qk_norm_rope_q8` quantizing what `kv_store_q8` would).
 #[test]
 fn attention_block_fused_matches_the_ops() {
     let Some(gf) = gpu() else { return };
@@ -1442,7 +1491,10 @@ fn attention_block_fused_matches_the_ops() {
         (8, 2, 128, false, false, 128, 5, 2), // Llama
         (2, 1, 64, true, true, 64, 600, 2),   // 2 heads: decode splits
     ];
-    for (nh, nkv, hd, gated, with_norm, dims, n0, steps) in cases {
+    let typed = cases
+        .iter()
+        .flat_map(|&c| [(KvType::F16, c), (KvType::Q8_0, c)]);
+    for (ty, (nh, nkv, hd, gated, with_norm, dims, n0, steps)) in typed {
         let attn = Attn {
             n_heads: nh,
             n_kv_heads: nkv,
@@ -1466,6 +1518,7 @@ fn attention_block_fused_matches_the_ops() {
         let wo = gf.load_mat(&t).expect("load_mat");
         let (fused, proj) = attention_block_run(
             &gf,
+            ty,
             Some(&wo),
             &attn,
             gated,
@@ -1480,11 +1533,14 @@ fn attention_block_fused_matches_the_ops() {
         let e = rel(&proj, &want);
         eprintln!("attention → output projection: rel error {e:.2e}");
         assert!(e < 1.2e-2, "attention {nh}x{hd} → q8_1 → matmul: {e:.2e}");
-        let (ops, _) =
-            attention_block_run(&g, None, &attn, gated, &rope, norms, &chunks, &q, &k, &v);
-        let (host, _) =
-            attention_block_run(&c, None, &attn, gated, &rope, norms, &chunks, &q, &k, &v);
-        let name = format!("attention_block {nh}/{nkv}x{hd} gated {gated} norms {with_norm}");
+        let (ops, _) = attention_block_run(
+            &g, ty, None, &attn, gated, &rope, norms, &chunks, &q, &k, &v,
+        );
+        let (host, _) = attention_block_run(
+            &c, ty, None, &attn, gated, &rope, norms, &chunks, &q, &k, &v,
+        );
+        let name =
+            format!("attention_block {ty:?} {nh}/{nkv}x{hd} gated {gated} norms {with_norm}");
         eprintln!(
             "{name}: {} of {} values differ from the separate ops",
             n_diff(&fused, &ops),

@@ -201,7 +201,7 @@ fn gemma3_greedy_on_gpu_follows_llama_cpp() {
 /// standard deviation on the synthetic Gemma 3 270M (H200, 2026-11-29); a wrong kernel shows
 /// as errors of the order of the deviation. Each step: the rms difference stays under 10% of
 /// the logits' standard deviation, and the argmax agrees wherever the CPU's top-1/top-2
-/// margin exceeds twice the largest difference.
+/// margin exceeds twice the largest difference. Over an f16 and a q8_0 KV cache on both.
 #[test]
 fn gpu_equals_cpu_on_a_given_file() {
     let Some(path) = std::env::var_os("NEAGARI_GPU_VS_CPU") else {
@@ -213,18 +213,31 @@ fn gpu_equals_cpu_on_a_given_file() {
     let c = CpuBackend::new(&CpuOptions::default());
     let mg = load(&g, &path);
     let mc = load(&c, &path);
+    for ty in [KvType::F16, KvType::Q8_0] {
+        note(&format!("{ty:?} KV cache"));
+        gpu_vs_cpu(&g, mg.as_ref(), &c, mc.as_ref(), ty);
+    }
+}
+
+fn gpu_vs_cpu(
+    g: &CudaBackend,
+    mg: &dyn CausalLm<CudaBackend>,
+    c: &CpuBackend,
+    mc: &dyn CausalLm<CpuBackend>,
+    ty: KvType,
+) {
     let n_vocab = mc.info().n_vocab;
     let prompt: Vec<u32> = (0..24u32)
         .map(|i| (i * 7919 + 13) % n_vocab as u32)
         .collect();
-    let mut sg = Session::new(mg.as_ref(), &g, 256, KvType::F16).expect("session");
-    let mut sc = Session::new(mc.as_ref(), &c, 256, KvType::F16).expect("session");
+    let mut sg = Session::new(mg, g, 256, ty).expect("session");
+    let mut sc = Session::new(mc, c, 256, ty).expect("session");
     let mut lg = sg
-        .prefill(mg.as_ref(), &g, &prompt, 512, |_, _| true)
+        .prefill(mg, g, &prompt, 512, |_, _| true)
         .unwrap()
         .unwrap();
     let mut lc = sc
-        .prefill(mc.as_ref(), &c, &prompt, 512, |_, _| true)
+        .prefill(mc, c, &prompt, 512, |_, _| true)
         .unwrap()
         .unwrap();
     let (mut same, mut decided) = (0, 0);
@@ -257,8 +270,8 @@ fn gpu_equals_cpu_on_a_given_file() {
             assert_eq!(tc, tg, "step {step}: clear argmax differs");
         }
         same += (tc == tg) as usize;
-        lg = sg.decode(mg.as_ref(), &g, tc).unwrap();
-        lc = sc.decode(mc.as_ref(), &c, tc).unwrap();
+        lg = sg.decode(mg, g, tc).unwrap();
+        lc = sc.decode(mc, c, tc).unwrap();
     }
     note(&format!(
         "GPU vs CPU: same argmax at {same}/24 steps ({decided} clear)"

@@ -1,12 +1,25 @@
-//! RoPE, the f16 KV-cache store and attention (split over the KV for decode) on the CUDA
-//! backend; kernels in ops.cu.
+//! RoPE, the KV-cache store (f16 or q8_0) and attention (split over the KV for decode) on
+//! the CUDA backend; kernels in ops.cu.
 
 use super::*;
 
+/// Bytes of one layer's K (or V) cache: f16 `[n_kv_heads, n_ctx, head_dim]`, or q8_0's
+/// codes `[n_kv_heads, n_ctx, head_dim]` i8 then scales `[n_kv_heads, n_ctx, head_dim/32]`
+/// f16 (ops.cu `kv_q8_put`), rounded up to 256 so every layer's planes stay aligned for
+/// 16-byte loads. None when it overflows.
+pub(super) fn kv_layer_bytes(s: &KvShape) -> Option<usize> {
+    let n = s.n_kv_heads.checked_mul(s.n_ctx)?.checked_mul(s.head_dim)?;
+    let bytes = match s.ty {
+        KvType::Q8_0 => n.checked_add(n / 16)?,
+        _ => n.checked_mul(2)?,
+    };
+    bytes.checked_next_multiple_of(256)
+}
+
 impl CudaBackend {
     pub(super) fn kv_layer_ptrs(&self, kv: &CudaKv, layer: usize) -> (u64, u64) {
-        let s = &kv.shape;
-        let off = (layer * s.n_kv_heads * s.n_ctx * s.head_dim * 2) as u64;
+        // Checked when the cache was allocated.
+        let off = (layer * kv_layer_bytes(&kv.shape).unwrap_or(0)) as u64;
         (self.dptr(&kv.k) + off, self.dptr(&kv.v) + off)
     }
 
@@ -128,10 +141,15 @@ impl CudaBackend {
             n_ctx as i32,
             pos0 as i32,
         );
+        let q8 = kv.shape.ty == KvType::Q8_0;
         if store {
             launch!(
                 self,
-                &self.ops.kv_store,
+                if q8 {
+                    &self.ops.kv_store_q8
+                } else {
+                    &self.ops.kv_store
+                },
                 cfg1(rows * nkv * hd, 256),
                 &kp,
                 &vp,
@@ -194,7 +212,11 @@ impl CudaBackend {
         let nsplit_i = nsplit as i32;
         launch!(
             self,
-            &self.ops.attention,
+            if q8 {
+                &self.ops.attention_q8
+            } else {
+                &self.ops.attention
+            },
             cfg,
             &qp,
             &kc,
@@ -292,7 +314,13 @@ impl CudaBackend {
             None
         }; // [rows, n_heads·hd]
         let (kc, vc) = self.kv_layer_ptrs(kv, layer);
-        let store = (self.dptr(&v.data), kc, vc, kv.shape.n_ctx);
+        let store = super::fused::CacheStore {
+            v: self.dptr(&v.data),
+            k_cache: kc,
+            v_cache: vc,
+            n_ctx: kv.shape.n_ctx,
+            q8: kv.shape.ty == KvType::Q8_0,
+        };
         let q_hs = if gated { 2 * hd } else { hd };
         let qo_p = qo.as_ref().map_or(0, |b| self.dptr(&b.data));
         self.qk_norm_rope_launch(q, q_hs, qo_p, k, prep, hd, pos0, Some(store))?;

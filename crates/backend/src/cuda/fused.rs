@@ -310,7 +310,7 @@ impl CudaBackend {
         prep: &QkPrep<CudaVector>,
         hd: usize,
         pos0: usize,
-        store: Option<(u64, u64, u64, usize)>,
+        store: Option<CacheStore>,
     ) -> Result<()> {
         let (nh, nkv) = (q.cols / q_hs, k.cols / hd);
         if q.rows == 0 || nh + nkv == 0 {
@@ -318,7 +318,9 @@ impl CudaBackend {
         }
         let args = self.qk_args(prep, pos0);
         let (qp, kp) = (self.dptr(&q.data), self.dptr(&k.data));
-        let (vs, kc, vc, n_ctx) = store.unwrap_or((0, 0, 0, 0));
+        let (vs, kc, vc, n_ctx, q8) = store.as_ref().map_or((0, 0, 0, 0, false), |s| {
+            (s.v, s.k_cache, s.v_cache, s.n_ctx, s.q8)
+        });
         // v's heads take nkv more blocks when they are stored here.
         let heads = nh + nkv + if store.is_some() { nkv } else { 0 };
         let cfg = LaunchConfig {
@@ -330,7 +332,11 @@ impl CudaBackend {
         let (q_hs_i, n_ctx_i) = (q_hs as i32, n_ctx as i32);
         launch!(
             self,
-            &self.ops.qk_norm_rope,
+            if q8 {
+                &self.ops.qk_norm_rope_q8
+            } else {
+                &self.ops.qk_norm_rope
+            },
             cfg,
             &qp,
             &kp,
@@ -346,6 +352,16 @@ impl CudaBackend {
             &n_ctx_i
         )
     }
+}
+
+/// Where `qk_norm_rope` also stores a step's k and v: v's rows (`[rows, nkv·hd]` f32) and
+/// one layer's K and V caches (`kv_layer_ptrs`), f16 or q8_0.
+pub(super) struct CacheStore {
+    pub(super) v: u64,
+    pub(super) k_cache: u64,
+    pub(super) v_cache: u64,
+    pub(super) n_ctx: usize,
+    pub(super) q8: bool,
 }
 
 /// ops.cu's `QkArgs`, field for field (device addresses as u64; 0 is null).

@@ -155,13 +155,16 @@ struct OpsKernels {
     to_f16: CudaFunction,
     rope: CudaFunction,
     kv_store: CudaFunction,
+    kv_store_q8: CudaFunction,
     attention: CudaFunction,
+    attention_q8: CudaFunction,
     att_combine: CudaFunction,
     argmax_rows: CudaFunction,
     topk_chunks: CudaFunction,
     topk_merge: CudaFunction,
     penalize: CudaFunction,
     qk_norm_rope: CudaFunction,
+    qk_norm_rope_q8: CudaFunction,
 }
 
 /// `mvqp1x{1,2,4,8}` of one pair of formats (matmul.rs `prepare_pair`).
@@ -480,13 +483,16 @@ impl CudaBackend {
             to_f16: f("to_f16")?,
             rope: f("rope")?,
             kv_store: f("kv_store")?,
+            kv_store_q8: f("kv_store_q8")?,
             attention: f("attention")?,
+            attention_q8: f("attention_q8")?,
             att_combine: f("att_combine")?,
             argmax_rows: f("argmax_rows")?,
             topk_chunks: f("topk_chunks")?,
             topk_merge: f("topk_merge")?,
             penalize: f("penalize")?,
             qk_norm_rope: f("qk_norm_rope")?,
+            qk_norm_rope_q8: f("qk_norm_rope_q8")?,
         };
         let hybrid = hybrid::HybridKernels::load(&ctx, &arch)?;
         // cuBLAS is optional: without it, batches run through the GEMV 8 rows at a time.
@@ -1065,11 +1071,20 @@ impl Backend for CudaBackend {
     }
 
     fn kv_alloc(&self, s: &KvShape) -> Result<CudaKv> {
-        if s.ty != KvType::F16 {
-            return Err(BackendError::Other(format!(
-                "the CUDA backend keeps an f16 KV cache only (asked for {:?})",
-                s.ty
-            )));
+        match s.ty {
+            KvType::F16 => {}
+            KvType::Q8_0 if s.head_dim.is_multiple_of(32) => {}
+            KvType::Q8_0 => {
+                return Err(shape_err(
+                    "kv_alloc",
+                    format!("q8_0 KV needs head_dim % 32 == 0, got {}", s.head_dim),
+                ))
+            }
+            KvType::F32 => {
+                return Err(BackendError::Other(
+                    "the CUDA backend keeps an f16 or q8_0 KV cache (asked for f32)".into(),
+                ))
+            }
         }
         if s.head_dim > 256 {
             return Err(shape_err(
@@ -1077,16 +1092,15 @@ impl Backend for CudaBackend {
                 format!("head_dim {} > 256", s.head_dim),
             ));
         }
-        let n = s
-            .n_layers
-            .checked_mul(s.n_kv_heads)
-            .and_then(|v| v.checked_mul(s.n_ctx))
-            .and_then(|v| v.checked_mul(s.head_dim))
+        let bytes = attention::kv_layer_bytes(s)
+            .and_then(|b| b.checked_mul(s.n_layers))
             .ok_or_else(|| BackendError::OutOfMemory("KV cache size overflows".into()))?;
         let alloc = || {
-            self.stream.alloc_zeros::<u16>(n.max(1)).map_err(|e| {
-                BackendError::OutOfMemory(format!("KV cache of {} MiB: {e:?}", (n * 2) >> 20))
-            })
+            self.stream
+                .alloc_zeros::<u16>((bytes / 2).max(1))
+                .map_err(|e| {
+                    BackendError::OutOfMemory(format!("KV cache of {} MiB: {e:?}", bytes >> 20))
+                })
         };
         Ok(CudaKv {
             shape: s.clone(),

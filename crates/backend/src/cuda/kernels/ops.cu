@@ -404,21 +404,61 @@ extern "C" __global__ void rope(float* x, int cols, int head_dim, int dims, int 
     }
 }
 
-// Store k, v ([rows, nkv·hd] f32) as f16 at positions pos0.. of one layer's cache
-// ([nkv, n_ctx, hd] each).
-extern "C" __global__ void kv_store(const float* k, const float* v, u16* kc, u16* vc, int rows,
-                                    int nkv, int hd, int n_ctx, int pos0, const int* posp) {
-    gdc_wait();
-    if (posp) pos0 = *posp;
+// A layer's q8_0 cache (KvType::Q8_0; attention.rs `kv_layer_bytes`): the codes of every
+// kv head, [nkv, n_ctx, hd] i8, then their scales, [nkv, n_ctx, hd/32] f16 — ggml's q8_0
+// blocks split into two planes so that key rows stay 16-byte loads.
+__device__ __forceinline__ u16* kv_q8_scales(const u8* c, int nkv, int n_ctx, int hd) {
+    return (u16*)(c + (i64)nkv * n_ctx * hd);
+}
+
+// Value x of dim d of head h at position pos into a layer's q8_0 cache c, by a warp whose
+// 32 lanes hold the 32 values of d's block (lane = d % 32): the CPU's `kv_store` (ggml's
+// q8_0: scale = max|x| / 127 kept as f16, code = round(x / scale) from the unrounded scale;
+// a NaN counts 0 in the max and codes 0).
+__device__ __forceinline__ void kv_q8_put(u8* c, int nkv, int n_ctx, int hd, int h, int pos,
+                                          int d, float x) {
+    const float amax = warp_max(fmaxf(0.f, fabsf(x)));
+    const float sc = amax / 127.0f;
+    const float inv = sc != 0.f ? 1.0f / sc : 0.f;
+    const i64 row = (i64)h * n_ctx + pos;
+    c[row * hd + d] = (u8)(i8)(int)roundf(x * inv);
+    if ((d & 31) == 0) kv_q8_scales(c, nkv, n_ctx, hd)[row * (hd >> 5) + (d >> 5)] = f2h(sc);
+}
+
+// Store k, v ([rows, nkv·hd] f32) at positions pos0.. of one layer's cache: f16 rows
+// ([nkv, n_ctx, hd] each), or q8_0 (hd a multiple of 32, so a warp is one block).
+template <bool Q8>
+__device__ __forceinline__ void kv_store_rows(const float* k, const float* v, u8* kc, u8* vc,
+                                              int rows, int nkv, int hd, int n_ctx, int pos0) {
     const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     const i64 n = (i64)rows * nkv * hd;
     if (t >= n) return;
     const int d = (int)(t % hd);
     const int h = (int)((t / hd) % nkv);
     const int r = (int)(t / ((i64)hd * nkv));
-    const i64 dst = ((i64)h * n_ctx + pos0 + r) * hd + d;
-    kc[dst] = f2h(k[t]);
-    vc[dst] = f2h(v[t]);
+    if constexpr (Q8) {
+        kv_q8_put(kc, nkv, n_ctx, hd, h, pos0 + r, d, k[t]);
+        kv_q8_put(vc, nkv, n_ctx, hd, h, pos0 + r, d, v[t]);
+    } else {
+        const i64 dst = ((i64)h * n_ctx + pos0 + r) * hd + d;
+        ((u16*)kc)[dst] = f2h(k[t]);
+        ((u16*)vc)[dst] = f2h(v[t]);
+    }
+}
+
+extern "C" __global__ void kv_store(const float* k, const float* v, u8* kc, u8* vc, int rows,
+                                    int nkv, int hd, int n_ctx, int pos0, const int* posp) {
+    gdc_wait();
+    if (posp) pos0 = *posp;
+    kv_store_rows<false>(k, v, kc, vc, rows, nkv, hd, n_ctx, pos0);
+}
+
+extern "C" __global__ void kv_store_q8(const float* k, const float* v, u8* kc, u8* vc,
+                                       int rows, int nkv, int hd, int n_ctx, int pos0,
+                                       const int* posp) {
+    gdc_wait();
+    if (posp) pos0 = *posp;
+    kv_store_rows<true>(k, v, kc, vc, rows, nkv, hd, n_ctx, pos0);
 }
 
 // RoPE and the per-head norms of `qk_norm_rope`, every constant from the host (fused.rs
@@ -568,6 +608,100 @@ __device__ __forceinline__ void att_values(const u16* vb, int tb, int nt, int hd
     }
 }
 
+// q[0..16) · the sixteen i8 codes of k16.
+__device__ __forceinline__ float dot16_i8(const float* q, uint4 k16) {
+    const u32 w[4] = {k16.x, k16.y, k16.z, k16.w};
+    float a = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; j++) a += q[j] * (float)(i8)(w[j >> 2] >> (8 * (j & 3)));
+    return a;
+}
+
+// The q8_0 key row (codes kt, scales ks; hd a multiple of KB, KB a multiple of 32) dotted
+// with q (sq): each 32-value block's code sum times its scale; KB/16 code loads and KB/32
+// scales asked for before the first is used.
+template <int KB>
+__device__ __forceinline__ float att_dot_q8(const float* sq, const u8* kt, const u16* ks,
+                                            int hd) {
+    float a = 0.f;
+    for (int d = 0; d < hd; d += KB) {
+        uint4 k16[KB / 16];
+        u16 sc[KB / 32];
+#pragma unroll
+        for (int j = 0; j < KB / 16; j++) k16[j] = *(const uint4*)(kt + d + 16 * j);
+#pragma unroll
+        for (int j = 0; j < KB / 32; j++) sc[j] = ks[(d >> 5) + j];
+#pragma unroll
+        for (int j = 0; j < KB / 32; j++)
+            a += (dot16_i8(sq + d + 32 * j, k16[2 * j]) +
+                  dot16_i8(sq + d + 32 * j + 16, k16[2 * j + 1])) *
+                 h2f(sc[j]);
+    }
+    return a;
+}
+
+// att_values over a q8_0 cache (codes vb, scales vs; hd = 32·VD): a lane's VD codes of a
+// row (one load) and the scale of their block, ATT_VB rows in flight at once.
+template <int VD>
+__device__ __forceinline__ void att_values_q8(const u8* vb, const u16* vs, int tb, int nt,
+                                              int hd, int d0, float pw,
+                                              float (&acc)[ATT_MAXD]) {
+    for (int u0 = 0; u0 < nt; u0 += ATT_VB) {
+        u32 w[ATT_VB][(VD + 3) / 4];
+        u16 sc[ATT_VB];
+#pragma unroll
+        for (int j = 0; j < ATT_VB; j++) {
+            const i64 row = tb + min(u0 + j, nt - 1);
+            const u8* p = vb + row * hd + d0;
+            if constexpr (VD == 8) {
+                const uint2 v = *(const uint2*)p;
+                w[j][0] = v.x, w[j][1] = v.y;
+            } else if constexpr (VD == 4) {
+                w[j][0] = *(const u32*)p;
+            } else if constexpr (VD == 2) {
+                w[j][0] = *(const u16*)p;
+            } else {
+                w[j][0] = *p;
+            }
+            sc[j] = vs[row * (hd >> 5) + (d0 >> 5)];
+        }
+#pragma unroll
+        for (int j = 0; j < ATT_VB; j++) {
+            const float pu = __shfl_sync(0xffffffffu, pw, u0 + j) * h2f(sc[j]);
+#pragma unroll
+            for (int e = 0; e < VD; e++)
+                acc[e] += pu * (float)(i8)(w[j][e / 4] >> (8 * (e & 3)));
+        }
+    }
+}
+
+// One kv head's cache rows: f16 (k, v: [n_ctx, hd] halves) or q8_0 (k, v: [n_ctx, hd]
+// codes; ks, vs: [n_ctx, hd/32] f16 scales).
+struct KvRows {
+    const u8* k;
+    const u8* v;
+    const u16* ks;
+    const u16* vs;
+};
+
+template <bool Q8>
+__device__ __forceinline__ KvRows kv_rows(const u8* kc, const u8* vc, int kh, int nkv,
+                                          int n_ctx, int hd) {
+    KvRows r;
+    const i64 at = (i64)kh * n_ctx * hd;
+    if constexpr (Q8) {
+        r.k = kc + at;
+        r.v = vc + at;
+        r.ks = kv_q8_scales(kc, nkv, n_ctx, hd) + at / 32;
+        r.vs = kv_q8_scales(vc, nkv, n_ctx, hd) + at / 32;
+    } else {
+        r.k = kc + 2 * at;
+        r.v = vc + 2 * at;
+        r.ks = r.vs = nullptr;
+    }
+    return r;
+}
+
 // An output value times sigmoid(its gate), as mul_sigmoid (hybrid.cu) computes it, where a
 // gated layer's gate (heads g_hs apart in each row) is set.
 __device__ __forceinline__ float gated(float x, const float* gate, int g_hs, int nh, int r,
@@ -591,11 +725,15 @@ __device__ __forceinline__ float gated(float x, const float* gate, int g_hs, int
 // consecutive values of one head: one unit).
 // The block's query head is in sq (shared, f16-rounded, zero past hd), positions t0..t1 of
 // its kv head's cache rows kb, vb are visible to it.
-__device__ __forceinline__ void attention_tiles(const float* sq, const u16* kb, const u16* vb,
-                                                float* out, float* part, int h, int r, int sp,
-                                                int t0, int t1, int nh, int hd, float scale,
+// Q8: the rows are q8_0 (`KvRows`), hd a multiple of 32.
+template <bool Q8>
+__device__ __forceinline__ void attention_tiles(const float* sq, KvRows kr, float* out,
+                                                float* part, int h, int r, int sp, int t0,
+                                                int t1, int nh, int hd, float scale,
                                                 float softcap, int nsplit, const float* gate,
                                                 int g_hs, i8* xq, float2* xds) {
+    const u16* kb = (const u16*)kr.k;
+    const u16* vb = (const u16*)kr.v;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     // Lane l owns dims l·vd .. l·vd + vd of the value rows (vd = hd/32 rounded up).
     const int vd = (hd + 31) >> 5, d0 = lane * vd;
@@ -614,7 +752,17 @@ __device__ __forceinline__ void attention_tiles(const float* sq, const u16* kb, 
             // (or the two ptxas paired) the 256-dim dot was 16 L2 round trips in a row
             // (with the value rows 8 at once: Gemma 3 270M shape tg128 1,345 → 1,666,
             // `attention` alone 14.8 → 9.8 µs; H200).
-            if (hd % 128 == 0) {
+            if constexpr (Q8) {
+                const u8* kq = kr.k + (i64)t * hd;
+                const u16* ks = kr.ks + (i64)t * (hd >> 5);
+                if (hd % 128 == 0) {
+                    a = att_dot_q8<128>(sq, kq, ks, hd);
+                } else if (hd % 64 == 0) {
+                    a = att_dot_q8<64>(sq, kq, ks, hd);
+                } else {
+                    a = att_dot_q8<32>(sq, kq, ks, hd);
+                }
+            } else if (hd % 128 == 0) {
                 a = att_dot<128>(sq, kt, hd);
             } else if (hd % 64 == 0) {
                 a = att_dot<64>(sq, kt, hd);
@@ -636,7 +784,29 @@ __device__ __forceinline__ void attention_tiles(const float* sq, const u16* kb, 
         const int nt = min(32, t1 - tb);
         // A lane's vd = hd/32 value dims of ATT_VB rows in flight at once (one at a time,
         // a tile's 32 rows were as many L2 round trips in a row).
-        if (hd == 256) {
+        if constexpr (Q8) {
+            if (hd == 256) {
+                att_values_q8<8>(kr.v, kr.vs, tb, nt, hd, d0, pw, acc);
+            } else if (hd == 128) {
+                att_values_q8<4>(kr.v, kr.vs, tb, nt, hd, d0, pw, acc);
+            } else if (hd == 64) {
+                att_values_q8<2>(kr.v, kr.vs, tb, nt, hd, d0, pw, acc);
+            } else if (hd == 32) {
+                att_values_q8<1>(kr.v, kr.vs, tb, nt, hd, d0, pw, acc);
+            } else {
+                // hd = 32·vd: a lane's vd dims lie in block lane·vd / 32 or the next.
+                for (int u = 0; u < nt; u++) {
+                    const float pu = __shfl_sync(0xffffffffu, pw, u);
+                    const i64 row = tb + u;
+                    const u8* vt = kr.v + row * hd;
+                    const u16* st = kr.vs + row * (hd >> 5);
+#pragma unroll
+                    for (int j = 0; j < ATT_MAXD; j++)
+                        if (j < vd)
+                            acc[j] += pu * ((float)(i8)vt[d0 + j] * h2f(st[(d0 + j) >> 5]));
+                }
+            }
+        } else if (hd == 256) {
             att_values<8>(vb, tb, nt, hd, d0, pw, acc);
         } else if (hd == 128) {
             att_values<4>(vb, tb, nt, hd, d0, pw, acc);
@@ -706,37 +876,44 @@ __device__ __forceinline__ void att_range(int p, int window, int nsplit, int sp,
 
 // Ask L2 for the cache rows [t0, t1) of one kv head (k and v): positions before this
 // step's, which no kernel of the step writes, so this may run before gdc_wait().
-__device__ __forceinline__ void att_prefetch(const u16* kb, const u16* vb, int t0, int t1,
-                                             int hd) {
+template <bool Q8>
+__device__ __forceinline__ void att_prefetch(KvRows kr, int t0, int t1, int hd) {
     if (t1 <= t0) return;
-    const i64 off = (i64)t0 * hd, bytes = (i64)(t1 - t0) * hd * 2;
-    gdc_prefetch((const u8*)(kb + off), bytes);
-    gdc_prefetch((const u8*)(vb + off), bytes);
+    const i64 n = (i64)(t1 - t0) * hd, eb = Q8 ? 1 : 2;
+    gdc_prefetch(kr.k + t0 * hd * eb, n * eb);
+    gdc_prefetch(kr.v + t0 * hd * eb, n * eb);
+    if constexpr (Q8) {
+        gdc_prefetch((const u8*)(kr.ks + (i64)t0 * (hd >> 5)), n / 16);
+        gdc_prefetch((const u8*)(kr.vs + (i64)t0 * (hd >> 5)), n / 16);
+    }
 }
 
-extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
-    attention(const float* q, const u16* kc, const u16* vc, float* out, float* part, int nh,
-              int nkv, int hd, int n_ctx, int pos0, float scale, int window, float softcap,
-              int nsplit, const int* posp, const float* gate, int g_hs, i8* xq, float2* xds) {
-    // The host uploads the step's position before the step's first kernel.
-    if (posp) pos0 = *posp;
-    const int h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z;
-    const int kh = h / (nh / nkv);
-    int t0, t1;
-    att_range(pos0 + r, window, nsplit, sp, &t0, &t1);
-    const u16* kb = kc + (i64)kh * n_ctx * hd;
-    const u16* vb = vc + (i64)kh * n_ctx * hd;
-    att_prefetch(kb, vb, t0, min(t1, pos0), hd);
-    gdc_wait();
-    // q rounded to f16, as the CPU does before q·k; zero past hd (the 8-wide loads read it).
-    __shared__ __align__(16) float sq[32 * ATT_MAXD];
-    const float* qr = q + (i64)r * nh * hd + (i64)h * hd;
-    for (int d = threadIdx.x; d < 32 * ATT_MAXD; d += blockDim.x)
-        sq[d] = d < hd ? h2f(f2h(qr[d])) : 0.f;
-    __syncthreads();
-    attention_tiles(sq, kb, vb, out, part, h, r, sp, t0, t1, nh, hd, scale, softcap, nsplit,
-                    gate, g_hs, xq, xds);
-}
+// The attention kernel over one layer's cache kc, vc: f16, or q8_0 (`kv_q8_put`).
+#define ATTENTION_KERNEL(NAME, Q8)                                                            \
+    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                              \
+        NAME(const float* q, const u8* kc, const u8* vc, float* out, float* part, int nh,     \
+             int nkv, int hd, int n_ctx, int pos0, float scale, int window, float softcap,    \
+             int nsplit, const int* posp, const float* gate, int g_hs, i8* xq, float2* xds) { \
+        /* The host uploads the step's position before the step's first kernel. */           \
+        if (posp) pos0 = *posp;                                                               \
+        const int h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z;                            \
+        int t0, t1;                                                                           \
+        att_range(pos0 + r, window, nsplit, sp, &t0, &t1);                                    \
+        const KvRows kr = kv_rows<Q8>(kc, vc, h / (nh / nkv), nkv, n_ctx, hd);                \
+        att_prefetch<Q8>(kr, t0, min(t1, pos0), hd);                                          \
+        gdc_wait();                                                                           \
+        /* q rounded to f16, as the CPU does before q·k; zero past hd (the wide loads). */    \
+        __shared__ __align__(16) float sq[32 * ATT_MAXD];                                     \
+        const float* qr = q + (i64)r * nh * hd + (i64)h * hd;                                 \
+        for (int d = threadIdx.x; d < 32 * ATT_MAXD; d += blockDim.x)                         \
+            sq[d] = d < hd ? h2f(f2h(qr[d])) : 0.f;                                           \
+        __syncthreads();                                                                      \
+        attention_tiles<Q8>(sq, kr, out, part, h, r, sp, t0, t1, nh, hd, scale, softcap,      \
+                            nsplit, gate, g_hs, xq, xds);                                     \
+    }
+
+ATTENTION_KERNEL(attention, false)
+ATTENTION_KERNEL(attention_q8, true)
 
 // Merge the nsplit partials of each (row, head). Grid: (nh, rows). xq as `attention`.
 extern "C" __global__ void att_combine(const float* part, float* out, int nh, int hd,
@@ -943,31 +1120,59 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
 // For `attention_block` (attention.rs): q's heads may be read q_hs apart (a gated layer's
 // [query | gate] heads) and written to qo; with kc set, k's heads also go to the f16 cache
 // at their positions and nkv more blocks (h ≥ nh + nkv) store v's heads there (kv_store).
-extern "C" __global__ void qk_norm_rope(float* q, float* k, QkArgs a, int nh, int nkv, int hd,
-                                        int q_hs, float* qo, const float* vs, u16* kc, u16* vc,
-                                        int n_ctx) {
-    const int pos0 = a.posp ? *a.posp : a.pos0;
+// The heads of block (r, hh) after the wait: the f16 or q8_0 (Q8) cache stores.
+template <bool Q8>
+__device__ __forceinline__ void qk_norm_rope_head(float* q, float* k, const QkArgs& a, int nh,
+                                                  int nkv, int hd, int q_hs, float* qo,
+                                                  const float* vs, u8* kc, u8* vc, int n_ctx,
+                                                  int pos0, const float* rc, const float* rs) {
     const int r = blockIdx.x, hh = blockIdx.y, tid = threadIdx.x;
-    // The angles depend on nothing the step computes: made before the wait (Gemma 3 270M
-    // shape tg128 1,414 → 1,481–1,489 tok/s, H200).
-    __shared__ float rc[512], rs[512];
-    if (hh < nh + nkv) rope_table(a, pos0 + r, rc, rs);
-    gdc_wait();
     if (hh >= nh + nkv) {
         const int h = hh - nh - nkv;
-        if (tid < hd) vc[((i64)h * n_ctx + pos0 + r) * hd + tid] = f2h(vs[((i64)r * nkv + h) * hd + tid]);
+        if (tid >= hd) return;
+        const float x = vs[((i64)r * nkv + h) * hd + tid];
+        if constexpr (Q8) {
+            kv_q8_put(vc, nkv, n_ctx, hd, h, pos0 + r, tid, x);
+        } else {
+            ((u16*)vc)[((i64)h * n_ctx + pos0 + r) * hd + tid] = f2h(x);
+        }
         return;
     }
     const bool isq = hh < nh;
     const float* src = isq ? q + (i64)r * nh * q_hs + (i64)hh * q_hs
                            : k + ((i64)r * nkv + hh - nh) * hd;
     float* hp = isq ? (qo ? qo : q) + ((i64)r * nh + hh) * hd : k + ((i64)r * nkv + hh - nh) * hd;
-    u16* cache = (!isq && kc) ? kc + ((i64)(hh - nh) * n_ctx + pos0 + r) * hd : nullptr;
+    const bool store = !isq && kc;
     __shared__ float xs[1024];
     if (tid < hd) xs[tid] = src[tid];
     norm_rope_head(xs, hd, isq ? a.wq : a.wk, isq ? a.attn_q : a.attn_k, a, rc, rs);
     if (tid < hd) {
         hp[tid] = xs[tid];
-        if (cache) cache[tid] = f2h(xs[tid]);
+        if (store) {
+            if constexpr (Q8) {
+                kv_q8_put(kc, nkv, n_ctx, hd, hh - nh, pos0 + r, tid, xs[tid]);
+            } else {
+                ((u16*)kc)[((i64)(hh - nh) * n_ctx + pos0 + r) * hd + tid] = f2h(xs[tid]);
+            }
+        }
     }
 }
+
+// The kernel storing to an f16 cache (or none) and to a q8_0 cache (hd a multiple of 32:
+// the block's warps are whole blocks of the cache).
+#define QK_NORM_ROPE_KERNEL(NAME, Q8)                                                         \
+    extern "C" __global__ void NAME(float* q, float* k, QkArgs a, int nh, int nkv, int hd,    \
+                                    int q_hs, float* qo, const float* vs, u8* kc, u8* vc,     \
+                                    int n_ctx) {                                              \
+        const int pos0 = a.posp ? *a.posp : a.pos0;                                           \
+        /* The angles depend on nothing the step computes: made before the wait (Gemma 3 */   \
+        /* 270M shape tg128 1,414 → 1,481–1,489 tok/s, H200). */                              \
+        __shared__ float rc[512], rs[512];                                                    \
+        if ((int)blockIdx.y < nh + nkv) rope_table(a, pos0 + (int)blockIdx.x, rc, rs);        \
+        gdc_wait();                                                                           \
+        qk_norm_rope_head<Q8>(q, k, a, nh, nkv, hd, q_hs, qo, vs, kc, vc, n_ctx, pos0, rc,    \
+                              rs);                                                            \
+    }
+
+QK_NORM_ROPE_KERNEL(qk_norm_rope, false)
+QK_NORM_ROPE_KERNEL(qk_norm_rope_q8, true)
