@@ -122,14 +122,15 @@ fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
         sess.prefill(l.model.as_ref(), &l.be, &toks, l.n_batch, |_, _| true)?;
     }
     // Decode at depth: one untimed prefill (again after a prefill test replaced it); each
-    // repetition then returns to it.
-    let mut at_depth = false;
+    // repetition then returns to its checkpoint (a hybrid model's recurrent state cannot
+    // be truncated back).
+    let mut at_depth = None;
     for r in 0..reps {
         if args.n_prompt > 0 {
             let mut toks = random_tokens(args.n_prompt, vocab, 100 + r as u64);
             toks[0] = bos;
             sess.truncate(&l.be, 0)?;
-            at_depth = false;
+            at_depth = None;
             let t = Instant::now();
             sess.prefill(l.model.as_ref(), &l.be, &toks, l.n_batch, |_, _| true)?;
             l.be.sync()?;
@@ -137,14 +138,17 @@ fn run_on<B: DeviceBackend>(l: Loaded<B>, args: &BenchArgs) -> Result<()> {
         }
         if args.n_gen > 0 {
             let toks = random_tokens(args.n_gen, vocab, 200 + r as u64);
-            if args.depth > 0 && !at_depth {
+            if args.depth == 0 {
+                sess.truncate(&l.be, 0)?;
+            } else if let Some(cp) = &at_depth {
+                sess.restore(&l.be, cp)?;
+            } else {
                 let mut ctx = random_tokens(args.depth, vocab, 300);
                 ctx[0] = bos;
                 sess.truncate(&l.be, 0)?;
                 sess.prefill(l.model.as_ref(), &l.be, &ctx, l.n_batch, |_, _| true)?;
-                at_depth = true;
+                at_depth = Some(sess.checkpoint(&l.be)?);
             }
-            sess.truncate(&l.be, args.depth)?;
             let t = Instant::now();
             // Teacher-forced random tokens; `--argmax` brings back the greedy pick instead
             // of the logits.
