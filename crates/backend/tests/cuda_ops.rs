@@ -503,6 +503,10 @@ fn attention_run<B: Backend>(
 #[test]
 fn attention_matches_the_cpu() {
     let Some(g) = gpu() else { return };
+    // The grouped kernels run only over long caches by default: forced here.
+    std::env::set_var("NEAGARI_CUDA_ATT_GROUP", "1");
+    let gg = CudaBackend::new(0).expect("open GPU 0");
+    std::env::remove_var("NEAGARI_CUDA_ATT_GROUP");
     let c = cpu();
     let mut r = rng();
     let cases = [
@@ -532,6 +536,15 @@ fn attention_matches_the_cpu() {
         (KvType::Q8_0, 32, 8, 128, None, None, 600, 3),
         (KvType::Q8_0, 4, 1, 256, Some(512), None, 700, 2),
         (KvType::Q8_0, 4, 2, 96, None, None, 50, 3),
+        // Shapes of the grouped kernels (`attention_group`: 2, 4, 6, 8 query heads a kv
+        // head at head sizes 64, 128, 256; the cases above with 4 too), split and not.
+        (KvType::F16, 24, 4, 256, None, None, 30, 3),
+        (KvType::Q8_0, 24, 4, 256, None, None, 700, 2),
+        (KvType::Q8_0, 16, 2, 128, None, Some(30.0), 300, 3),
+        (KvType::F16, 16, 2, 64, Some(100), None, 400, 3),
+        (KvType::F16, 4, 2, 128, None, None, 20, 3),
+        (KvType::Q8_0, 12, 2, 64, None, None, 20, 3),
+        (KvType::Q8_0, 4, 2, 256, Some(64), None, 300, 2),
     ];
     for (ty, nh, nkv, hd, window, softcap, n0, steps) in cases {
         let attn = Attn {
@@ -548,6 +561,7 @@ fn attention_matches_the_cpu() {
         let v = randv(&mut r, n * nkv * hd, 1.0);
         let a = attention_run(&c, ty, &attn, n + 4, n0, steps, &q, &k, &v);
         let b = attention_run(&g, ty, &attn, n + 4, n0, steps, &q, &k, &v);
+        let bg = attention_run(&gg, ty, &attn, n + 4, n0, steps, &q, &k, &v);
         let name =
             format!("attention {ty:?} {nh}/{nkv}x{hd} window {window:?} softcap {softcap:?}");
         if ty == KvType::Q8_0 {
@@ -563,6 +577,7 @@ fn attention_matches_the_cpu() {
         }
         // The CPU rounds the softmax weights to f16 before meeting V (as ggml does); the GPU
         // keeps them in f32 inside an online softmax: ~1e-3 relative.
+        check_float_op(&format!("{name} grouped"), 3e-3, a.clone(), bg);
         check_float_op(&name, 3e-3, a, b);
     }
 }

@@ -16,6 +16,22 @@ pub(super) fn kv_layer_bytes(s: &KvShape) -> Option<usize> {
     bytes.checked_next_multiple_of(256)
 }
 
+/// Query heads a kv head and head sizes with a grouped attention kernel (ops.cu
+/// `ATTENTION_GROUP_KERNELS`).
+pub(super) const GROUPS: [usize; 4] = [2, 4, 6, 8];
+pub(super) const GROUP_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// Positions a split of the grouped kernel takes at least (a tile of 32 for each of its
+/// four warps). Below what fills every SM with such splits the kernel a query head is
+/// faster (H200, 27B Q1_0 shape, 6 query heads a kv head, tg64: grouped 251.5 vs 254.9
+/// tok/s at depth 2048, 253.9 vs 241.2 at 4096, 239.8 vs 214.0 at 8192, 213.8 vs 172.7
+/// at 16384; tg128 at depth 0 267.7 vs 284.4).
+const GROUP_MIN_SPLIT: usize = 128;
+
+/// The most splits of a row's positions (`att_combine` keeps their weights in shared
+/// memory).
+const ATT_SPLIT_MAX: usize = 128;
+
 impl CudaBackend {
     pub(super) fn kv_layer_ptrs(&self, kv: &CudaKv, layer: usize) -> (u64, u64) {
         // Checked when the cache was allocated.
@@ -164,21 +180,40 @@ impl CudaBackend {
             )?;
         }
         let g_hs = 2 * hd as i32;
-        // Split the positions across blocks when there are too few (row, head) blocks to
-        // fill the GPU: decode over a long cache.
         // In a decode step: the lowest of the position's class (graph.rs).
         let last = self.split_last(pos0 + rows);
         let visible = match attn.window {
             Some(w) => last.min(w),
             None => last,
         };
-        let blocks = rows * nh;
-        // Up to 256 positions one block per (row, head) finishes sooner than a second
-        // launch (the merge) costs.
-        let nsplit = if blocks >= 2 * self.n_sm || visible <= 256 {
-            1
-        } else {
-            (2 * self.n_sm / blocks).min(visible / 64).clamp(1, 64)
+        // Split the positions across blocks when there are too few (row, head) blocks to
+        // fill the GPU (decode over a long cache); up to 256 positions one block per
+        // (row, head) finishes sooner than a second launch (the merge) costs.
+        let split = |blocks: usize, target: usize, min_per: usize| {
+            if blocks >= target || visible <= 256 {
+                1
+            } else {
+                (target / blocks)
+                    .min(visible / min_per)
+                    .clamp(1, ATT_SPLIT_MAX)
+            }
+        };
+        // The grouped kernel (a block per kv head, row and split) where there is one and
+        // it fills every SM with blocks of at least GROUP_MIN_SPLIT positions; else a
+        // block per query head, row and split, att_blocks of them an SM.
+        let group = self
+            .ops
+            .att_group
+            .iter()
+            .find(|(k, _)| nh % nkv == 0 && *k == (nh / nkv, hd, q8))
+            .map(|(_, f)| f)
+            .filter(|_| match self.att_group {
+                Some(on) => on,
+                None => visible >= GROUP_MIN_SPLIT * self.n_sm.div_ceil(rows * nkv),
+            });
+        let (grid_x, nsplit) = match group {
+            Some(_) => (nkv, split(rows * nkv, self.n_sm, GROUP_MIN_SPLIT)),
+            None => (nh, split(rows * nh, self.att_blocks * self.n_sm, 64)),
         };
         let qp = self.dptr(&q.data);
         let op = self.dptr(&out.data);
@@ -202,7 +237,7 @@ impl CudaBackend {
             0
         };
         let cfg = LaunchConfig {
-            grid_dim: (nh as u32, rows as u32, nsplit as u32),
+            grid_dim: (grid_x as u32, rows as u32, nsplit as u32),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -212,10 +247,10 @@ impl CudaBackend {
         let nsplit_i = nsplit as i32;
         launch!(
             self,
-            if q8 {
-                &self.ops.attention_q8
-            } else {
-                &self.ops.attention
+            match group {
+                Some(f) => f,
+                None if q8 => &self.ops.attention_q8,
+                None => &self.ops.attention,
             },
             cfg,
             &qp,

@@ -159,6 +159,9 @@ struct OpsKernels {
     attention: CudaFunction,
     attention_q8: CudaFunction,
     att_combine: CudaFunction,
+    /// ops.cu's grouped-query attention (`attention_group`), by (query heads a kv head,
+    /// head size, q8_0 cache).
+    att_group: Vec<((usize, usize, bool), CudaFunction)>,
     argmax_rows: CudaFunction,
     topk_chunks: CudaFunction,
     topk_merge: CudaFunction,
@@ -286,6 +289,13 @@ pub struct CudaBackend {
     /// `attention_block` in two launches (attention.rs), unless NEAGARI_CUDA_FUSE_ATTN=0
     /// (or NEAGARI_CUDA_FUSE=0): the separate ops, for measuring.
     fuse_attn: bool,
+    /// Decode attention splits the positions until it has this many blocks per SM
+    /// (NEAGARI_CUDA_ATT_BLOCKS=N for measuring).
+    att_blocks: usize,
+    /// Query heads sharing a kv head attend in one block (`attention_group`) over long
+    /// caches (attention.rs `GROUP_MIN_SPLIT`); NEAGARI_CUDA_ATT_GROUP=1 always, =0 never
+    /// (for measuring and tests).
+    att_group: Option<bool>,
     /// `prepare_multi` loads a two-format group's one-launch GEMV (`mvqp*`), unless
     /// NEAGARI_CUDA_PAIR=0 (a launch a format, for measuring).
     pair: bool,
@@ -487,6 +497,15 @@ impl CudaBackend {
             attention: f("attention")?,
             attention_q8: f("attention_q8")?,
             att_combine: f("att_combine")?,
+            att_group: attention::GROUPS
+                .iter()
+                .flat_map(|&g| attention::GROUP_HEAD_DIMS.map(|hd| (g, hd)))
+                .flat_map(|(g, hd)| [(g, hd, false), (g, hd, true)])
+                .map(|(g, hd, q8)| {
+                    let q = if q8 { "_q8" } else { "" };
+                    Ok(((g, hd, q8), f(&format!("att_g{g}_d{hd}{q}"))?))
+                })
+                .collect::<Result<_>>()?,
             argmax_rows: f("argmax_rows")?,
             topk_chunks: f("topk_chunks")?,
             topk_merge: f("topk_merge")?,
@@ -528,6 +547,16 @@ impl CudaBackend {
             fuse: std::env::var("NEAGARI_CUDA_FUSE").as_deref() != Ok("0"),
             fuse_attn: std::env::var("NEAGARI_CUDA_FUSE").as_deref() != Ok("0")
                 && std::env::var("NEAGARI_CUDA_FUSE_ATTN").as_deref() != Ok("0"),
+            att_blocks: std::env::var("NEAGARI_CUDA_ATT_BLOCKS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|n| (1..=64).contains(n))
+                .unwrap_or(2),
+            att_group: match std::env::var("NEAGARI_CUDA_ATT_GROUP").as_deref() {
+                Ok("0") => Some(false),
+                Ok("1") => Some(true),
+                _ => None,
+            },
             pair: std::env::var("NEAGARI_CUDA_PAIR").as_deref() != Ok("0"),
             repack: std::env::var("NEAGARI_CUDA_REPACK").as_deref() != Ok("0"),
             mv_groups: std::env::var("NEAGARI_CUDA_MV_GROUPS")

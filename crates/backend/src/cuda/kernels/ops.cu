@@ -915,30 +915,256 @@ __device__ __forceinline__ void att_prefetch(KvRows kr, int t0, int t1, int hd) 
 ATTENTION_KERNEL(attention, false)
 ATTENTION_KERNEL(attention_q8, true)
 
-// Merge the nsplit partials of each (row, head). Grid: (nh, rows). xq as `attention`.
+// Grouped-query attention: block (kv head kh, row r, split sp) runs the G query heads that
+// share kv head kh (h = kh·G + j) over the same positions, so each key and value row is
+// loaded once for all G; `attention` loads it once per query head (at depth 8192 the 27B's
+// six heads a kv head read ~200 MB a layer). The tiles of `attention_tiles`: lane i scores
+// position tile + i against the G queries (sq: [G, HD] in shared memory, f16-rounded),
+// then the lanes, HD/32 dims each, add the 32 value rows into G accumulators. HD = 32·VD.
+template <bool Q8, int G, int VD>
+__device__ __forceinline__ void attention_group(const float* sq, KvRows kr, float* out,
+                                                float* part, int kh, int r, int sp, int t0,
+                                                int t1, int nh, float scale, float softcap,
+                                                int nsplit, const float* gate, int g_hs,
+                                                i8* xq, float2* xds) {
+    constexpr int HD = 32 * VD;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d0 = lane * VD;
+    float acc[G][VD], m[G], l[G];
+#pragma unroll
+    for (int j = 0; j < G; j++) {
+        m[j] = NEG_INF;
+        l[j] = 0.f;
+#pragma unroll
+        for (int e = 0; e < VD; e++) acc[j][e] = 0.f;
+    }
+    for (int tb = t0 + warp * 32; tb < t1; tb += ATT_WARPS * 32) {
+        const int t = tb + lane;
+        float s[G];
+#pragma unroll
+        for (int j = 0; j < G; j++) s[j] = 0.f;
+        if (t < t1) {
+            // 64 values a round, their loads asked for before the first is used.
+#pragma unroll 1
+            for (int d = 0; d < HD; d += 64) {
+                float kf[64];
+                if constexpr (Q8) {
+                    const u8* kt = kr.k + (i64)t * HD + d;
+                    const u16* ks = kr.ks + (i64)t * VD + (d >> 5);
+                    uint4 k16[4];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) k16[i] = *(const uint4*)(kt + 16 * i);
+                    const float sa = h2f(ks[0]), sb = h2f(ks[1]);
+#pragma unroll
+                    for (int i = 0; i < 64; i++) {
+                        const uint4 w = k16[i >> 4];
+                        const u32 x = (i & 15) < 4 ? w.x : (i & 15) < 8 ? w.y : (i & 15) < 12 ? w.z : w.w;
+                        kf[i] = (float)(i8)(x >> (8 * (i & 3))) * (i < 32 ? sa : sb);
+                    }
+                } else {
+                    const u16* kt = (const u16*)kr.k + (i64)t * HD + d;
+                    uint4 k8[8];
+#pragma unroll
+                    for (int i = 0; i < 8; i++) k8[i] = *(const uint4*)(kt + 8 * i);
+#pragma unroll
+                    for (int i = 0; i < 64; i++) {
+                        const uint4 w = k8[i >> 3];
+                        const u32 x = (i & 7) < 2 ? w.x : (i & 7) < 4 ? w.y : (i & 7) < 6 ? w.z : w.w;
+                        kf[i] = h2f((u16)(i & 1 ? x >> 16 : x & 0xffff));
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < G; j++) {
+                    const float4* qv = (const float4*)(sq + j * HD + d);
+#pragma unroll
+                    for (int i = 0; i < 16; i++) {
+                        const float4 qq = qv[i];
+                        s[j] += qq.x * kf[4 * i] + qq.y * kf[4 * i + 1] + qq.z * kf[4 * i + 2] +
+                                qq.w * kf[4 * i + 3];
+                    }
+                }
+            }
+        }
+        float pw[G];
+#pragma unroll
+        for (int j = 0; j < G; j++) {
+            float sc = NEG_INF;
+            if (t < t1) {
+                sc = s[j] * scale;
+                if (softcap > 0.f) sc = softcap * tanhf(sc / softcap);
+            }
+            // Lane 0's position is always visible, so the tile's max is finite.
+            const float mn = fmaxf(m[j], warp_max(sc));
+            const float corr = expf(m[j] - mn);
+            pw[j] = t < t1 ? expf(sc - mn) : 0.f;
+            l[j] = l[j] * corr + warp_sum(pw[j]);
+#pragma unroll
+            for (int e = 0; e < VD; e++) acc[j][e] *= corr;
+            m[j] = mn;
+        }
+        const int nt = min(32, t1 - tb);
+        for (int u0 = 0; u0 < nt; u0 += ATT_VB) {
+            float vf[ATT_VB][VD];
+#pragma unroll
+            for (int i = 0; i < ATT_VB; i++) {
+                // Rows past the tile's end re-read its last row with weight 0.
+                const i64 row = tb + min(u0 + i, nt - 1);
+                if constexpr (Q8) {
+                    const u8* p = kr.v + row * HD + d0;
+                    u32 w[(VD + 3) / 4];
+                    if constexpr (VD == 8) {
+                        const uint2 v = *(const uint2*)p;
+                        w[0] = v.x, w[1] = v.y;
+                    } else if constexpr (VD == 4) {
+                        w[0] = *(const u32*)p;
+                    } else {
+                        w[0] = *(const u16*)p;
+                    }
+                    const float sc = h2f(kr.vs[row * VD + (d0 >> 5)]);
+#pragma unroll
+                    for (int e = 0; e < VD; e++)
+                        vf[i][e] = (float)(i8)(w[e / 4] >> (8 * (e & 3))) * sc;
+                } else {
+                    const u16* p = (const u16*)kr.v + row * HD + d0;
+                    u32 w[VD / 2];
+                    if constexpr (VD == 8) {
+                        const uint4 v = *(const uint4*)p;
+                        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+                    } else if constexpr (VD == 4) {
+                        const uint2 v = *(const uint2*)p;
+                        w[0] = v.x, w[1] = v.y;
+                    } else {
+                        w[0] = *(const u32*)p;
+                    }
+#pragma unroll
+                    for (int e = 0; e < VD; e++)
+                        vf[i][e] = h2f((u16)(e & 1 ? w[e / 2] >> 16 : w[e / 2] & 0xffff));
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < ATT_VB; i++) {
+#pragma unroll
+                for (int j = 0; j < G; j++) {
+                    const float pu = __shfl_sync(0xffffffffu, pw[j], u0 + i);
+#pragma unroll
+                    for (int e = 0; e < VD; e++) acc[j][e] += pu * vf[i][e];
+                }
+            }
+        }
+    }
+    // The warps' partial softmaxes merged, as attention_tiles does, for each query head.
+    __shared__ float sm[ATT_WARPS][G], sl[ATT_WARPS][G];
+    __shared__ float sacc[ATT_WARPS][G][HD];
+#pragma unroll
+    for (int j = 0; j < G; j++) {
+        if (lane == 0) {
+            sm[warp][j] = m[j];
+            sl[warp][j] = l[j];
+        }
+#pragma unroll
+        for (int e = 0; e < VD; e++) sacc[warp][j][d0 + e] = acc[j][e];
+    }
+    __syncthreads();
+    // A warp's 32 consecutive values are one q8_1 unit of one head (G·HD is a multiple of
+    // the block's 128 threads).
+    for (int x = threadIdx.x; x < G * HD; x += blockDim.x) {
+        const int j = x / HD, d = x % HD, h = kh * G + j;
+        float M = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w][j]);
+        float L = 0.f, a = 0.f;
+#pragma unroll
+        for (int w = 0; w < ATT_WARPS; w++) {
+            const float f = sm[w][j] == NEG_INF ? 0.f : expf(sm[w][j] - M);
+            L += sl[w][j] * f;
+            a += sacc[w][j][d] * f;
+        }
+        if (nsplit == 1) {
+            const i64 i = (i64)r * nh * HD + (i64)h * HD + d;
+            const float o = gated(a / L, gate, g_hs, nh, r, h, d);
+            out[i] = o;
+            if (xq) q8_1_warp(o, xq, xds, i >> 5, lane);
+        } else {
+            float* pp = part + (((i64)r * nh + h) * nsplit + sp) * (HD + 2);
+            pp[2 + d] = a;
+            if (d == 0) {
+                pp[0] = M;
+                pp[1] = L;
+            }
+        }
+    }
+}
+
+// The grouped kernels: grid (nkv, rows, nsplit), G = nh / nkv query heads a block, head
+// size 32·VD; the arguments of `attention`.
+#define ATTENTION_GROUP_KERNEL(NAME, Q8, G, VD)                                               \
+    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                              \
+        NAME(const float* q, const u8* kc, const u8* vc, float* out, float* part, int nh,     \
+             int nkv, int hd, int n_ctx, int pos0, float scale, int window, float softcap,    \
+             int nsplit, const int* posp, const float* gate, int g_hs, i8* xq, float2* xds) { \
+        if (posp) pos0 = *posp;                                                               \
+        const int kh = blockIdx.x, r = blockIdx.y, sp = blockIdx.z;                           \
+        int t0, t1;                                                                           \
+        att_range(pos0 + r, window, nsplit, sp, &t0, &t1);                                    \
+        const KvRows kr = kv_rows<Q8>(kc, vc, kh, nkv, n_ctx, 32 * VD);                       \
+        att_prefetch<Q8>(kr, t0, min(t1, pos0), 32 * VD);                                     \
+        gdc_wait();                                                                           \
+        __shared__ __align__(16) float sq[G * 32 * VD];                                       \
+        const float* qr = q + (i64)r * nh * (32 * VD) + (i64)kh * G * (32 * VD);              \
+        for (int d = threadIdx.x; d < G * 32 * VD; d += blockDim.x) sq[d] = h2f(f2h(qr[d]));  \
+        __syncthreads();                                                                      \
+        attention_group<Q8, G, VD>(sq, kr, out, part, kh, r, sp, t0, t1, nh, scale, softcap,  \
+                                   nsplit, gate, g_hs, xq, xds);                              \
+    }
+
+#define ATTENTION_GROUP_KERNELS(G)                            \
+    ATTENTION_GROUP_KERNEL(att_g##G##_d64, false, G, 2)       \
+    ATTENTION_GROUP_KERNEL(att_g##G##_d128, false, G, 4)      \
+    ATTENTION_GROUP_KERNEL(att_g##G##_d256, false, G, 8)      \
+    ATTENTION_GROUP_KERNEL(att_g##G##_d64_q8, true, G, 2)     \
+    ATTENTION_GROUP_KERNEL(att_g##G##_d128_q8, true, G, 4)    \
+    ATTENTION_GROUP_KERNEL(att_g##G##_d256_q8, true, G, 8)
+ATTENTION_GROUP_KERNELS(2)
+ATTENTION_GROUP_KERNELS(4)
+ATTENTION_GROUP_KERNELS(6)
+ATTENTION_GROUP_KERNELS(8)
+
+// Merge the nsplit (≤ 128) partials of each (row, head). Grid: (nh, rows). xq as
+// `attention`. The splits' weights exp(m_s − M) once, by the first warp, into shared
+// memory; then each thread's sum over the splits has its loads in flight eight at a time
+// (a loop of one dependent load a split made 128 splits ~60 µs).
 extern "C" __global__ void att_combine(const float* part, float* out, int nh, int hd,
                                        int nsplit, const float* gate, int g_hs, i8* xq,
                                        float2* xds) {
     gdc_wait();
-    const int h = blockIdx.x, r = blockIdx.y;
-    const float* pp = part + ((i64)r * nh + h) * nsplit * (hd + 2);
-    float M = NEG_INF;
-    for (int s = 0; s < nsplit; s++) M = fmaxf(M, pp[s * (hd + 2)]);
-    float L = 0.f;
-    for (int s = 0; s < nsplit; s++) {
-        const float ms = pp[s * (hd + 2)];
-        if (ms != NEG_INF) L += pp[s * (hd + 2) + 1] * expf(ms - M);
+    const int h = blockIdx.x, r = blockIdx.y, lane = threadIdx.x & 31;
+    const i64 ps = hd + 2;
+    const float* pp = part + ((i64)r * nh + h) * nsplit * ps;
+    __shared__ float fs[128];
+    __shared__ float sL;
+    if (threadIdx.x < 32) {
+        float M = NEG_INF;
+        for (int s = lane; s < nsplit; s += 32) M = fmaxf(M, pp[s * ps]);
+        M = warp_max(M);
+        float L = 0.f;
+        for (int s = lane; s < nsplit; s += 32) {
+            const float ms = pp[s * ps];
+            const float f = ms == NEG_INF ? 0.f : expf(ms - M);
+            fs[s] = f;
+            L += pp[s * ps + 1] * f;
+        }
+        L = warp_sum(L);
+        if (lane == 0) sL = L;
     }
+    __syncthreads();
+    const float L = sL;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float a = 0.f;
-        for (int s = 0; s < nsplit; s++) {
-            const float ms = pp[s * (hd + 2)];
-            if (ms != NEG_INF) a += pp[s * (hd + 2) + 2 + d] * expf(ms - M);
-        }
+#pragma unroll 8
+        for (int s = 0; s < nsplit; s++) a += pp[s * ps + 2 + d] * fs[s];
         const i64 i = (i64)r * nh * hd + (i64)h * hd + d;
         const float o = gated(a / L, gate, g_hs, nh, r, h, d);
         out[i] = o;
-        if (xq) q8_1_warp(o, xq, xds, i >> 5, threadIdx.x & 31);
+        if (xq) q8_1_warp(o, xq, xds, i >> 5, lane);
     }
 }
 
