@@ -1,11 +1,11 @@
 //! RoPE, the KV-cache store (f16 or q8_0) and attention (split over the KV for decode) on
-//! the CUDA backend; kernels in ops.cu.
+//! the CUDA backend; kernels in attention.cu.
 
 use super::*;
 
 /// Bytes of one layer's K (or V) cache: f16 `[n_kv_heads, n_ctx, head_dim]`, or q8_0's
 /// codes `[n_kv_heads, n_ctx, head_dim]` i8 then scales `[n_kv_heads, n_ctx, head_dim/32]`
-/// f16 (ops.cu `kv_q8_put`), rounded up to 256 so every layer's planes stay aligned for
+/// f16 (attention.cu `kv_q8_put`), rounded up to 256 so every layer's planes stay aligned for
 /// 16-byte loads. None when it overflows.
 pub(super) fn kv_layer_bytes(s: &KvShape) -> Option<usize> {
     let n = s.n_kv_heads.checked_mul(s.n_ctx)?.checked_mul(s.head_dim)?;
@@ -16,7 +16,7 @@ pub(super) fn kv_layer_bytes(s: &KvShape) -> Option<usize> {
     bytes.checked_next_multiple_of(256)
 }
 
-/// Query heads a kv head and head sizes with a grouped attention kernel (ops.cu
+/// Query heads a kv head and head sizes with a grouped attention kernel (attention.cu
 /// `ATTENTION_GROUP_KERNELS`).
 pub(super) const GROUPS: [usize; 4] = [2, 4, 6, 8];
 pub(super) const GROUP_HEAD_DIMS: [usize; 3] = [64, 128, 256];

@@ -1,7 +1,7 @@
 //! Fused decode ops of the CUDA backend, each one launch where the separate ops took
 //! several, with the separate ops' arithmetic (so the same results): the gate/up GEMV with
 //! its GLU and the q8_1 of its output (`mvqg*`, gemv_int.cu), and the attention input's
-//! per-head q/k RMSNorm with RoPE (`qk_norm_rope`, ops.cu). The Gated DeltaNet step is in
+//! per-head q/k RMSNorm with RoPE (`qk_norm_rope`, attention.cu). The Gated DeltaNet step is in
 //! hybrid.rs. NEAGARI_CUDA_FUSE=0 runs the separate ops instead.
 
 use super::*;
@@ -241,7 +241,7 @@ impl CudaBackend {
         self.qk_norm_rope_launch(q, hd, 0, k, &prep, hd, pos0, None)
     }
 
-    /// Whether `qk_norm_rope` (ops.cu) takes these shapes: queries `[rows, q_cols]`, k.
+    /// Whether `qk_norm_rope` (attention.cu) takes these shapes: queries `[rows, q_cols]`, k.
     pub(super) fn qk_fusable(
         &self,
         rows: usize,
@@ -271,7 +271,7 @@ impl CudaBackend {
             && prep.freq_factors.is_none_or(|f| f.len >= rope_q.dims / 2)
     }
 
-    /// The RoPE and norm constants of `prep` at `pos0` for ops.cu's `QkArgs` (q and k share
+    /// The RoPE and norm constants of `prep` at `pos0` for attention.cu's `QkArgs` (q and k share
     /// every RoPE parameter but the attention factor).
     pub(super) fn qk_args(&self, prep: &QkPrep<CudaVector>, pos0: usize) -> QkArgs {
         let rope = prep.rope_q;
@@ -364,7 +364,7 @@ pub(super) struct CacheStore {
     pub(super) q8: bool,
 }
 
-/// ops.cu's `QkArgs`, field for field (device addresses as u64; 0 is null).
+/// attention.cu's `QkArgs`, field for field (device addresses as u64; 0 is null).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub(super) struct QkArgs {

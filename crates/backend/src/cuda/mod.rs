@@ -159,7 +159,7 @@ struct OpsKernels {
     attention: CudaFunction,
     attention_q8: CudaFunction,
     att_combine: CudaFunction,
-    /// ops.cu's grouped-query attention (`attention_group`), by (query heads a kv head,
+    /// attention.cu's grouped-query attention (`attention_group`), by (query heads a kv head,
     /// head size, q8_0 cache).
     att_group: Vec<((usize, usize, bool), CudaFunction)>,
     argmax_rows: CudaFunction,

@@ -15,7 +15,12 @@ use crate::{BackendError, Result};
 pub(super) const COMMON: &str = include_str!("kernels/common.cuh");
 pub(super) const DEQUANT: &str = include_str!("kernels/dequant.cuh");
 pub(super) const MATMUL: &str = include_str!("kernels/matmul.cu");
-pub(super) const OPS: &str = include_str!("kernels/ops.cu");
+/// The float ops and the attention family: one module from two files.
+pub(super) const OPS: &str = concat!(
+    include_str!("kernels/ops.cu"),
+    "\n",
+    include_str!("kernels/attention.cu")
+);
 pub(super) const LOWBIT: &str = include_str!("kernels/lowbit.cu");
 pub(super) const VECDOT: &str = include_str!("kernels/vecdot.cuh");
 pub(super) const GEMV_INT: &str = include_str!("kernels/gemv_int.cu");
