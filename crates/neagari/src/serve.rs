@@ -5,7 +5,9 @@ use anyhow::Result;
 use neagari_server::worker::EngineParts;
 use neagari_server::ServeConfig;
 
-use crate::load::{open_gguf, Loaded};
+use neagari_backend::Backend;
+
+use crate::load::{open_gguf, Device, Loaded};
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
@@ -30,6 +32,27 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: &ServeArgs) -> Result<()> {
+    match a.model.device {
+        Device::Cpu => serve_on(a, |m| Loaded::open_cpu(m, true)),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) => serve_on(a, move |m| {
+            // Made on the engine thread, which runs every step.
+            let be = neagari_backend::cuda::CudaBackend::new(n)
+                .map_err(|e| anyhow::anyhow!("cannot use GPU {n}: {e}"))?;
+            Loaded::open_on(be, m, true)
+        }),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => {
+            anyhow::bail!("this build of neagari has no CUDA support (feature `cuda`)")
+        }
+    }
+}
+
+/// Serves with the model that `open` loads on the engine thread.
+fn serve_on<B: Backend + 'static>(
+    a: &ServeArgs,
+    open: impl FnOnce(&crate::ModelArgs) -> Result<Loaded<B>> + Send + 'static,
+) -> Result<()> {
     let margs = a.model.clone();
     let slots = a.slots;
     let cfg = ServeConfig {
@@ -43,7 +66,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         test_hooks: std::env::var_os("NEAGARI_SERVE_TEST_HOOKS").is_some(),
     };
     let loader = Box::new(move || {
-        let l = Loaded::open_cpu(&margs, true)?;
+        let l = open(&margs)?;
         let g = open_gguf(&margs.model)?;
         let template_source = g
             .get("tokenizer.chat_template")

@@ -81,6 +81,46 @@ fn start(model: &Path, extra: &[&str]) -> Server {
     }
 }
 
+/// `serve --device cuda` runs the model on the GPU or fails to load saying why; it never
+/// serves from the CPU instead (it did: the loader opened the CPU backend whatever the
+/// flag). Without a GPU (CI) the load fails and /health says which GPU it could not use.
+#[test]
+fn serve_on_cuda_runs_there_or_says_why_not() {
+    let Some(model) = test_model() else {
+        eprintln!("skipping: NEAGARI_TEST_MODEL is not set");
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_neagari"))
+        .args(["serve", "-m"])
+        .arg(&model)
+        .args(["--port", &port.to_string(), "--device", "cuda", "-c", "256"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start neagari serve");
+    let srv = Server { child, port };
+    let t = Instant::now();
+    let health = loop {
+        let h = get(srv.port, "/health").unwrap_or_default();
+        if h.contains("\"ok\"") || h.contains("\"error\"") {
+            break h;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "no verdict after 120 s: {h}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("{health}");
+    if health.contains("\"ok\"") {
+        assert!(health.contains("\"device\":\"cuda:0"), "{health}");
+    } else {
+        assert!(health.contains("cannot use GPU 0"), "{health}");
+    }
+}
+
 /// PYTHONPATH with the SDK directory, or None (and a note) when the SDKs are missing.
 fn python_env() -> Option<String> {
     let mut path = std::env::var("PYTHONPATH").unwrap_or_default();

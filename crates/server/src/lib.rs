@@ -138,7 +138,7 @@ async fn guard(State(st): State<Shared>, req: Request, next: Next) -> Response {
 
 async fn health(State(st): State<Shared>) -> Response {
     match st.ready() {
-        Ok(_) => Json(json!({"status": "ok"})).into_response(),
+        Ok(r) => Json(json!({"status": "ok", "device": r.device})).into_response(),
         Err(e) if e.status == StatusCode::SERVICE_UNAVAILABLE => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"status": "loading"})),
@@ -243,8 +243,8 @@ pub fn serve<B: Backend>(cfg: ServeConfig, loader: Loader<B>) -> anyhow::Result<
             // Report a load failure as soon as it happens; the server keeps answering 500s.
             loop {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                if st2.ready.get().is_some() {
-                    eprintln!("neagari serve: model loaded, ready");
+                if let Some(r) = st2.ready.get() {
+                    eprintln!("neagari serve: model loaded on {}, ready", r.device);
                     break;
                 }
                 if let Some(e) = st2.load_error.get() {

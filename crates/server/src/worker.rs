@@ -50,6 +50,8 @@ pub struct Ready {
     pub template_source: Option<String>,
     pub n_ctx: usize,
     pub model_name: String,
+    /// Where the model runs (`Backend::name`).
+    pub device: String,
     /// `llguidance` needs the vocabulary as a token trie; built once, lazily.
     pub guidance: OnceLock<Result<std::sync::Arc<llguidance::ParserFactory>, String>>,
 }
@@ -199,6 +201,7 @@ pub fn spawn<B: Backend>(
                 template_source: w.template_source.clone(),
                 n_ctx: w.n_ctx,
                 model_name: w.model_name.clone(),
+                device: w.be.name(),
                 guidance: OnceLock::new(),
             });
             while let Ok(job) = rx.recv() {
