@@ -392,6 +392,17 @@ pub enum KvType {
     F32,
 }
 
+impl std::fmt::Display for KvType {
+    /// The name `--kv-type` takes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+            KvType::F32 => "f32",
+        })
+    }
+}
+
 impl std::str::FromStr for KvType {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
@@ -462,6 +473,12 @@ pub trait Backend: Send + Sync + 'static {
     type Kv: Send;
 
     fn name(&self) -> String;
+
+    /// Free and total bytes of the memory that weights and caches are allocated from where
+    /// the backend has its own (a GPU's), for planning the context; None for host memory.
+    fn device_memory(&self) -> Option<(u64, u64)> {
+        None
+    }
 
     fn load_mat(&self, t: &HostTensor) -> Result<Self::Mat>;
     fn load_vector(&self, t: &HostTensor) -> Result<Self::Vector>;

@@ -198,6 +198,8 @@ impl<B: Backend> Gemma3<B> {
             head_dim: hd,
             decode_bytes,
             weight_bytes,
+            n_kv_layers: cfg.n_layers,
+            rec_bytes: 0,
         };
         Ok(Gemma3 {
             cfg,

@@ -64,6 +64,26 @@ pub struct ModelInfo {
     pub decode_bytes: usize,
     /// All weight bytes held by the backend.
     pub weight_bytes: usize,
+    /// Layers that keep K and V in the cache (a hybrid's attention layers).
+    pub n_kv_layers: usize,
+    /// Recurrent state bytes of one sequence (a hybrid's conv windows and DeltaNet
+    /// states, f32), whatever the context.
+    pub rec_bytes: usize,
+}
+
+impl ModelInfo {
+    /// Bytes of one sequence's cache of `n_ctx` positions of element type `ty` (q8_0: 34
+    /// bytes a 32-value block) plus its recurrent state: what `new_kv` allocates, to within
+    /// a backend's alignment.
+    pub fn kv_bytes(&self, n_ctx: usize, ty: KvType) -> u64 {
+        let values = 2 * self.n_kv_layers as u64 * self.n_kv_heads as u64 * self.head_dim as u64;
+        let per_pos = match ty {
+            KvType::F16 => values * 2,
+            KvType::Q8_0 => values / 32 * 34,
+            KvType::F32 => values * 4,
+        };
+        per_pos * n_ctx as u64 + self.rec_bytes as u64
+    }
 }
 
 /// A causal language model on backend `B`.

@@ -177,6 +177,8 @@ impl<B: Backend> Llama<B> {
             head_dim: hd,
             decode_bytes,
             weight_bytes,
+            n_kv_layers: cfg.n_layers,
+            rec_bytes: 0,
         };
         Ok(Llama {
             cfg,

@@ -412,6 +412,14 @@ impl<B: Backend> Qwen35<B> {
             head_dim: cfg.head_dim,
             decode_bytes,
             weight_bytes,
+            n_kv_layers: cfg.recurrent.iter().filter(|&&r| !r).count(),
+            rec_bytes: cfg.ssm.as_ref().map_or(0, |s| {
+                let n_rec = cfg.recurrent.iter().filter(|&&r| r).count();
+                // Per recurrent layer: the conv window and the [n_v_heads, d_k, d_v] state.
+                let per = (s.conv_kernel.saturating_sub(1)) * s.conv_channels()
+                    + s.n_v_heads * s.d_k * s.d_v;
+                n_rec * per * 4
+            }),
         };
         Ok(Qwen35 {
             cfg,

@@ -357,6 +357,14 @@ mod tests {
         let file = Arc::new(Gguf::open(&path).unwrap());
         let m = crate::qwen35::Qwen35::load(&be, &GgufSource::new(file)).unwrap();
         assert_eq!(m.config().recurrent, vec![true, true, true, false]);
+        // The memory plan's figure is what the cache holds (attention layers only, plus
+        // the recurrent state).
+        for ty in [KvType::F16, KvType::Q8_0] {
+            let kv = crate::CausalLm::new_kv(&m, &be, 40, ty).unwrap();
+            let info = crate::CausalLm::info(&m);
+            assert_eq!(info.kv_bytes(40, ty), kv.bytes() as u64, "{ty:?}");
+            assert!(info.rec_bytes > 0 && info.n_kv_layers == 1);
+        }
         let mut kv = crate::CausalLm::new_kv(&m, &be, 8, KvType::F16).unwrap();
         let l = crate::CausalLm::forward(&m, &be, &mut kv, &[1, 2, 3], false).unwrap();
         assert_eq!(l.len(), 300);

@@ -147,6 +147,8 @@ pub struct Loaded<B: Backend = CpuBackend> {
     /// True when the template is a built-in stand-in for a missing one.
     pub template_builtin: bool,
     pub n_ctx: usize,
+    /// True when `n_ctx` is the user's (`--ctx-size`), not the default.
+    pub ctx_explicit: bool,
     pub n_batch: usize,
     pub kv_type: KvType,
 }
@@ -220,6 +222,7 @@ impl<B: Backend> Loaded<B> {
         }
         let file = open_gguf(&args.model)?;
         let file_bytes = std::fs::metadata(&args.model).map(|m| m.len()).unwrap_or(0);
+        weights_fit(&be, &args.model, file_bytes)?;
         let src = GgufSource::new(file.clone());
         let model = neagari_model::load(&be, &src)
             .with_context(|| format!("cannot load {}", args.model.display()))?;
@@ -235,7 +238,7 @@ impl<B: Backend> Loaded<B> {
             Some(0) | None => n_ctx_train.min(4096),
             Some(n) => n,
         };
-        Ok(Loaded {
+        let mut l = Loaded {
             file_bytes,
             be,
             model,
@@ -243,9 +246,12 @@ impl<B: Backend> Loaded<B> {
             template,
             template_builtin,
             n_ctx,
+            ctx_explicit: args.ctx_size.is_some_and(|n| n > 0),
             n_batch: args.batch_size.max(1),
             kv_type: args.kv_type,
-        })
+        };
+        l.plan_memory(1)?;
+        Ok(l)
     }
 
     /// An HF checkpoint or MLX pack directory (see `neagari_model::hf`).
@@ -265,6 +271,7 @@ impl<B: Backend> Loaded<B> {
                     .sum()
             })
             .unwrap_or(0);
+        weights_fit(&be, &args.model, file_bytes)?;
         let model = neagari_model::load(&be, &src)
             .with_context(|| format!("cannot load {}", args.model.display()))?;
         let (tokenizer, template) = hf_tokenizer(&dir, want_template)?;
@@ -273,7 +280,7 @@ impl<B: Backend> Loaded<B> {
             Some(0) | None => n_ctx_train.min(4096),
             Some(n) => n,
         };
-        Ok(Loaded {
+        let mut l = Loaded {
             file_bytes,
             be,
             model,
@@ -281,9 +288,82 @@ impl<B: Backend> Loaded<B> {
             template,
             template_builtin: false,
             n_ctx,
+            ctx_explicit: args.ctx_size.is_some_and(|n| n > 0),
             n_batch: args.batch_size.max(1),
             kv_type: args.kv_type,
-        })
+        };
+        l.plan_memory(1)?;
+        Ok(l)
+    }
+
+    /// Fits `sessions` KV caches of `n_ctx` positions into the device's free memory (after
+    /// the weights, less a reserve for the step's buffers): a default context shrinks to
+    /// what fits (with a note), an explicit one that does not fit is an error naming what
+    /// would. Nothing to plan on host memory.
+    pub fn plan_memory(&mut self, sessions: usize) -> Result<()> {
+        let Some((free, _)) = self.be.device_memory() else {
+            return Ok(());
+        };
+        let info = self.model.info();
+        let reserve = PLAN_RESERVE
+            + (self.n_batch as u64) * (info.n_vocab as u64 + 16 * info.n_embd as u64) * 4;
+        let avail = free.saturating_sub(reserve);
+        let fit = |ty: KvType| {
+            let fixed = info.kv_bytes(0, ty);
+            let per_pos = info.kv_bytes(1, ty) - fixed;
+            fit_context(
+                self.n_ctx,
+                self.ctx_explicit,
+                sessions,
+                per_pos,
+                fixed,
+                avail,
+            )
+        };
+        let n = match fit(self.kv_type) {
+            Ok(n) => n,
+            Err(max) => {
+                let need = info.kv_bytes(self.n_ctx, self.kv_type) * sessions.max(1) as u64;
+                let q8 = if self.kv_type == KvType::F16 && info.head_dim.is_multiple_of(32) {
+                    let q = Loaded::<B>::max_fit_q8(info, sessions, avail);
+                    format!(", or --kv-type q8_0 for up to {q}")
+                } else {
+                    String::new()
+                };
+                let each = if sessions > 1 {
+                    format!(" ({sessions} sessions)")
+                } else {
+                    String::new()
+                };
+                bail!(
+                    "a KV cache of {} tokens ({}){each} needs {}, but {} has {} free after \
+                     the weights and {} kept for the step's buffers: at most {max} tokens fit \
+                     (--ctx-size {max}{q8})",
+                    self.n_ctx,
+                    self.kv_type,
+                    gib(need),
+                    self.be.name(),
+                    gib(free),
+                    gib(reserve),
+                );
+            }
+        };
+        if n != self.n_ctx {
+            eprintln!(
+                "note: context {} → {n} tokens, what {} has free memory for ({} KV cache)",
+                self.n_ctx,
+                self.be.name(),
+                self.kv_type
+            );
+            self.n_ctx = n;
+        }
+        Ok(())
+    }
+
+    fn max_fit_q8(info: &neagari_model::ModelInfo, sessions: usize, avail: u64) -> usize {
+        let fixed = info.kv_bytes(0, KvType::Q8_0);
+        let per_pos = info.kv_bytes(1, KvType::Q8_0) - fixed;
+        max_positions(sessions, per_pos, fixed, avail)
     }
 
     pub fn session(&self, n_ctx: usize) -> Result<Session<B>> {
@@ -293,6 +373,61 @@ impl<B: Backend> Loaded<B> {
             n_ctx,
             self.kv_type,
         )?)
+    }
+}
+
+/// Device memory kept free of KV caches for a step's buffers, besides a batch's logits and
+/// activations (`Loaded::plan_memory`).
+const PLAN_RESERVE: u64 = 1 << 30;
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+/// A clear error before a device upload that cannot fit: the file's bytes against the
+/// device's free memory.
+fn weights_fit<B: Backend>(be: &B, path: &Path, file_bytes: u64) -> Result<()> {
+    match be.device_memory() {
+        Some((free, total)) if file_bytes > free => bail!(
+            "{} ({}) does not fit on {}: {} free of {}",
+            path.display(),
+            gib(file_bytes),
+            be.name(),
+            gib(free),
+            gib(total)
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// Positions each of `sessions` caches of `per_pos` bytes a position and `fixed` bytes
+/// besides can hold in `avail` bytes.
+fn max_positions(sessions: usize, per_pos: u64, fixed: u64, avail: u64) -> usize {
+    let each = avail / sessions.max(1) as u64;
+    match each.checked_sub(fixed) {
+        None => 0,
+        Some(_) if per_pos == 0 => usize::MAX,
+        Some(room) => usize::try_from(room / per_pos).unwrap_or(usize::MAX),
+    }
+}
+
+/// The context to allocate: `want` where it fits; a default (`!explicit`) shrunk to the
+/// most that fits, rounded down to a multiple of 256; else `Err(most that fits)`.
+fn fit_context(
+    want: usize,
+    explicit: bool,
+    sessions: usize,
+    per_pos: u64,
+    fixed: u64,
+    avail: u64,
+) -> std::result::Result<usize, usize> {
+    let max = max_positions(sessions, per_pos, fixed, avail);
+    if want <= max {
+        Ok(want)
+    } else if explicit || max < 256 {
+        Err(max)
+    } else {
+        Ok(max / 256 * 256)
     }
 }
 
@@ -307,4 +442,29 @@ pub fn peak_rss_bytes() -> u64 {
         .and_then(|kb| kb.parse::<u64>().ok())
         .map(|kb| kb * 1024)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_fits_shrinks_or_names_what_fits() {
+        // 1 KiB a position, 10 KiB fixed, 1 MiB free: (1024 − 10) positions a session.
+        let (pp, fx, av) = (1024, 10 * 1024, 1 << 20);
+        assert_eq!(max_positions(1, pp, fx, av), 1014);
+        assert_eq!(max_positions(2, pp, fx, av), 502);
+        assert_eq!(fit_context(1000, true, 1, pp, fx, av), Ok(1000));
+        assert_eq!(fit_context(1014, true, 1, pp, fx, av), Ok(1014));
+        assert_eq!(fit_context(1015, true, 1, pp, fx, av), Err(1014));
+        // A default context shrinks to a multiple of 256; an explicit one does not.
+        assert_eq!(fit_context(4096, false, 1, pp, fx, av), Ok(768));
+        assert_eq!(fit_context(4096, false, 2, pp, fx, av), Ok(256));
+        assert_eq!(fit_context(4096, true, 2, pp, fx, av), Err(502));
+        // Below 256 positions, or not even the fixed part: an error either way.
+        assert_eq!(fit_context(4096, false, 5, pp, fx, av), Err(194));
+        assert_eq!(fit_context(8, false, 1, pp, 2 << 20, av), Err(0));
+        // Nothing per position (a recurrent-only model): any context.
+        assert_eq!(fit_context(1 << 30, true, 1, 0, fx, av), Ok(1 << 30));
+    }
 }

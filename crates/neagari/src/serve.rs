@@ -66,7 +66,9 @@ fn serve_on<B: Backend + 'static>(
         test_hooks: std::env::var_os("NEAGARI_SERVE_TEST_HOOKS").is_some(),
     };
     let loader = Box::new(move || {
-        let l = open(&margs)?;
+        let mut l = open(&margs)?;
+        // Every slot keeps a cache of the full context.
+        l.plan_memory(slots)?;
         let g = open_gguf(&margs.model)?;
         let template_source = g
             .get("tokenizer.chat_template")

@@ -185,6 +185,12 @@ pub struct CpuKv {
 }
 
 impl CpuKv {
+    /// Bytes held: the K and V rows of every layer and the recurrent state.
+    pub fn bytes(&self) -> usize {
+        let rows: usize = self.k.iter().chain(&self.v).map(Vec::len).sum();
+        rows + self.rec_bytes()
+    }
+
     /// Bytes of recurrent state (0 without).
     pub fn rec_bytes(&self) -> usize {
         self.rec.as_ref().map_or(0, CpuRec::bytes)

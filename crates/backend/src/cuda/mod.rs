@@ -795,6 +795,10 @@ impl Backend for CudaBackend {
     type Vector = CudaVector;
     type Kv = CudaKv;
 
+    fn device_memory(&self) -> Option<(u64, u64)> {
+        self.mem_info().ok().map(|(f, t)| (f as u64, t as u64))
+    }
+
     fn name(&self) -> String {
         format!(
             "cuda:{} ({}, {}, {} SMs{})",
