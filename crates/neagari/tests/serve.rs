@@ -55,7 +55,8 @@ fn get(port: u16, path: &str) -> Option<String> {
     Some(out)
 }
 
-fn start(model: &Path, extra: &[&str]) -> Server {
+/// `neagari serve -m model` on a free port with `extra` flags.
+fn spawn(model: &Path, extra: &[&str]) -> Server {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_neagari"))
         .args(["serve", "-m"])
@@ -67,18 +68,29 @@ fn start(model: &Path, extra: &[&str]) -> Server {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start neagari serve");
-    let srv = Server { child, port };
+    Server { child, port }
+}
+
+/// The first /health answer that `done` accepts, polled for up to 120 s.
+fn wait_health(srv: &Server, done: impl Fn(&str) -> bool) -> String {
     let t = Instant::now();
     loop {
-        if get(port, "/health").is_some_and(|r| r.contains("\"ok\"")) {
-            return srv;
+        let h = get(srv.port, "/health").unwrap_or_default();
+        if done(&h) {
+            return h;
         }
         assert!(
             t.elapsed() < Duration::from_secs(120),
-            "server not ready after 120 s"
+            "no answer from /health after 120 s: {h}"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+fn start(model: &Path, extra: &[&str]) -> Server {
+    let srv = spawn(model, extra);
+    wait_health(&srv, |h| h.contains("\"ok\""));
+    srv
 }
 
 /// `serve --device cuda` runs the model on the GPU or fails to load saying why; it never
@@ -91,28 +103,8 @@ fn serve_on_cuda_runs_there_or_says_why_not() {
         return;
     };
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_neagari"))
-        .args(["serve", "-m"])
-        .arg(&model)
-        .args(["--port", &port.to_string(), "--device", "cuda", "-c", "256"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start neagari serve");
-    let srv = Server { child, port };
-    let t = Instant::now();
-    let health = loop {
-        let h = get(srv.port, "/health").unwrap_or_default();
-        if h.contains("\"ok\"") || h.contains("\"error\"") {
-            break h;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(120),
-            "no verdict after 120 s: {h}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let srv = spawn(&model, &["--device", "cuda", "-c", "256"]);
+    let health = wait_health(&srv, |h| h.contains("\"ok\"") || h.contains("\"error\""));
     eprintln!("{health}");
     if health.contains("\"ok\"") {
         assert!(health.contains("\"device\":\"cuda:0"), "{health}");
