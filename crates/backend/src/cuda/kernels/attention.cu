@@ -61,6 +61,18 @@ __device__ __forceinline__ void kv_q8_put(u8* c, int nkv, int n_ctx, int hd, int
     if ((d & 31) == 0) kv_q8_scales(c, nkv, n_ctx, hd)[row * (hd >> 5) + (d >> 5)] = f2h(sc);
 }
 
+// Value x of dim d of head h at position pos into a layer's cache c: f16, or q8_0 (Q8; by a
+// warp holding d's block, as `kv_q8_put`).
+template <bool Q8>
+__device__ __forceinline__ void kv_put(u8* c, int nkv, int n_ctx, int hd, int h, int pos, int d,
+                                       float x) {
+    if constexpr (Q8) {
+        kv_q8_put(c, nkv, n_ctx, hd, h, pos, d, x);
+    } else {
+        ((u16*)c)[((i64)h * n_ctx + pos) * hd + d] = f2h(x);
+    }
+}
+
 // Store k, v ([rows, nkv·hd] f32) at positions pos0.. of one layer's cache: f16 rows
 // ([nkv, n_ctx, hd] each), or q8_0 (hd a multiple of 32, so a warp is one block).
 template <bool Q8>
@@ -72,14 +84,8 @@ __device__ __forceinline__ void kv_store_rows(const float* k, const float* v, u8
     const int d = (int)(t % hd);
     const int h = (int)((t / hd) % nkv);
     const int r = (int)(t / ((i64)hd * nkv));
-    if constexpr (Q8) {
-        kv_q8_put(kc, nkv, n_ctx, hd, h, pos0 + r, d, k[t]);
-        kv_q8_put(vc, nkv, n_ctx, hd, h, pos0 + r, d, v[t]);
-    } else {
-        const i64 dst = ((i64)h * n_ctx + pos0 + r) * hd + d;
-        ((u16*)kc)[dst] = f2h(k[t]);
-        ((u16*)vc)[dst] = f2h(v[t]);
-    }
+    kv_put<Q8>(kc, nkv, n_ctx, hd, h, pos0 + r, d, k[t]);
+    kv_put<Q8>(vc, nkv, n_ctx, hd, h, pos0 + r, d, v[t]);
 }
 
 extern "C" __global__ void kv_store(const float* k, const float* v, u8* kc, u8* vc, int rows,
@@ -347,6 +353,28 @@ __device__ __forceinline__ float gated(float x, const float* gate, int g_hs, int
     return x;
 }
 
+// Value d of query head h of row r from a block's merged (max M, sum L, weighted sum a):
+// the output (gated, and as q8_1 where xq is set: the warp holds 32 consecutive values of
+// the head) when the positions are not split, else the split's partial for att_combine.
+__device__ __forceinline__ void att_emit(float a, float M, float L, float* out, float* part,
+                                         int r, int h, int d, int sp, int nh, int hd, int nsplit,
+                                         const float* gate, int g_hs, i8* xq, float2* xds,
+                                         int lane) {
+    if (nsplit == 1) {
+        const i64 i = (i64)r * nh * hd + (i64)h * hd + d;
+        const float o = gated(a / L, gate, g_hs, nh, r, h, d);
+        out[i] = o;
+        if (xq) q8_1_warp(o, xq, xds, i >> 5, lane);
+    } else {
+        float* pp = part + (((i64)r * nh + h) * nsplit + sp) * (hd + 2);
+        pp[2 + d] = a;
+        if (d == 0) {
+            pp[0] = M;
+            pp[1] = L;
+        }
+    }
+}
+
 // Flash-decoding: block (head, row, split) runs an online softmax over its share of the
 // visible positions in tiles of 32 positions a warp: lane i scores position tile + i (its
 // own key row, 16-byte loads, q from shared memory), the tile's max and sum are one warp
@@ -485,19 +513,7 @@ __device__ __forceinline__ void attention_tiles(const float* sq, KvRows kr, floa
         float a = 0.f;
 #pragma unroll
         for (int w = 0; w < ATT_WARPS; w++) a += sacc[w][d] * f[w];
-        if (nsplit == 1) {
-            const i64 i = (i64)r * nh * hd + (i64)h * hd + d;
-            const float o = gated(a / L, gate, g_hs, nh, r, h, d);
-            out[i] = o;
-            if (xq) q8_1_warp(o, xq, xds, i >> 5, lane);
-        } else {
-            float* pp = part + (((i64)r * nh + h) * nsplit + sp) * (hd + 2);
-            pp[2 + d] = a;
-            if (d == 0) {
-                pp[0] = M;
-                pp[1] = L;
-            }
-        }
+        att_emit(a, M, L, out, part, r, h, d, sp, nh, hd, nsplit, gate, g_hs, xq, xds, lane);
     }
 }
 
@@ -524,6 +540,18 @@ __device__ __forceinline__ void att_prefetch(KvRows kr, int t0, int t1, int hd) 
     }
 }
 
+// What a block of either attention kernel does before its wait: its positions [t0, t1)
+// (split sp of row r's visible ones) and kv head kh's rows, asked of L2.
+template <bool Q8>
+__device__ __forceinline__ KvRows att_begin(const u8* kc, const u8* vc, int kh, int nkv,
+                                            int n_ctx, int hd, int pos0, int r, int window,
+                                            int nsplit, int sp, int* t0, int* t1) {
+    att_range(pos0 + r, window, nsplit, sp, t0, t1);
+    const KvRows kr = kv_rows<Q8>(kc, vc, kh, nkv, n_ctx, hd);
+    att_prefetch<Q8>(kr, *t0, min(*t1, pos0), hd);
+    return kr;
+}
+
 // The attention kernel over one layer's cache kc, vc: f16, or q8_0 (`kv_q8_put`).
 #define ATTENTION_KERNEL(NAME, Q8)                                                            \
     extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                              \
@@ -534,9 +562,8 @@ __device__ __forceinline__ void att_prefetch(KvRows kr, int t0, int t1, int hd) 
         if (posp) pos0 = *posp;                                                               \
         const int h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z;                            \
         int t0, t1;                                                                           \
-        att_range(pos0 + r, window, nsplit, sp, &t0, &t1);                                    \
-        const KvRows kr = kv_rows<Q8>(kc, vc, h / (nh / nkv), nkv, n_ctx, hd);                \
-        att_prefetch<Q8>(kr, t0, min(t1, pos0), hd);                                          \
+        const KvRows kr = att_begin<Q8>(kc, vc, h / (nh / nkv), nkv, n_ctx, hd, pos0, r,      \
+                                        window, nsplit, sp, &t0, &t1);                        \
         gdc_wait();                                                                           \
         /* q rounded to f16, as the CPU does before q·k; zero past hd (the wide loads). */    \
         __shared__ __align__(16) float sq[32 * ATT_MAXD];                                     \
@@ -714,19 +741,7 @@ __device__ __forceinline__ void attention_group(const float* sq, KvRows kr, floa
             L += sl[w][j] * f;
             a += sacc[w][j][d] * f;
         }
-        if (nsplit == 1) {
-            const i64 i = (i64)r * nh * HD + (i64)h * HD + d;
-            const float o = gated(a / L, gate, g_hs, nh, r, h, d);
-            out[i] = o;
-            if (xq) q8_1_warp(o, xq, xds, i >> 5, lane);
-        } else {
-            float* pp = part + (((i64)r * nh + h) * nsplit + sp) * (HD + 2);
-            pp[2 + d] = a;
-            if (d == 0) {
-                pp[0] = M;
-                pp[1] = L;
-            }
-        }
+        att_emit(a, M, L, out, part, r, h, d, sp, nh, HD, nsplit, gate, g_hs, xq, xds, lane);
     }
 }
 
@@ -740,9 +755,8 @@ __device__ __forceinline__ void attention_group(const float* sq, KvRows kr, floa
         if (posp) pos0 = *posp;                                                               \
         const int kh = blockIdx.x, r = blockIdx.y, sp = blockIdx.z;                           \
         int t0, t1;                                                                           \
-        att_range(pos0 + r, window, nsplit, sp, &t0, &t1);                                    \
-        const KvRows kr = kv_rows<Q8>(kc, vc, kh, nkv, n_ctx, 32 * VD);                       \
-        att_prefetch<Q8>(kr, t0, min(t1, pos0), 32 * VD);                                     \
+        const KvRows kr = att_begin<Q8>(kc, vc, kh, nkv, n_ctx, 32 * VD, pos0, r, window,     \
+                                        nsplit, sp, &t0, &t1);                                \
         gdc_wait();                                                                           \
         __shared__ __align__(16) float sq[G * 32 * VD];                                       \
         const float* qr = q + (i64)r * nh * (32 * VD) + (i64)kh * G * (32 * VD);              \
@@ -822,12 +836,7 @@ __device__ __forceinline__ void qk_norm_rope_head(float* q, float* k, const QkAr
     if (hh >= nh + nkv) {
         const int h = hh - nh - nkv;
         if (tid >= hd) return;
-        const float x = vs[((i64)r * nkv + h) * hd + tid];
-        if constexpr (Q8) {
-            kv_q8_put(vc, nkv, n_ctx, hd, h, pos0 + r, tid, x);
-        } else {
-            ((u16*)vc)[((i64)h * n_ctx + pos0 + r) * hd + tid] = f2h(x);
-        }
+        kv_put<Q8>(vc, nkv, n_ctx, hd, h, pos0 + r, tid, vs[((i64)r * nkv + h) * hd + tid]);
         return;
     }
     const bool isq = hh < nh;
@@ -840,13 +849,7 @@ __device__ __forceinline__ void qk_norm_rope_head(float* q, float* k, const QkAr
     norm_rope_head(xs, hd, isq ? a.wq : a.wk, isq ? a.attn_q : a.attn_k, a, rc, rs);
     if (tid < hd) {
         hp[tid] = xs[tid];
-        if (store) {
-            if constexpr (Q8) {
-                kv_q8_put(kc, nkv, n_ctx, hd, hh - nh, pos0 + r, tid, xs[tid]);
-            } else {
-                ((u16*)kc)[((i64)(hh - nh) * n_ctx + pos0 + r) * hd + tid] = f2h(xs[tid]);
-            }
-        }
+        if (store) kv_put<Q8>(kc, nkv, n_ctx, hd, hh - nh, pos0 + r, tid, xs[tid]);
     }
 }
 
