@@ -308,24 +308,26 @@ impl<B: Backend> Loaded<B> {
         let reserve = PLAN_RESERVE
             + (self.n_batch as u64) * (info.n_vocab as u64 + 16 * info.n_embd as u64) * 4;
         let avail = free.saturating_sub(reserve);
-        let fit = |ty: KvType| {
+        // (bytes a position, bytes besides) of one cache of type ty.
+        let cost = |ty: KvType| {
             let fixed = info.kv_bytes(0, ty);
-            let per_pos = info.kv_bytes(1, ty) - fixed;
-            fit_context(
-                self.n_ctx,
-                self.ctx_explicit,
-                sessions,
-                per_pos,
-                fixed,
-                avail,
-            )
+            (info.kv_bytes(1, ty) - fixed, fixed)
         };
-        let n = match fit(self.kv_type) {
+        let (per_pos, fixed) = cost(self.kv_type);
+        let n = match fit_context(
+            self.n_ctx,
+            self.ctx_explicit,
+            sessions,
+            per_pos,
+            fixed,
+            avail,
+        ) {
             Ok(n) => n,
             Err(max) => {
                 let need = info.kv_bytes(self.n_ctx, self.kv_type) * sessions.max(1) as u64;
                 let q8 = if self.kv_type == KvType::F16 && info.head_dim.is_multiple_of(32) {
-                    let q = Loaded::<B>::max_fit_q8(info, sessions, avail);
+                    let (per_pos, fixed) = cost(KvType::Q8_0);
+                    let q = max_positions(sessions, per_pos, fixed, avail);
                     format!(", or --kv-type q8_0 for up to {q}")
                 } else {
                     String::new()
@@ -358,12 +360,6 @@ impl<B: Backend> Loaded<B> {
             self.n_ctx = n;
         }
         Ok(())
-    }
-
-    fn max_fit_q8(info: &neagari_model::ModelInfo, sessions: usize, avail: u64) -> usize {
-        let fixed = info.kv_bytes(0, KvType::Q8_0);
-        let per_pos = info.kv_bytes(1, KvType::Q8_0) - fixed;
-        max_positions(sessions, per_pos, fixed, avail)
     }
 
     pub fn session(&self, n_ctx: usize) -> Result<Session<B>> {
