@@ -571,6 +571,12 @@ pub trait Backend: Send + Sync + 'static {
     fn prepare_multi(&self, _ws: &[&Self::Mat]) -> Result<()> {
         Ok(())
     }
+    /// A hint that the next GEMV reads `ws` (in this order): a device backend may have the
+    /// next small kernel (the residual add and norm before it) ask its cache for their
+    /// first bytes while the memory would otherwise idle. Results do not depend on it.
+    fn prefetch(&self, _ws: &[&Self::Mat]) -> Result<()> {
+        Ok(())
+    }
     /// `x += y`, then `out = rms_norm(x, w)`: a residual add and the norm that reads the
     /// sum, which a device backend may fuse.
     fn add_rms_norm(

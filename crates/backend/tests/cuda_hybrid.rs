@@ -609,6 +609,18 @@ fn delta_net_cases(g: &CudaBackend, r: &mut StdRng) {
             let t = tensor("t", ty, vec![n_out, vd], bytes);
             (g.load_mat(&t).unwrap(), deq, n_out)
         });
+        // A prefetch hint (prefetch.rs) rides on every fused call; it must change nothing.
+        let pf = {
+            let (ty, rows, width) = (GgmlType::Q1_0, 64, 1024);
+            let rb = ty.row_bytes(width).unwrap();
+            let mut bytes = vec![0u8; rows * rb];
+            for o in 0..rows {
+                let v = randv(r, width, 1.0);
+                neagari_quant::quantize_row(ty, &v, &mut bytes[o * rb..(o + 1) * rb]).unwrap();
+            }
+            g.load_mat(&tensor("pf", ty, vec![rows, width], bytes))
+                .unwrap()
+        };
         for (step, n) in [5usize, 1, 1, 8, 1, 2, 1, 3, 12, 1].into_iter().enumerate() {
             for layer in 0..2 {
                 let inp = gd_inputs(r, &net, n);
@@ -618,6 +630,7 @@ fn delta_net_cases(g: &CudaBackend, r: &mut StdRng) {
                 let (alg, beg) = (upload(g, &inp.alpha, n, nv), upload(g, &inp.beta, n, nv));
                 let zg = upload(g, &z, n, vd);
                 let mut of = g.buf(1, 1).unwrap();
+                g.prefetch(&[&pf]).unwrap();
                 g.delta_net(
                     &mut kf, layer, &mut qf, &cwg, &alg, &beg, &ag, &dg, &net, &nwg, &zg, 1e-6,
                     &mut of,

@@ -274,6 +274,10 @@ fn fused_q8_1_inputs_feed_the_matmul() {
     let c = cpu();
     let mut r = rng();
     let cols = 512;
+    // A prefetch hint (prefetch.rs) rides on every GLU below; it must change nothing.
+    let pf = g
+        .load_mat(&random_mat(&mut r, GgmlType::Q1_0, 64, 1024).0)
+        .unwrap();
     for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K] {
         let (t, deq) = random_mat(&mut r, ty, 96, cols);
         let m = g.load_mat(&t).expect("load_mat");
@@ -304,6 +308,7 @@ fn fused_q8_1_inputs_feed_the_matmul() {
             for act in [GluAct::Silu, GluAct::GeluTanh] {
                 let (a, b) = (randv(&mut r, n * cols, 2.0), randv(&mut r, n * cols, 1.0));
                 let mut gate = upload(&g, &a, n, cols);
+                g.prefetch(&[&pf]).unwrap();
                 g.glu(&mut gate, &upload(&g, &b, n, cols), act).unwrap();
                 let mut gc = upload(&c, &a, n, cols);
                 c.glu(&mut gc, &upload(&c, &b, n, cols), act).unwrap();
@@ -765,6 +770,15 @@ fn fused_multi_matmul_and_add_norm() {
     std::env::remove_var("NEAGARI_CUDA_MV_GROUPS");
     multi_matches_single(&g3, &mut r);
 
+    // The fused add_rms_norm also carries a prefetch hint (prefetch.rs) on every shape
+    // below: a Q1_0 matrix of 4.6 MB (more than the norm's 4 MiB cap: cut) and one of 144
+    // bytes; the hint must change nothing.
+    let pf = [
+        g.load_mat(&random_mat(&mut r, GgmlType::Q1_0, 4096, 1024 * 8).0)
+            .unwrap(),
+        g.load_mat(&random_mat(&mut r, GgmlType::Q1_0, 1, 1024).0)
+            .unwrap(),
+    ];
     // add_rms_norm: fused vs the two ops. Up to 8 rows of 5120 or 768 run as clusters of
     // 8 or 3 blocks a row (add_rms_norm_cl on Hopper, else one row over 20 or 3 blocks,
     // add_rms_norm_row, whose calls of different block counts in a row meet at its
@@ -787,6 +801,7 @@ fn fused_multi_matmul_and_add_norm() {
         let wv = vector(&g, &w);
         let mut xf = upload(&g, &x, n, cols);
         let mut of = g.buf(1, 1).unwrap();
+        g.prefetch(&[&pf[n % 2], &pf[(n + 1) % 2]]).unwrap();
         g.add_rms_norm(&mut xf, &upload(&g, &y, n, cols), &wv, 1e-6, &mut of)
             .unwrap();
         let mut xs = upload(&g, &x, n, cols);

@@ -305,13 +305,19 @@ impl<B: Backend> Llama<B> {
                 kv, il, pos0, &mut q, false, &mut k, &v, &prep, &attn, &mut att,
             )?;
             be.matmul(&l.wo, &att, &mut o)?;
+            // Each norm (and the GLU) is told which matrices the GEMV after it reads.
+            be.prefetch(&[&l.gate, &l.up])?;
             be.add_rms_norm(&mut x, &o, &l.ffn_norm, c.eps, &mut xn)?;
 
+            be.prefetch(&[&l.down])?;
             be.matmul_glu(&l.gate, &l.up, &xn, GluAct::Silu, &mut gate, &mut up)?;
             be.matmul(&l.down, &gate, &mut o)?;
             // The residual add and the next layer's input norm.
             match self.layers.get(il + 1) {
-                Some(next) => be.add_rms_norm(&mut x, &o, &next.attn_norm, c.eps, &mut xn)?,
+                Some(next) => {
+                    be.prefetch(&[&next.wq, &next.wk])?;
+                    be.add_rms_norm(&mut x, &o, &next.attn_norm, c.eps, &mut xn)?
+                }
                 None => be.add(&mut x, &o)?,
             }
         }

@@ -691,6 +691,7 @@ impl<B: Backend> Qwen35<B> {
         };
         let mut core = be.buf(nt, s.value_dim())?; // [n, value_dim]
                                                    // The short conv, the delta rule and the gated norm (one kernel for a GPU decode row).
+        be.prefetch(&[&d.out])?;
         be.delta_net(
             kv,
             d.rec_layer,
@@ -719,6 +720,7 @@ impl<B: Backend> Qwen35<B> {
             Ffn::Dense { gate, up, down } => {
                 let mut g = be.buf(nt, c.n_ff)?; // [n, F]
                 let mut u = be.buf(nt, c.n_ff)?; // [n, F]
+                be.prefetch(&[down])?;
                 be.matmul_glu(gate, up, xn, GluAct::Silu, &mut g, &mut u)?;
                 be.matmul(down, &g, &mut o)?;
             }
@@ -913,11 +915,21 @@ impl<B: Backend> Qwen35<B> {
                 Mixer::Attn(a) => self.attn_forward(be, kv, a, pos0, &xn)?,
                 Mixer::Delta(d) => self.delta_forward(be, kv, d, &xn)?,
             };
+            // Each norm is told which matrices the GEMV after it reads (Backend::prefetch).
+            if let Ffn::Dense { gate, up, .. } = &l.ffn {
+                be.prefetch(&[gate, up])?;
+            }
             be.add_rms_norm(&mut x, &o, &l.post_norm, c.eps, &mut xn)?;
             let o = self.ffn_forward(be, &l.ffn, &xn)?;
             // The residual add and the next layer's input norm.
             match self.layers.get(il + 1) {
-                Some(next) => be.add_rms_norm(&mut x, &o, &next.attn_norm, c.eps, &mut xn)?,
+                Some(next) => {
+                    match &next.mixer {
+                        Mixer::Attn(a) => be.prefetch(&[&a.wq, &a.wk])?,
+                        Mixer::Delta(d) => be.prefetch(&[&d.qkv, &d.gate])?,
+                    }
+                    be.add_rms_norm(&mut x, &o, &next.attn_norm, c.eps, &mut xn)?
+                }
                 None => be.add(&mut x, &o)?,
             }
         }

@@ -626,9 +626,11 @@ impl CudaBackend {
             kc as i32, n as i32, nk as i32, nv as i32, dk as i32, dv as i32,
         );
         let tiled = (net.map == HeadMap::Tiled) as i32;
+        let pf = self.take_pf(super::prefetch::PfSite::Delta);
         launch!(
             self, f, cfg, &xp, &win, &cwp, &kc_i, &ap, &bp, &anp, &dtp, &sp, &op, &n_i, &nk_i,
-            &nv_i, &dk_i, &dv_i, &tiled, &nwp, &zp, &eps, &qp, &dsp, &cp
+            &nv_i, &dk_i, &dv_i, &tiled, &nwp, &zp, &eps, &qp, &dsp, &cp, &pf.p0, &pf.n0, &pf.p1,
+            &pf.n1
         )?;
         sc.xq_key = if qp != 0 {
             Some((op, n, nv * dv, self.gen.load(Ordering::Relaxed)))

@@ -347,6 +347,8 @@ pub struct CudaBackend {
     /// Kernels launch with programmatic stream serialization (`launch_raw`): on Hopper
     /// and later, unless NEAGARI_CUDA_PDL=0.
     pdl: bool,
+    /// The next GEMV's weights a small kernel asks L2 for (prefetch.rs).
+    pf: prefetch::Prefetch,
     /// Launches are timed (profile.rs) and recorded steps are not replayed.
     profiling: AtomicBool,
     profile: Mutex<Option<profile::Profile>>,
@@ -433,6 +435,7 @@ mod graph;
 mod hybrid;
 mod matmul;
 mod norm;
+mod prefetch;
 mod repack;
 
 fn cfg1(n: usize, block: u32) -> LaunchConfig {
@@ -597,6 +600,7 @@ impl CudaBackend {
             step: Mutex::new(graph::Step::new()),
             graphs_on: AtomicBool::new(std::env::var("NEAGARI_CUDA_GRAPH").as_deref() != Ok("0")),
             pdl: maj >= 9 && std::env::var("NEAGARI_CUDA_PDL").as_deref() != Ok("0"),
+            pf: prefetch::Prefetch::from_env(),
             profiling: AtomicBool::new(false),
             profile: Mutex::new(None),
         })
@@ -947,6 +951,11 @@ impl Backend for CudaBackend {
         self.prepare_pair(ws)
     }
 
+    fn prefetch(&self, ws: &[&CudaMat]) -> Result<()> {
+        self.prefetch_op(ws);
+        Ok(())
+    }
+
     fn add_rms_norm(
         &self,
         x: &mut CudaBuf,
@@ -1029,7 +1038,21 @@ impl Backend for CudaBackend {
             let (gp, upp) = (self.dptr(&gate.data), self.dptr(&up.data));
             let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
             let (qp, dsp) = self.xq_reserve(&mut sc, gate.rows, gate.cols / 32)?;
-            launch!(self, f, cfg1(n as usize, 256), &gp, &upp, &n, &qp, &dsp)?;
+            let pf = self.take_pf(prefetch::PfSite::Glu);
+            launch!(
+                self,
+                f,
+                cfg1(n as usize, 256),
+                &gp,
+                &upp,
+                &n,
+                &qp,
+                &dsp,
+                &pf.p0,
+                &pf.n0,
+                &pf.p1,
+                &pf.n1
+            )?;
             sc.xq_key = Some((gp, gate.rows, gate.cols, self.gen.load(Ordering::Relaxed)));
             return Ok(());
         }

@@ -76,6 +76,8 @@ impl CudaBackend {
             return self.rms_norm(x, w, eps, out);
         }
         self.reshape(out, x.rows, x.cols)?;
+        // Taken by every call, so a hint never outlives the norm it was meant for.
+        let pf = self.take_pf(super::prefetch::PfSite::Norm);
         let g = x.cols;
         let (xp, yp, wp, op) = (
             self.dptr(&x.data),
@@ -119,7 +121,11 @@ impl CudaBackend {
                 &g_i,
                 &eps,
                 &qp,
-                &dsp
+                &dsp,
+                &pf.p0,
+                &pf.n0,
+                &pf.p1,
+                &pf.n1
             )?;
             sc.xq_key = Some((op, x.rows, g, self.gen.load(Ordering::Relaxed)));
             return Ok(());

@@ -117,6 +117,38 @@ __device__ __forceinline__ void gdc_wait() {
 #endif
 }
 
+// The next GEMV's weights into L2 while a small kernel runs (`Backend::prefetch`,
+// cuda/prefetch.rs): up to two ranges (16-byte aligned, sizes multiples of 16), cut in
+// PF_CHUNK pieces spread over the grid's blocks, one `cp.async.bulk.prefetch.L2` each by a
+// block's thread 0. A hint the copy engine serves without the block: no thread waits for
+// it, and a block may exit before it lands. Kernels take PF_PARAMS and call PF_ISSUE()
+// before their gdc_wait, while the kernel before still runs (after the wait it cost the
+// 27B Q1_0 step 0.9 ms: the GEMV after it waited behind the prefetch).
+#define PF_CHUNK 65536
+#define PF_PARAMS const u8 *pf_p0, u64 pf_n0, const u8 *pf_p1, u64 pf_n1
+#define PF_ISSUE() pf_issue(Pf{pf_p0, pf_n0, pf_p1, pf_n1})
+struct Pf {
+    const u8* p0;
+    u64 n0;
+    const u8* p1;
+    u64 n1;
+};
+__device__ __forceinline__ void pf_issue(const Pf& pf) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (pf.n0 == 0 || threadIdx.x != 0 || threadIdx.y != 0) return;
+    const u64 nb = (u64)gridDim.x * gridDim.y * gridDim.z;
+    const u64 b = ((u64)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    const u64 c0 = (pf.n0 + PF_CHUNK - 1) / PF_CHUNK, c1 = (pf.n1 + PF_CHUNK - 1) / PF_CHUNK;
+    for (u64 c = b; c < c0 + c1; c += nb) {
+        const bool first = c < c0;
+        const u64 o = (first ? c : c - c0) * PF_CHUNK, n = first ? pf.n0 : pf.n1;
+        const u8* p = (first ? pf.p0 : pf.p1) + o;
+        const u32 len = (u32)min((u64)PF_CHUNK, n - o);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(len) : "memory");
+    }
+#endif
+}
+
 // Bulk copies from global into shared memory by the tensor memory accelerator (sm_90+;
 // no-ops before): one thread inits an mbarrier (one arrival), says how many bytes its phase
 // waits for (`mbar_expect`), issues the copies (`bulk_load`: 16-byte aligned addresses and

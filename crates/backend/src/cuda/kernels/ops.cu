@@ -266,8 +266,9 @@ extern "C" __global__ void add_rms_norm_row(float* x, const float* y, const floa
 // the block sums in rank order, so every block gets the same value. Row blockIdx.y of
 // gridDim.y (a cluster a row; xq/xds rows of g / 32 units).
 extern "C" __global__ void add_rms_norm_cl(float* x, const float* y, const float* w, float* out,
-                                           int g, float eps, i8* xq, float2* xds) {
+                                           int g, float eps, i8* xq, float2* xds, PF_PARAMS) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    PF_ISSUE();
     gdc_wait();
     const i64 row = (i64)blockIdx.y * g;
     x += row;
@@ -341,7 +342,9 @@ extern "C" __global__ void glu_gelu(float* g, const float* u, i64 n) {
 
 // The same, also writing the product as q8_1 (n a multiple of 32, so a warp is all in or
 // all out).
-extern "C" __global__ void glu_silu_q(float* g, const float* u, i64 n, i8* xq, float2* xds) {
+extern "C" __global__ void glu_silu_q(float* g, const float* u, i64 n, i8* xq, float2* xds,
+                                      PF_PARAMS) {
+    PF_ISSUE();
     gdc_wait();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -350,7 +353,9 @@ extern "C" __global__ void glu_silu_q(float* g, const float* u, i64 n, i8* xq, f
     q8_1_warp(r, xq, xds, i >> 5, threadIdx.x & 31);
 }
 
-extern "C" __global__ void glu_gelu_q(float* g, const float* u, i64 n, i8* xq, float2* xds) {
+extern "C" __global__ void glu_gelu_q(float* g, const float* u, i64 n, i8* xq, float2* xds,
+                                      PF_PARAMS) {
+    PF_ISSUE();
     gdc_wait();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
