@@ -629,8 +629,7 @@ impl CudaBackend {
         let pf = self.take_pf(super::prefetch::PfSite::Delta);
         launch!(
             self, f, cfg, &xp, &win, &cwp, &kc_i, &ap, &bp, &anp, &dtp, &sp, &op, &n_i, &nk_i,
-            &nv_i, &dk_i, &dv_i, &tiled, &nwp, &zp, &eps, &qp, &dsp, &cp, &pf.p0, &pf.n0, &pf.p1,
-            &pf.n1
+            &nv_i, &dk_i, &dv_i, &tiled, &nwp, &zp, &eps, &qp, &dsp, &cp, &pf
         )?;
         sc.xq_key = if qp != 0 {
             Some((op, n, nv * dv, self.gen.load(Ordering::Relaxed)))

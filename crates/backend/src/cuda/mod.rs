@@ -1048,10 +1048,7 @@ impl Backend for CudaBackend {
                 &n,
                 &qp,
                 &dsp,
-                &pf.p0,
-                &pf.n0,
-                &pf.p1,
-                &pf.n1
+                &pf
             )?;
             sc.xq_key = Some((gp, gate.rows, gate.cols, self.gen.load(Ordering::Relaxed)));
             return Ok(());

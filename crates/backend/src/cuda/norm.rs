@@ -122,10 +122,7 @@ impl CudaBackend {
                 &eps,
                 &qp,
                 &dsp,
-                &pf.p0,
-                &pf.n0,
-                &pf.p1,
-                &pf.n1
+                &pf
             )?;
             sc.xq_key = Some((op, x.rows, g, self.gen.load(Ordering::Relaxed)));
             return Ok(());

@@ -3,7 +3,7 @@
 //! Between two GEMVs of a decode step a norm, the GLU or the DeltaNet kernel runs for a few
 //! microseconds, and the GEMV after it streams its weights only once its blocks find SMs.
 //! A model says which matrices its next GEMV reads; the next `add_rms_norm`, `glu` or
-//! `delta_net` launch takes their first bytes as four kernel parameters, and its blocks ask
+//! `delta_net` launch takes their first bytes as one kernel parameter, and its blocks ask
 //! L2 for them with `cp.async.bulk.prefetch.L2` (common.cuh `pf_issue`) before their
 //! gdc_wait. A hint: no kernel waits for it and no result depends on it.
 //!
@@ -19,16 +19,25 @@
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
+use cudarc::driver::DeviceRepr;
+
 use super::{CudaBackend, CudaMat};
 
-/// What the next prefetching launch passes: two (address, bytes) ranges.
+/// What the next prefetching launch passes (common.cuh's `Pf`, by value): two
+/// (address, bytes) ranges.
 #[derive(Clone, Copy, Default)]
+#[repr(C)]
 pub(super) struct PfArgs {
-    pub p0: u64,
-    pub n0: u64,
-    pub p1: u64,
-    pub n1: u64,
+    p0: u64,
+    n0: u64,
+    p1: u64,
+    n1: u64,
 }
+
+// SAFETY: plain old data of the kernel parameter's C layout (four 8-byte fields, 32 bytes,
+// no padding), passed by value.
+unsafe impl DeviceRepr for PfArgs {}
+const _: () = assert!(std::mem::size_of::<PfArgs>() == 32);
 
 /// The kernels that take a hint, each with its own cap (`Prefetch::caps` order).
 #[derive(Clone, Copy)]

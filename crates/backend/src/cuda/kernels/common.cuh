@@ -121,12 +121,10 @@ __device__ __forceinline__ void gdc_wait() {
 // cuda/prefetch.rs): up to two ranges (16-byte aligned, sizes multiples of 16), cut in
 // PF_CHUNK pieces spread over the grid's blocks, one `cp.async.bulk.prefetch.L2` each by a
 // block's thread 0. A hint the copy engine serves without the block: no thread waits for
-// it, and a block may exit before it lands. Kernels take PF_PARAMS and call PF_ISSUE()
-// before their gdc_wait, while the kernel before still runs (after the wait it cost the
-// 27B Q1_0 step 0.9 ms: the GEMV after it waited behind the prefetch).
+// it, and a block may exit before it lands. Kernels take a `Pf` (the host's `PfArgs`, by
+// value) and call pf_issue before their gdc_wait, while the kernel before still runs (after
+// the wait it cost the 27B Q1_0 step 0.9 ms: the GEMV after it waited behind the prefetch).
 #define PF_CHUNK 65536
-#define PF_PARAMS const u8 *pf_p0, u64 pf_n0, const u8 *pf_p1, u64 pf_n1
-#define PF_ISSUE() pf_issue(Pf{pf_p0, pf_n0, pf_p1, pf_n1})
 struct Pf {
     const u8* p0;
     u64 n0;

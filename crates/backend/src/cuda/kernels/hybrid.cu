@@ -352,7 +352,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     delta_rows(const float* qkv, float* win, const float* cw, int kc, const float* alpha,
                const float* beta, const float* a_neg, const float* dt_bias, float* state,
                float* out, int n, int nk, int nv, int dk, int dv, int tiled, const float* nwt,
-               const float* z, float eps, i8* xq, float2* xds, u32* cnt, PF_PARAMS) {
+               const float* z, float eps, i8* xq, float2* xds, u32* cnt, Pf pf) {
     const int h = blockIdx.x, nb = gridDim.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nw = blockDim.x >> 5;
@@ -413,7 +413,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     };
     load_win(threadIdx.x);
 
-    PF_ISSUE();
+    pf_issue(pf);
     gdc_wait();
     if (threadIdx.x < n) {
         const int t = threadIdx.x;

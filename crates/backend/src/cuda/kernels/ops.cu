@@ -266,9 +266,9 @@ extern "C" __global__ void add_rms_norm_row(float* x, const float* y, const floa
 // the block sums in rank order, so every block gets the same value. Row blockIdx.y of
 // gridDim.y (a cluster a row; xq/xds rows of g / 32 units).
 extern "C" __global__ void add_rms_norm_cl(float* x, const float* y, const float* w, float* out,
-                                           int g, float eps, i8* xq, float2* xds, PF_PARAMS) {
+                                           int g, float eps, i8* xq, float2* xds, Pf pf) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    PF_ISSUE();
+    pf_issue(pf);
     gdc_wait();
     const i64 row = (i64)blockIdx.y * g;
     x += row;
@@ -343,8 +343,8 @@ extern "C" __global__ void glu_gelu(float* g, const float* u, i64 n) {
 // The same, also writing the product as q8_1 (n a multiple of 32, so a warp is all in or
 // all out).
 extern "C" __global__ void glu_silu_q(float* g, const float* u, i64 n, i8* xq, float2* xds,
-                                      PF_PARAMS) {
-    PF_ISSUE();
+                                      Pf pf) {
+    pf_issue(pf);
     gdc_wait();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -354,8 +354,8 @@ extern "C" __global__ void glu_silu_q(float* g, const float* u, i64 n, i8* xq, f
 }
 
 extern "C" __global__ void glu_gelu_q(float* g, const float* u, i64 n, i8* xq, float2* xds,
-                                      PF_PARAMS) {
-    PF_ISSUE();
+                                      Pf pf) {
+    pf_issue(pf);
     gdc_wait();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
