@@ -78,26 +78,46 @@ impl Prefetch {
     }
 }
 
-impl CudaBackend {
-    /// Records the first bytes of `ws` (the first two matrices, at most the largest cap)
-    /// for the next prefetching launch, replacing what an earlier hint left.
-    pub(super) fn prefetch_op(&self, ws: &[&CudaMat]) {
-        let mut args = PfArgs::default();
-        let mut left = self.pf.caps.iter().copied().max().unwrap_or(0);
-        let dense = |w: &CudaMat| w.data.len() * 8 >= MAX_BITS * w.rows * w.cols;
-        if !ws.iter().any(|w| dense(w)) {
-            for (i, w) in ws.iter().take(2).enumerate() {
-                // Whole 16-byte pieces (the bulk prefetch's unit); allocations are aligned.
-                let n = w.data.len().min(left) & !15;
-                let r = (self.dptr(&w.data), n as u64);
-                if i == 0 {
-                    (args.p0, args.n0) = r;
-                } else {
-                    (args.p1, args.n1) = r;
-                }
-                left -= n;
+impl PfArgs {
+    /// At most `cap` bytes of the two ranges, the first's first (the second gets what the
+    /// first leaves of the cap), in 16-byte pieces (the bulk prefetch's unit) that never
+    /// pass a range's end; an empty first range gives its place to the second.
+    fn cut(self, cap: u64) -> PfArgs {
+        let n0 = self.n0.min(cap) & !15;
+        let n1 = self.n1.min(cap - n0) & !15;
+        if n0 == 0 {
+            PfArgs {
+                p0: self.p1,
+                n0: n1,
+                p1: 0,
+                n1: 0,
+            }
+        } else {
+            PfArgs {
+                p0: self.p0,
+                n0,
+                p1: self.p1,
+                n1,
             }
         }
+    }
+}
+
+impl CudaBackend {
+    /// Records the first two matrices of `ws` for the next prefetching launch (none where
+    /// one of `ws` has 4 bits a weight or more), replacing what an earlier hint left.
+    pub(super) fn prefetch_op(&self, ws: &[&CudaMat]) {
+        let dense = |w: &CudaMat| w.data.len() * 8 >= MAX_BITS * w.rows * w.cols;
+        let range = |i: usize| match ws.get(i) {
+            Some(w) => (self.dptr(&w.data), w.data.len() as u64),
+            None => (0, 0),
+        };
+        let args = if ws.iter().any(|w| dense(w)) {
+            PfArgs::default()
+        } else {
+            let ((p0, n0), (p1, n1)) = (range(0), range(1));
+            PfArgs { p0, n0, p1, n1 }
+        };
         *self.pf.pending.lock().unwrap_or_else(|e| e.into_inner()) =
             (args, self.gen.load(Ordering::Relaxed));
     }
@@ -105,17 +125,52 @@ impl CudaBackend {
     /// The pending hint for a launch of `site`'s kernel, cut to its cap, cleared (none:
     /// zero bytes).
     pub(super) fn take_pf(&self, site: PfSite) -> PfArgs {
-        let (mut a, gen) =
+        let (a, gen) =
             std::mem::take(&mut *self.pf.pending.lock().unwrap_or_else(|e| e.into_inner()));
         if gen != self.gen.load(Ordering::Relaxed) {
             return PfArgs::default();
         }
-        let cap = self.pf.caps[site as usize] as u64;
-        a.n0 = a.n0.min(cap);
-        a.n1 = a.n1.min(cap - a.n0);
-        if a.n0 == 0 {
-            (a.p0, a.n0, a.p1, a.n1) = (a.p1, a.n1, 0, 0);
-        }
-        a
+        a.cut(self.pf.caps[site as usize] as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PfArgs;
+
+    fn args(p0: u64, n0: u64, p1: u64, n1: u64) -> PfArgs {
+        PfArgs { p0, n0, p1, n1 }
+    }
+
+    fn parts(a: PfArgs) -> [u64; 4] {
+        [a.p0, a.n0, a.p1, a.n1]
+    }
+
+    #[test]
+    fn a_hint_is_cut_to_the_cap_in_whole_pieces() {
+        // Within the first range; spilling into the second; both whole.
+        assert_eq!(
+            parts(args(4096, 1000, 8192, 500).cut(100)),
+            [4096, 96, 8192, 0]
+        );
+        assert_eq!(
+            parts(args(4096, 1000, 8192, 500).cut(1300)),
+            [4096, 992, 8192, 304]
+        );
+        assert_eq!(
+            parts(args(4096, 1008, 8192, 500).cut(1 << 20)),
+            [4096, 1008, 8192, 496]
+        );
+        // Never past a range's end, though a length is not a multiple of 16.
+        let a = args(4096, 1000, 8192, 500).cut(1 << 20);
+        assert!(a.n0 <= 1000 && a.n1 <= 500 && a.n0.is_multiple_of(16) && a.n1.is_multiple_of(16));
+        // An empty first range (a matrix under 16 bytes) gives its place to the second.
+        assert_eq!(
+            parts(args(4096, 9, 8192, 500).cut(1 << 20)),
+            [8192, 496, 0, 0]
+        );
+        // Cap 0 (the site is off) and no hint ask for nothing.
+        assert_eq!(parts(args(4096, 1000, 8192, 500).cut(0))[1], 0);
+        assert_eq!(parts(PfArgs::default().cut(1 << 20)), [0; 4]);
     }
 }
