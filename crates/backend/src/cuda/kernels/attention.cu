@@ -552,12 +552,16 @@ __device__ __forceinline__ KvRows att_begin(const u8* kc, const u8* vc, int kh, 
     return kr;
 }
 
+// The parameters of every attention kernel (the host launches any of them with the same
+// arguments).
+#define ATT_PARAMS                                                                         \
+    const float *q, const u8 *kc, const u8 *vc, float *out, float *part, int nh, int nkv,  \
+        int hd, int n_ctx, int pos0, float scale, int window, float softcap, int nsplit,   \
+        const int *posp, const float *gate, int g_hs, i8 *xq, float2 *xds
+
 // The attention kernel over one layer's cache kc, vc: f16, or q8_0 (`kv_q8_put`).
 #define ATTENTION_KERNEL(NAME, Q8)                                                            \
-    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                              \
-        NAME(const float* q, const u8* kc, const u8* vc, float* out, float* part, int nh,     \
-             int nkv, int hd, int n_ctx, int pos0, float scale, int window, float softcap,    \
-             int nsplit, const int* posp, const float* gate, int g_hs, i8* xq, float2* xds) { \
+    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32) NAME(ATT_PARAMS) {           \
         /* The host uploads the step's position before the step's first kernel. */           \
         if (posp) pos0 = *posp;                                                               \
         const int h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z;                            \
@@ -748,10 +752,7 @@ __device__ __forceinline__ void attention_group(const float* sq, KvRows kr, floa
 // The grouped kernels: grid (nkv, rows, nsplit), G = nh / nkv query heads a block, head
 // size 32·VD; the arguments of `attention`.
 #define ATTENTION_GROUP_KERNEL(NAME, Q8, G, VD)                                               \
-    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                              \
-        NAME(const float* q, const u8* kc, const u8* vc, float* out, float* part, int nh,     \
-             int nkv, int hd, int n_ctx, int pos0, float scale, int window, float softcap,    \
-             int nsplit, const int* posp, const float* gate, int g_hs, i8* xq, float2* xds) { \
+    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32) NAME(ATT_PARAMS) {           \
         if (posp) pos0 = *posp;                                                               \
         const int kh = blockIdx.x, r = blockIdx.y, sp = blockIdx.z;                           \
         int t0, t1;                                                                           \
