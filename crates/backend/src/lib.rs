@@ -572,8 +572,8 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
     /// A hint that the next GEMV reads `ws` (in this order): a device backend may have the
-    /// next small kernel (the residual add and norm before it) ask its cache for their
-    /// first bytes while the memory would otherwise idle. Results do not depend on it.
+    /// small kernel before it (the residual add and norm, the GLU, the DeltaNet step) ask
+    /// its cache for their first bytes. Results do not depend on it.
     fn prefetch(&self, _ws: &[&Self::Mat]) -> Result<()> {
         Ok(())
     }

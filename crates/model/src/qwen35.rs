@@ -690,8 +690,8 @@ impl<B: Backend> Qwen35<B> {
             map: s.map,
         };
         let mut core = be.buf(nt, s.value_dim())?; // [n, value_dim]
-                                                   // The short conv, the delta rule and the gated norm (one kernel for a GPU decode row).
         be.prefetch(&[&d.out])?;
+        // The short conv, the delta rule and the gated norm (one kernel for a GPU decode row).
         be.delta_net(
             kv,
             d.rec_layer,
