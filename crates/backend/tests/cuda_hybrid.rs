@@ -7,7 +7,7 @@
 #![cfg(feature = "cuda")]
 
 mod cuda_common;
-use cuda_common::{check_q8_1, cpu, gpu, randv, rel, rng, tensor};
+use cuda_common::{check_q8_1, cpu, gpu, random_mat, randv, rel, rng, tensor};
 
 use neagari_backend::cuda::CudaBackend;
 use neagari_backend::{Backend, BackendError, DeltaNet, HeadMap, KvShape, KvType, RecShape};
@@ -593,35 +593,14 @@ fn delta_net_cases(g: &CudaBackend, r: &mut StdRng) {
         // ssm_out for the q8_1 check.
         let vd = nv * dv;
         let out_mat = (dv % 32 == 0).then(|| {
-            let ty = GgmlType::Q8_0;
-            let (n_out, rb) = (40, ty.row_bytes(vd).unwrap());
-            let mut bytes = vec![0u8; n_out * rb];
-            let mut deq = vec![0f32; n_out * vd];
-            for o in 0..n_out {
-                let v = randv(r, vd, 1.0);
-                neagari_quant::quantize_row(ty, &v, &mut bytes[o * rb..(o + 1) * rb]).unwrap();
-                neagari_quant::dequantize_row(
-                    ty,
-                    &bytes[o * rb..(o + 1) * rb],
-                    &mut deq[o * vd..(o + 1) * vd],
-                )
-                .unwrap();
-            }
-            let t = tensor("t", ty, vec![n_out, vd], bytes);
+            let n_out = 40;
+            let (t, deq) = random_mat(r, GgmlType::Q8_0, n_out, vd);
             (g.load_mat(&t).unwrap(), deq, n_out)
         });
         // A prefetch hint (prefetch.rs) rides on every fused call; it must change nothing.
-        let pf = {
-            let (ty, rows, width) = (GgmlType::Q1_0, 64, 1024);
-            let rb = ty.row_bytes(width).unwrap();
-            let mut bytes = vec![0u8; rows * rb];
-            for o in 0..rows {
-                let v = randv(r, width, 1.0);
-                neagari_quant::quantize_row(ty, &v, &mut bytes[o * rb..(o + 1) * rb]).unwrap();
-            }
-            g.load_mat(&tensor("pf", ty, vec![rows, width], bytes))
-                .unwrap()
-        };
+        let pf = g
+            .load_mat(&random_mat(r, GgmlType::Q1_0, 64, 1024).0)
+            .unwrap();
         for (step, n) in [5usize, 1, 1, 8, 1, 2, 1, 3, 12, 1].into_iter().enumerate() {
             for layer in 0..2 {
                 let inp = gd_inputs(r, &net, n);

@@ -8,7 +8,7 @@
 #![cfg(feature = "cuda")]
 
 mod cuda_common;
-use cuda_common::{check_q8_1, cpu, exact_product, gpu, randv, rel, rng, tensor};
+use cuda_common::{check_q8_1, cpu, exact_product, gpu, random_mat, randv, rel, rng, tensor};
 use std::io::Write;
 
 use neagari_backend::cuda::CudaBackend;
@@ -17,26 +17,6 @@ use neagari_backend::{
 };
 use neagari_quant::GgmlType;
 use rand::{rngs::StdRng, Rng};
-
-/// A random `[rows, cols]` matrix of type `ty` and its exact dequantized values.
-fn random_mat(r: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> (HostTensor, Vec<f32>) {
-    let rb = ty.row_bytes(cols).expect("whole blocks");
-    let mut bytes = vec![0u8; rb * rows];
-    for row in 0..rows {
-        let v = randv(r, cols, 1.0);
-        neagari_quant::quantize_row(ty, &v, &mut bytes[row * rb..(row + 1) * rb]).expect("quant");
-    }
-    let mut deq = vec![0f32; rows * cols];
-    for row in 0..rows {
-        neagari_quant::dequantize_row(
-            ty,
-            &bytes[row * rb..(row + 1) * rb],
-            &mut deq[row * cols..(row + 1) * cols],
-        )
-        .expect("dequant");
-    }
-    (tensor("w", ty, vec![rows, cols], bytes), deq)
-}
 
 fn upload<B: Backend>(be: &B, x: &[f32], rows: usize, cols: usize) -> B::Buf {
     let mut b = be.buf(rows, cols).expect("buf");

@@ -99,3 +99,28 @@ pub fn exact_product(deq: &[f32], x: &[f32], rows: usize, cols: usize) -> Vec<f3
     }
     out
 }
+
+/// A random `[rows, cols]` matrix of type `ty` and its exact dequantized values.
+pub fn random_mat(
+    r: &mut StdRng,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+) -> (HostTensor, Vec<f32>) {
+    let rb = ty.row_bytes(cols).expect("whole blocks");
+    let mut bytes = vec![0u8; rb * rows];
+    for row in 0..rows {
+        let v = randv(r, cols, 1.0);
+        neagari_quant::quantize_row(ty, &v, &mut bytes[row * rb..(row + 1) * rb]).expect("quant");
+    }
+    let mut deq = vec![0f32; rows * cols];
+    for row in 0..rows {
+        neagari_quant::dequantize_row(
+            ty,
+            &bytes[row * rb..(row + 1) * rb],
+            &mut deq[row * cols..(row + 1) * cols],
+        )
+        .expect("dequant");
+    }
+    (tensor("w", ty, vec![rows, cols], bytes), deq)
+}
