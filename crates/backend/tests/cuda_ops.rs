@@ -1113,7 +1113,13 @@ fn multi_row_gemv_on_tensor_cores() {
     ] {
         std::env::set_var("NEAGARI_CUDA_MVRT", mt.to_string());
         std::env::set_var("NEAGARI_CUDA_MVRT_SPLIT", parts.to_string());
+        // The tile by group (`mvrc_*`, every format: rows are whole groups at all four
+        // widths below), against the same shape with the tile in one copy.
+        std::env::set_var("NEAGARI_CUDA_MVRC", "1");
         let fb = CudaBackend::new(0).expect("open GPU 0");
+        std::env::set_var("NEAGARI_CUDA_MVRC", "0");
+        let one = CudaBackend::new(0).expect("open GPU 0");
+        std::env::remove_var("NEAGARI_CUDA_MVRC");
         std::env::remove_var("NEAGARI_CUDA_MVRT");
         std::env::remove_var("NEAGARI_CUDA_MVRT_SPLIT");
         for (ty, cols) in [
@@ -1145,6 +1151,15 @@ fn multi_row_gemv_on_tensor_cores() {
                 let er = rel(&got, &download(&regs, &ro));
                 assert!(er < 1e-4, "{what}: vs register tile {er:.2e}");
                 check_q8_1(&got, &deq, &x, 37, cols, &what);
+                // By group or in one copy, the same arithmetic in the same order.
+                let mut oo = one.buf(1, 1).unwrap();
+                one.matmul(
+                    &one.load_mat(&t).unwrap(),
+                    &upload(&one, &x, n, cols),
+                    &mut oo,
+                )
+                .unwrap();
+                assert!(download(&one, &oo) == got, "{what}: by group vs one copy");
                 let (mut a, mut b) = (fb.buf(1, 1).unwrap(), fb.buf(1, 1).unwrap());
                 fb.matmul_multi(&[&m, &m2], &xb, &mut [&mut a, &mut b])
                     .unwrap();

@@ -19,18 +19,23 @@ impl CudaBackend {
             .map_err(drv)
     }
 
-    /// A format module's `mvrt_MT` / `mvrmt_MT` for the allowed MT, most first, each
-    /// allowed the most shared memory a tile takes.
+    /// A format module's `mvrt_MT`, `mvrmt_MT`, `mvrc_MT`, `mvrmc_MT` for the allowed MT,
+    /// most first, each allowed the most shared memory a tile takes.
     fn mvrt_funcs(
         &self,
         f: &dyn Fn(&str) -> Result<CudaFunction>,
-    ) -> Result<Vec<(usize, [CudaFunction; 2])>> {
+    ) -> Result<Vec<(usize, [CudaFunction; 4])>> {
         let smem = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
         MVRT_TILES
             .iter()
             .filter(|mt| self.mvrt_tiles.contains(mt))
             .map(|&mt| {
-                let fs = [f(&format!("mvrt_{mt}"))?, f(&format!("mvrmt_{mt}"))?];
+                let fs = [
+                    f(&format!("mvrt_{mt}"))?,
+                    f(&format!("mvrmt_{mt}"))?,
+                    f(&format!("mvrc_{mt}"))?,
+                    f(&format!("mvrmc_{mt}"))?,
+                ];
                 for func in &fs {
                     func.set_attribute(smem, MVR_TMA_MAX as i32).map_err(drv)?;
                 }
@@ -327,6 +332,15 @@ impl CudaBackend {
         // whole rows then.
         let groups = units / t.group_units;
         let whole_groups = units.is_multiple_of(t.group_units);
+        // Bytes of a group where a row is whole groups and `mvrc` takes the tile by group.
+        let by_group = match self.mvrc {
+            ByGroup::Off => false,
+            ByGroup::Wide => row_bytes >= units * 16,
+            ByGroup::All => true,
+        };
+        let gb = (by_group && whole_groups && groups > 0)
+            .then(|| row_bytes / groups)
+            .filter(|gb| gb % 16 == 0 && gb / 4 <= 256);
         let plan = |mt: usize, parts: usize| {
             // Whole groups a part, every part some.
             let per = groups.div_ceil(parts);
@@ -344,13 +358,16 @@ impl CudaBackend {
             // (gemv_rows.cu `mvrt_stride`).
             let stride = part_bytes + if (part_bytes / 16) % 2 == 1 { 0 } else { 16 };
             let smem = mt * MVR_ROWS * stride;
+            let group_bytes = gb.filter(|_| per <= MVRC_MAXG);
             (smem <= MVR_TMA_MAX).then_some(MvrtPlan {
                 f: &t.funcs.iter().find(|(m, _)| *m == mt)?.1,
-                smem: smem as u32,
+                // By group: the part's groups unpadded, no more than the rows.
+                smem: group_bytes.map_or(smem, |gb| mt * MVR_ROWS * per * gb) as u32,
                 rows: mt * MVR_ROWS,
                 parts,
                 part_units,
                 part_bytes,
+                group_bytes,
             })
         };
         let tiles = || t.funcs.iter().map(|(mt, _)| *mt);
@@ -466,7 +483,7 @@ impl CudaBackend {
         let aligned = mats.iter().all(|m| m.w.is_multiple_of(16));
         let tma = tc.and_then(|_| self.mvr_tma(k, units, ws[0].row_bytes, aligned));
         let (func, r) = if let Some(p) = &tma {
-            (&p.f[1], p.rows)
+            (&p.f[if p.group_bytes.is_some() { 3 } else { 1 }], p.rows)
         } else if let Some(f) = tc {
             (&f[1], MVR_ROWS)
         } else {
@@ -498,6 +515,22 @@ impl CudaBackend {
                     shared_mem_bytes: p.smem,
                 };
                 let (parts, pu, pb) = (p.parts as i32, p.part_units as i32, p.part_bytes as i32);
+                if let Some(gb) = p.group_bytes {
+                    let mut tm = [TMap([0; 16]); 4];
+                    for (i, m) in c.iter().enumerate() {
+                        tm[i] = self.tmap(m.w, m.rows, ws[0].row_bytes, gb, p.rows)?;
+                    }
+                    for i in c.len()..4 {
+                        tm[i] = tm[0];
+                    }
+                    launch!(
+                        @keep_cluster p.parts as u32, self, func, cfg, &tm[0], &tm[1], &tm[2],
+                        &tm[3], &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1], &a.y[2],
+                        &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2], &a.rows[3], &a.starts[1],
+                        &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &nr_i, &parts, &pu, &pb
+                    )?;
+                    continue;
+                }
                 launch!(
                     @keep_cluster p.parts as u32, self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3],
                     &a.y[0], &a.y[1], &a.y[2], &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2],
@@ -566,7 +599,7 @@ impl CudaBackend {
             let tc = self.mvr_kernels(k, nr);
             let tma = tc.and_then(|_| self.mvr_tma(k, units, w.row_bytes, wp.is_multiple_of(16)));
             let (func, rows_per_block) = if let Some(p) = &tma {
-                (&p.f[0], p.rows)
+                (&p.f[if p.group_bytes.is_some() { 2 } else { 0 }], p.rows)
             } else if let Some(f) = tc {
                 (&f[0], MVR_ROWS)
             } else if which == 0 && per_block == 8 {
@@ -602,10 +635,18 @@ impl CudaBackend {
             let nr_i = nr as i32;
             if let Some(p) = &tma {
                 let (parts, pu, pb) = (p.parts as i32, p.part_units as i32, p.part_bytes as i32);
-                launch!(
-                    @keep_cluster p.parts as u32, self, func, cfg, &wp, &xr, &dr, &orr, &rows_i,
-                    &units_i, &rb, &nr_i, &parts, &pu, &pb
-                )?;
+                if let Some(gb) = p.group_bytes {
+                    let tm = self.tmap(wp, w.rows, w.row_bytes, gb, p.rows)?;
+                    launch!(
+                        @keep_cluster p.parts as u32, self, func, cfg, &tm, &xr, &dr, &orr,
+                        &rows_i, &units_i, &nr_i, &parts, &pu, &pb
+                    )?;
+                } else {
+                    launch!(
+                        @keep_cluster p.parts as u32, self, func, cfg, &wp, &xr, &dr, &orr,
+                        &rows_i, &units_i, &rb, &nr_i, &parts, &pu, &pb
+                    )?;
+                }
             } else {
                 launch!(@keep self, func, cfg, &wp, &xr, &dr, &orr, &rows_i, &units_i, &rb, &nr_i)?;
             }
@@ -1062,10 +1103,10 @@ pub(super) struct MvsMat {
 /// Arguments of one launch over up to four matrices (gemv_int.cu's `mvqm*`,
 /// gemv_stream.cu's `mvs_*`): weights, outputs, rows, the block starts of matrices 1..3
 /// (an unused one past the grid) and the grid, at `per_block` rows a block.
-/// A launch of `mvrt_MT` / `mvrmt_MT` (`mvr_tma`).
+/// A launch of `mvrt_MT` / `mvrmt_MT` or, by group, `mvrc_MT` / `mvrmc_MT` (`mvr_tma`).
 struct MvrtPlan<'a> {
-    /// [single, multi].
-    f: &'a [CudaFunction; 2],
+    /// [single, multi, single by group, multi by group].
+    f: &'a [CudaFunction; 4],
     /// Dynamic shared memory a block.
     smem: u32,
     /// Weight rows a block (MT · 16).
@@ -1075,6 +1116,73 @@ struct MvrtPlan<'a> {
     parts: usize,
     part_units: usize,
     part_bytes: usize,
+    /// `mvrc`: the tile by group, of these many bytes.
+    group_bytes: Option<usize>,
+}
+
+/// (weights, rows, row bytes, group bytes, box rows) of a [`TMap`].
+pub(super) type TMapKey = (u64, usize, usize, usize, usize);
+
+/// A driver tensor map (`CUtensorMap`, 128 opaque bytes) as a kernel takes it by value
+/// (common.cuh `TMap`).
+#[derive(Clone, Copy)]
+#[repr(C, align(128))]
+pub(super) struct TMap([u64; 16]);
+
+// SAFETY: plain old data of the kernel parameter's layout (128 bytes), passed by value.
+unsafe impl DeviceRepr for TMap {}
+const _: () = assert!(std::mem::size_of::<TMap>() == 128);
+
+impl CudaBackend {
+    /// The 2-D tensor map of `rows` packed rows of `row_bytes` at device address `w` as
+    /// 4-byte words, a box `group_bytes` wide and `box_rows` high (`mvrc_*`), made once.
+    fn tmap(
+        &self,
+        w: u64,
+        rows: usize,
+        row_bytes: usize,
+        group_bytes: usize,
+        box_rows: usize,
+    ) -> Result<TMap> {
+        let key = (w, rows, row_bytes, group_bytes, box_rows);
+        let mut maps = self.tmaps.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = maps.get(&key) {
+            return Ok(*m);
+        }
+        use sys::{
+            CUtensorMapDataType as Dt, CUtensorMapFloatOOBfill as Oob, CUtensorMapInterleave as Il,
+            CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Sw,
+        };
+        let mut m = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+        let dims = [(row_bytes / 4) as u64, rows as u64];
+        let strides = [row_bytes as u64];
+        let boxd = [(group_bytes / 4) as u32, box_rows as u32];
+        let elem = [1u32, 1];
+        // SAFETY: the arrays hold rank (2) entries (strides rank − 1), `m` is written by
+        // the call, and `w` is a live device allocation of rows · row_bytes bytes.
+        unsafe {
+            sys::cuTensorMapEncodeTiled(
+                m.as_mut_ptr(),
+                Dt::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+                2,
+                w as *mut c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxd.as_ptr(),
+                elem.as_ptr(),
+                Il::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                Sw::CU_TENSOR_MAP_SWIZZLE_NONE,
+                L2::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                Oob::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+            .result()
+            .map_err(drv)?;
+        }
+        // SAFETY: written by the successful call above.
+        let t = TMap(unsafe { m.assume_init() }.opaque);
+        maps.insert(key, t);
+        Ok(t)
+    }
 }
 
 struct MultiArgs {

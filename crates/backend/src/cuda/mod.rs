@@ -117,6 +117,22 @@ const MVR_ROWS: usize = 16;
 const MVR_TMA_MAX: usize = 96 << 10;
 /// The 16-row tiles a block of `mvrt_*` takes (gemv_rows.cu's MVRT), most first.
 const MVRT_TILES: [usize; 3] = [4, 2, 1];
+/// Which matrices the tensor-core GEMV takes by group of its tile (`mvrc_*`) rather than in
+/// one copy (`mvrt_*`). By group a warp starts once its first group has landed, but each
+/// 144-byte group of a row is a request of its own: 27B Q4_K (4.5 bits a weight), 8 rows,
+/// gate+up 60.1 → 57.3 µs and ffn_down 35.7 → 34.3, verify8 greedy 10.72 → 10.54 ms;
+/// Q1_0, whose tile lands in half the time, lost (gate+up 25.8 → 27.1, qkv+z 10.5 →
+/// 12.4; H200). NEAGARI_CUDA_MVRC=0 (never) or 1 (always) for tests and measuring.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ByGroup {
+    Off,
+    /// Formats of 4 bits a weight and more.
+    Wide,
+    All,
+}
+
+/// Groups a row's part at most in `mvrc_*` (MVRC_MAXG in gemv_rows.cu).
+const MVRC_MAXG: usize = 72;
 /// The parts `mvrt_*` may split K in (blocks of a cluster), fewest first; at most
 /// gemv_rows.cu's MVRT_MAXP.
 const MVRT_PARTS: [usize; 3] = [1, 2, 4];
@@ -215,8 +231,8 @@ struct IntKernels {
 
 /// gemv_rows.cu's `mvrt_MT` / `mvrmt_MT` of a format.
 struct RowsTma {
-    /// [single, multi] by MT (16-row tiles a block by bulk copies), most first.
-    funcs: Vec<(usize, [CudaFunction; 2])>,
+    /// [mvrt, mvrmt, mvrc, mvrmc] by MT (16-row tiles a block by bulk copies), most first.
+    funcs: Vec<(usize, [CudaFunction; 4])>,
     /// Units of the format's smallest independently addressed run of a row (FmtNames).
     group_units: usize,
 }
@@ -334,6 +350,11 @@ pub struct CudaBackend {
     /// instead) and NEAGARI_CUDA_MVRT_SPLIT=P (1, 2 or 4) allow only that one.
     mvrt_tiles: Vec<usize>,
     mvrt_parts: Vec<usize>,
+    /// Which matrices `mvrt_*` takes by group (`mvrc_*`: a tensor copy and a barrier per
+    /// group of the tile), of those whose rows are whole groups: see [`ByGroup`].
+    mvrc: ByGroup,
+    /// The tensor maps `mvrc_*` reads, by (weights, rows, row bytes, group bytes, box rows).
+    tmaps: Mutex<HashMap<matmul::TMapKey, matmul::TMap>>,
     /// Counts kernel launches and device writes (see [`Scratch::xq_key`]).
     gen: AtomicU64,
     /// Decode-step recording (graph.rs): the mode (OFF, WARM, CAPTURE, REPLAY), launches
@@ -592,6 +613,12 @@ impl CudaBackend {
                 Ok("4") => vec![4],
                 _ => MVRT_PARTS.to_vec(),
             },
+            mvrc: match std::env::var("NEAGARI_CUDA_MVRC").as_deref() {
+                Ok("0") => ByGroup::Off,
+                Ok("1") => ByGroup::All,
+                _ => ByGroup::Wide,
+            },
+            tmaps: Mutex::new(HashMap::new()),
             mvr_on: maj >= 8 && std::env::var("NEAGARI_CUDA_MV_TC").as_deref() != Ok("0"),
             gen: AtomicU64::new(0),
             mode: AtomicU8::new(graph::OFF),

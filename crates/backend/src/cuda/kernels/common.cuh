@@ -186,6 +186,24 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes,
 #endif
 }
 
+// A CUtensorMap (the driver's 128-byte opaque descriptor, cuTensorMapEncodeTiled), passed
+// to a kernel by value as a `__grid_constant__` parameter.
+struct __align__(64) TMap {
+    u64 v[16];
+};
+
+// The box of a 2-D tensor map at (x, y) (elements of dimension 0, rows) into `dst` (128-byte
+// aligned), completing on `bar` (the box's whole size, zeros past the tensor's end).
+__device__ __forceinline__ void tma_load_2d(void* dst, const TMap* tm, int x, int y, u64* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3}], [%4];"
+        ::"r"(smem_u32(dst)), "l"(tm), "r"(x), "r"(y), "r"(smem_u32(bar))
+        : "memory");
+#endif
+}
+
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
 #if __CUDA_ARCH__ >= 900
     u32 done;

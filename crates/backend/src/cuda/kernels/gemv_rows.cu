@@ -179,15 +179,17 @@ struct R_TQ2_0R {
 // weight block, so a row's value is d·(A·code − 1) and a step adds
 // d_w · (A · Σ_units d_x·c − Σ_units d_x·Σq) to the row's sum: per unit only the integer dot
 // takes the unit's activation scale, the weight scale comes once per step. `load(row, s, t)`
-// reads step s (units 4s..4s+3, within one block), `unpack(raw, j, t, w0, w1)` makes unit
-// j's words 2t and 2t + 1 as R_ above.
+// reads step s (units 4s..4s+3, within one block) where a row's groups (GROUP_BYTES each,
+// GROUP_STEPS steps; what a K split or a chunk of the tile may cut) are `gp` bytes apart,
+// `unpack(raw, j, t, w0, w1)` makes unit j's words 2t and 2t + 1 as R_ above.
 struct B_Q1_0R {
     static constexpr bool PER_UNIT = false;
     static constexpr float A = 2.f;
+    static constexpr int GROUP_BYTES = 16 + 8 * 16, GROUP_STEPS = 8;
     struct Raw { uint4 w; u32 d; };
-    static __device__ __forceinline__ Raw load(const u8* row, int s, int t) {
+    static __device__ __forceinline__ Raw load(const u8* row, int s, int t, int gp) {
         // Step s is block s: its body's four words (16-byte aligned) and its scale.
-        const u8* g = row + (i64)(s >> 3) * (16 + 8 * 16);
+        const u8* g = row + (i64)(s >> 3) * gp;
         return Raw{*(const uint4*)(g + 16 + 16 * (s & 7)), ld16(g + 2 * (s & 7))};
     }
     static __device__ __forceinline__ void unpack(const Raw& r, int j, int t, int& w0, int& w1) {
@@ -200,11 +202,12 @@ struct B_Q1_0R {
 struct B_TQ2_0R {
     static constexpr bool PER_UNIT = false;
     static constexpr float A = 1.f;
+    static constexpr int GROUP_BYTES = 16 + 8 * 64, GROUP_STEPS = 16;
     struct Raw { uint2 v; u32 d; };
-    static __device__ __forceinline__ Raw load(const u8* row, int s, int t) {
+    static __device__ __forceinline__ Raw load(const u8* row, int s, int t, int gp) {
         // Step s is half s % 2 of block s / 2: thread t's 8 bytes of that half's 32.
         const int b = s >> 1;
-        const u8* g = row + (i64)(b >> 3) * (16 + 8 * 64);
+        const u8* g = row + (i64)(b >> 3) * gp;
         return Raw{*(const uint2*)(g + 16 + 64 * (b & 7) + 32 * (s & 1) + 8 * t),
                    ld16(g + 2 * (b & 7))};
     }
@@ -220,9 +223,10 @@ struct B_TQ2_0R {
 // each of the half's two 32-byte qs runs (low nibbles: the even sub-block, high: the odd).
 struct B_Q4_K {
     static constexpr bool PER_UNIT = true;
+    static constexpr int GROUP_BYTES = 144, GROUP_STEPS = 2;
     struct Raw { uint4 h; uint2 q0, q1; };
-    static __device__ __forceinline__ Raw load(const u8* row, int s, int t) {
-        const u8* b = row + (i64)(s >> 1) * 144;
+    static __device__ __forceinline__ Raw load(const u8* row, int s, int t, int gp) {
+        const u8* b = row + (i64)(s >> 1) * gp;
         const u8* q = b + 16 + 64 * (s & 1) + 8 * t;
         return Raw{*(const uint4*)b, *(const uint2*)q, *(const uint2*)(q + 32)};
     }
@@ -379,11 +383,15 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
 // tile and xq / xds start at the part's first unit, `pu` units of it; `units` stays the
 // activation rows' length. The parts' sums meet in the cluster's rank 0, added in rank
 // order.
-template <class F, int MT>
+//
+// The tile's row r, group q is at tile + r·stride + q·gp. CH (chunked, `mvrc`): group q of
+// every row lands by itself, on bars[q], and a warp waits for a step's group before its
+// loads.
+template <class F, int MT, bool CH = false>
 __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
-                                          int rows, int units, int pu, int stride, int nr, int blk,
-                                          int part, int parts) {
+                                          int rows, int units, int pu, int stride, int gp, u64* bars,
+                                          int nr, int blk, int part, int parts) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int base = blk * 16 * MT, last = rows - 1 - base;
@@ -411,12 +419,14 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
         // Block-scaled: Σ_units d_x·Σq of each column, for every tile.
         const float q0 = (y0[0] + y0[1]) + (y0[2] + y0[3]);
         const float q1 = (y1[0] + y1[1]) + (y1[2] + y1[3]);
+        if constexpr (CH) mbar_wait(&bars[s / F::GROUP_STEPS], 0);
 #pragma unroll
         for (int i = 0; i < MT; i++) {
             // Rows past the end re-read the last row (their sums are dropped).
-            const typename F::Raw ra = F::load(tile + (i64)min(16 * i + g, last) * stride, s, t);
+            const typename F::Raw ra =
+                F::load(tile + (i64)min(16 * i + g, last) * stride, s, t, gp);
             const typename F::Raw rb =
-                F::load(tile + (i64)min(16 * i + g + 8, last) * stride, s, t);
+                F::load(tile + (i64)min(16 * i + g + 8, last) * stride, s, t, gp);
             float m[4] = {0.f, 0.f, 0.f, 0.f};
             // PER_UNIT: the mins' Σ_units m·d_x·Σq.
             float n[4] = {0.f, 0.f, 0.f, 0.f};
@@ -569,8 +579,8 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
     __syncthreads();
     wait();
     mbar_wait(&bar, 0);
-    mvrb_impl<F, MT>(sm, xq + u0 * 32, xds + u0, y, rows, units, pu, stride, nr, blk, part,
-                     parts);
+    mvrb_impl<F, MT>(sm, xq + u0 * 32, xds + u0, y, rows, units, pu, stride, F::GROUP_BYTES,
+                     nullptr, nr, blk, part, parts);
 #else
     // The host runs these kernels only on sm_90 and newer (CudaBackend::mvrt_mt).
     __trap();
@@ -598,4 +608,72 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
 MVRT(1, 3)
 MVRT(2, 2)
 MVRT(4, 2)
+
+// Groups a row's part at most in `mvrc` (its barriers; the 27B Q4_K ffn_down in 4 parts
+// has 17, Q1_0's 17,408-wide rows 17 whole).
+#define MVRC_MAXG 72
+
+// `mvrt_impl` with the tile brought in by group: one tensor copy (`tm`: a 2-D map of the
+// matrix as 4-byte words, a box of one group × the block's 16·MT rows; rows past the end
+// come as zeros) and one barrier per group of the part, so a warp starts on its first step
+// once that step's group has landed instead of after the whole tile (ncu, 27B Q1_0 gate/up
+// with 8 rows: 16% of `mvrt`'s warp samples waited on the tile's one barrier). Shared
+// memory: group q of row r at (q·16·MT + r)·GROUP_BYTES (a box lands rows at its width;
+// 144 and 528 bytes are odd numbers of 16-byte words, so the 8 rows a warp reads at once
+// start in different bank groups).
+template <class F, int MT, class Wait>
+__device__ __forceinline__ void mvrc_impl(const TMap* tm, const i8* __restrict__ xq,
+                                          const float2* __restrict__ xds, float* __restrict__ y,
+                                          int rows, int units, int nr, int blk, int parts,
+                                          int part_units, int part_bytes, Wait wait) {
+#if __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) u8 sm[];
+    __shared__ u64 bars[MVRC_MAXG];
+    constexpr int RB = 16 * MT, GB = F::GROUP_BYTES;
+    const int part = parts > 1 ? (int)(blockIdx.x % parts) : 0;
+    const int u0 = part * part_units, pu = min(part_units, units - u0);
+    const int ng = min(((pu >> 2) + F::GROUP_STEPS - 1) / F::GROUP_STEPS, MVRC_MAXG);
+    if (threadIdx.x == 0) {
+        for (int q = 0; q < ng; q++) mbar_init(&bars[q]);
+        mbar_init_fence();
+        // In order: the groups every warp takes first land first.
+        const int x0 = part * (part_bytes >> 2);
+        for (int q = 0; q < ng; q++) {
+            mbar_expect(&bars[q], (u32)(RB * GB));
+            tma_load_2d(sm + q * RB * GB, tm, x0 + q * (GB >> 2), blk * RB, &bars[q]);
+        }
+    }
+    // The barriers are initialised before any thread waits on them.
+    __syncthreads();
+    wait();
+    mvrb_impl<F, MT, true>(sm, xq + u0 * 32, xds + u0, y, rows, units, pu, GB, RB * GB, bars, nr,
+                           blk, part, parts);
+#else
+    __trap();
+#endif
+}
+
+// mvrc_<MT> / mvrmc_<MT>: mvrt_<MT> / mvrmt_<MT> by group (the host's choice where a row is
+// whole groups), the matrices' maps by value (`__grid_constant__`: the copies read them
+// where they are).
+#define MVRC(MT, MINB)                                                                             \
+    extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
+        mvrc_##MT(const __grid_constant__ TMap tm, const i8* xq, const float2* xds, float* y,   \
+                  int rows, int units, int nr, int parts, int part_units, int part_bytes) {     \
+        mvrc_impl<FMTB, MT>(&tm, xq, xds, y, rows, units, nr, blockIdx.x / parts, parts,        \
+                            part_units, part_bytes, [] { gdc_wait(); });                      \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
+        mvrmc_##MT(const __grid_constant__ TMap t0, const __grid_constant__ TMap t1,            \
+                   const __grid_constant__ TMap t2, const __grid_constant__ TMap t3,            \
+                   MAT4_PARAMS, const i8* xq, const float2* xds, int units, int nr, int parts,  \
+                   int part_units, int part_bytes) {                                           \
+        const Mat4 p = MAT4_PICK(blockIdx.x / parts);                                          \
+        const TMap* tm = p.m == 0 ? &t0 : p.m == 1 ? &t1 : p.m == 2 ? &t2 : &t3;               \
+        mvrc_impl<FMTB, MT>(tm, xq, xds, p.y, p.rows, units, nr, p.b, parts, part_units,       \
+                            part_bytes, [] { gdc_wait(); });                                  \
+    }
+MVRC(1, 3)
+MVRC(2, 2)
+MVRC(4, 2)
 #endif
