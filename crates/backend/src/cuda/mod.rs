@@ -120,9 +120,10 @@ const MVRT_TILES: [usize; 3] = [4, 2, 1];
 /// Which matrices the tensor-core GEMV takes by group of its tile (`mvrc_*`) rather than in
 /// one copy (`mvrt_*`). By group a warp starts once its first group has landed, but each
 /// 144-byte group of a row is a request of its own: 27B Q4_K (4.5 bits a weight), 8 rows,
-/// gate+up 60.1 → 57.3 µs and ffn_down 35.7 → 34.3, verify8 greedy 10.72 → 10.54 ms;
-/// Q1_0, whose tile lands in half the time, lost (gate+up 25.8 → 27.1, qkv+z 10.5 →
-/// 12.4; H200). NEAGARI_CUDA_MVRC=0 (never) or 1 (always) for tests and measuring.
+/// gate+up 60.1 → 51.5 µs, qkv+z 25.7 → 24.0, ffn_down 35.7 → 32.8, head 331 → 293,
+/// verify8 greedy 10.74 → 9.76 ms; Q1_0, whose tile lands in half the time, lost (gate+up
+/// 25.7 → 26.7, qkv+z 10.5 → 12.1; H200). NEAGARI_CUDA_MVRC=0 (never) or 1 (always) for
+/// tests and measuring.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum ByGroup {
     Off,
