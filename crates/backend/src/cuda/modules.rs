@@ -131,6 +131,14 @@ pub(super) fn fmt_module(n: &FmtNames) -> (String, String, String) {
         Some(b @ 1..=8) if n.stream => format!("\n#define MVS_MINB {b}"),
         _ => String::new(),
     };
+    // NEAGARI_CUDA_MVRT_MINB=N: the 4-tile verify GEMV's blocks-an-SM bound (gemv_rows.cu).
+    let minb = match std::env::var("NEAGARI_CUDA_MVRT_MINB")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        Some(b @ 1..=4) => format!("{minb}\n#define MVRT_MINB {b}"),
+        _ => minb,
+    };
     match (n.q.as_deref(), n.rows.as_deref()) {
         (Some(q), Some(r)) => (
             format!("matmul_{st}"),

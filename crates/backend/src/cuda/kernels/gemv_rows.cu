@@ -261,6 +261,13 @@ struct B_Q4_K {
 // The most parts `mvrt_*` splits K in (mod.rs MVRT_PARTS).
 #define MVRT_MAXP 4
 
+// Blocks an SM the 4-tile kernels (`mvrt_4`, `mvrc_4`) leave registers for: two (≤ 128 a
+// thread; Q1_0's take 96–123). Three (≤ 80) spill 68–84 bytes on Q1_0 (ptxas 13.5) but
+// would fit its 46 KB tiles three an SM; NEAGARI_CUDA_MVRT_MINB=N sets it for measuring.
+#ifndef MVRT_MINB
+#define MVRT_MINB 2
+#endif
+
 // Up to 8 warps a block split the units of the block's 16 weight rows (the host picks as
 // many as the units fill, `mvr_warps`); they meet in shared memory at the end.
 #define MVR_WARPS 8
@@ -607,7 +614,7 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
     }
 MVRT(1, 3)
 MVRT(2, 2)
-MVRT(4, 2)
+MVRT(4, MVRT_MINB)
 
 // Groups a row's part at most in `mvrc` (its barriers; the 27B Q4_K ffn_down in 4 parts
 // has 17, Q1_0's 17,408-wide rows 17 whole).
@@ -679,5 +686,5 @@ __device__ __forceinline__ void mvrc_impl(const TMap* tm, const i8* __restrict__
     }
 MVRC(1, 3)
 MVRC(2, 2)
-MVRC(4, 2)
+MVRC(4, MVRT_MINB)
 #endif
