@@ -1100,9 +1100,6 @@ pub(super) struct MvsMat {
     pub rows: usize,
 }
 
-/// Arguments of one launch over up to four matrices (gemv_int.cu's `mvqm*`,
-/// gemv_stream.cu's `mvs_*`): weights, outputs, rows, the block starts of matrices 1..3
-/// (an unused one past the grid) and the grid, at `per_block` rows a block.
 /// A launch of `mvrt_MT` / `mvrmt_MT` or, by group, `mvrc_MT` / `mvrmc_MT` (`mvr_tma`).
 struct MvrtPlan<'a> {
     /// [single, multi, single by group, multi by group].
@@ -1185,6 +1182,9 @@ impl CudaBackend {
     }
 }
 
+/// Arguments of one launch over up to four matrices (gemv_int.cu's `mvqm*`,
+/// gemv_stream.cu's `mvs_*`): weights, outputs, rows, the block starts of matrices 1..3
+/// (an unused one past the grid) and the grid, at `per_block` rows a block.
 struct MultiArgs {
     w: [u64; 4],
     y: [u64; 4],
