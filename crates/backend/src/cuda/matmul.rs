@@ -1,6 +1,7 @@
 //! Matmul on the CUDA backend: per-format kernel loading, the integer (q8_1 × packed) and
 //! float GEMVs for up to 8 activation rows, `matmul_multi`'s grouped launches, and prefill
-//! through an f16 tile and cuBLAS. The kernels are gemv_int.cu, matmul.cu and lowbit.cu.
+//! through an f16 tile and cuBLAS. The kernels are gemv_int.cu, matmul.cu and lowbit.cu;
+//! which tensor-core GEMV takes 3–8 rows, and its shape, is gemv_rows.rs.
 
 use cudarc::cublas::sys as blas_sys;
 
@@ -17,31 +18,6 @@ impl CudaBackend {
         self.ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(drv)
-    }
-
-    /// A format module's `mvrt_MT`, `mvrmt_MT`, `mvrc_MT`, `mvrmc_MT` for the allowed MT,
-    /// most first, each allowed the most shared memory a tile takes.
-    fn mvrt_funcs(
-        &self,
-        f: &dyn Fn(&str) -> Result<CudaFunction>,
-    ) -> Result<Vec<(usize, [CudaFunction; 4])>> {
-        let smem = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-        MVRT_TILES
-            .iter()
-            .filter(|mt| self.mvrt_tiles.contains(mt))
-            .map(|&mt| {
-                let fs = [
-                    f(&format!("mvrt_{mt}"))?,
-                    f(&format!("mvrmt_{mt}"))?,
-                    f(&format!("mvrc_{mt}"))?,
-                    f(&format!("mvrmc_{mt}"))?,
-                ];
-                for func in &fs {
-                    func.set_attribute(smem, MVR_TMA_MAX as i32).map_err(drv)?;
-                }
-                Ok((mt, fs))
-            })
-            .collect()
     }
 
     pub(super) fn fmt_kernels(&self, ty: GgmlType) -> Result<Arc<FmtKernels>> {
@@ -292,131 +268,6 @@ impl CudaBackend {
         (steps.max(1), g.clamp(1, fit))
     }
 
-    /// The tensor-core GEMV (`mvr`, `mvrm` of gemv_rows.cu) for `nr` activation rows, where
-    /// it runs: 3–8 rows (one or two rows are fewer dp4a than a tensor-core tile wastes),
-    /// a format that has it, sm_80 or newer, not turned off (NEAGARI_CUDA_MV_TC=0).
-    pub(super) fn mvr_kernels<'a>(
-        &self,
-        k: &'a IntKernels,
-        nr: usize,
-    ) -> Option<&'a [CudaFunction; 2]> {
-        k.rows
-            .as_ref()
-            .filter(|_| self.mvr_on && (3..=MV_MAX_ROWS).contains(&nr))
-    }
-
-    /// The tensor-core GEMV with the tile by bulk copies (`mvrt_MT`), where it runs (sm_90,
-    /// a format with a `B_` struct, 16-byte rows, weights 16-byte `aligned`), for rows of
-    /// `units` units; `None`: `mvr`.
-    ///
-    /// A block takes MT 16-row tiles (at most MVR_TMA_MAX) of whole rows, the most that fit;
-    /// where not even one tile fits, of a part of K (2 or 4 parts of whole groups of the
-    /// format, the blocks of a cluster adding their sums in rank order), the most tiles,
-    /// then the fewest parts. 27B Q4_K ffn_down (9,792-byte rows), 8 rows: `mvr` 75.1 µs,
-    /// 2 tiles of 4 parts 37.5 µs, 1 tile of 2 parts 46.7 (H200). Splitting rows that fit
-    /// costs: split for two blocks an SM, Q1_0 qkv+z (5,120-wide rows) took 11.2 → 21.2 µs
-    /// and ssm_out 7.3 → 14.8. The shape depends on the row alone, so a matrix's product is
-    /// the same bits alone and beside others in `matmul_multi`.
-    fn mvr_tma<'a>(
-        &self,
-        k: &'a IntKernels,
-        units: usize,
-        row_bytes: usize,
-        aligned: bool,
-    ) -> Option<MvrtPlan<'a>> {
-        let t = k.rows_tma.as_ref()?;
-        if !(row_bytes.is_multiple_of(16) && aligned) {
-            return None;
-        }
-        // A row may end in part of a group (TQ2_0's 5,120 values are 2.5 groups): only
-        // whole rows then.
-        let groups = units / t.group_units;
-        let whole_groups = units.is_multiple_of(t.group_units);
-        // Bytes of a group where a row is whole groups and `mvrc` takes the tile by group.
-        let by_group = match self.mvrc {
-            ByGroup::Off => false,
-            ByGroup::Wide => row_bytes >= units * 16,
-            ByGroup::All => true,
-        };
-        let gb = (by_group && whole_groups && groups > 0)
-            .then(|| row_bytes / groups)
-            .filter(|gb| gb % 16 == 0 && gb / 4 <= 256);
-        let plan = |mt: usize, parts: usize| {
-            // Whole groups a part, every part some.
-            let per = groups.div_ceil(parts);
-            let (part_units, part_bytes) = if parts == 1 {
-                (units, row_bytes)
-            } else {
-                (per * t.group_units, per * (row_bytes / groups.max(1)))
-            };
-            if parts > 1
-                && (!whole_groups || per * (parts - 1) >= groups || !part_bytes.is_multiple_of(16))
-            {
-                return None;
-            }
-            // Rows of an even number of 16-byte words get 16 bytes more in shared memory
-            // (gemv_rows.cu `mvrt_stride`).
-            let stride = part_bytes + if (part_bytes / 16) % 2 == 1 { 0 } else { 16 };
-            let smem = mt * MVR_ROWS * stride;
-            let group_bytes = gb.filter(|_| per <= MVRC_MAXG);
-            (smem <= MVR_TMA_MAX).then_some(MvrtPlan {
-                f: &t.funcs.iter().find(|(m, _)| *m == mt)?.1,
-                // By group: the part's groups unpadded, no more than the rows.
-                smem: group_bytes.map_or(smem, |gb| mt * MVR_ROWS * per * gb) as u32,
-                rows: mt * MVR_ROWS,
-                parts,
-                part_units,
-                part_bytes,
-                group_bytes,
-            })
-        };
-        let tiles = || t.funcs.iter().map(|(mt, _)| *mt);
-        let whole = self.mvrt_parts.contains(&1);
-        let whole = tiles().find_map(|mt| whole.then(|| plan(mt, 1)).flatten());
-        // Under 2 bits a weight, half rows where that takes twice the tiles a block: each
-        // activation fragment a warp loads then serves twice the weights (27B Q1_0 ffn_down,
-        // 8 rows: 2 whole-row tiles 21.1 µs, 4 half-row tiles 17.6). Q4_K's 5120-wide rows
-        // lost so (qkv+z 26.0 → 28.0 µs, ssm_out 14.3 → 18.0; H200).
-        if let Some(w) = &whole {
-            if self.mvrt_parts.contains(&2) && row_bytes < units * 8 {
-                if let Some(p) = plan(2 * w.rows / MVR_ROWS, 2) {
-                    return Some(p);
-                }
-            }
-        }
-        whole.or_else(|| {
-            tiles().find_map(|mt| {
-                self.mvrt_parts
-                    .iter()
-                    .filter(|&&p| p > 1)
-                    .find_map(|&p| plan(mt, p))
-            })
-        })
-    }
-
-    /// The tiles a block (16 rows each) and the parts of K that the tensor-core GEMV with
-    /// bulk copies takes for `m` alone at `n` activation rows; `None` where another kernel
-    /// runs it (tests, measurements).
-    pub fn gemv_rows_plan(&self, m: &CudaMat, n: usize) -> Option<(usize, usize)> {
-        let k = m.k.int.as_ref().filter(|_| self.mv_int)?;
-        self.mvr_kernels(k, n)?;
-        let units = m.cols.div_ceil(32);
-        // matmul_gemv_int's condition: device allocations are 256-byte aligned.
-        let p = self.mvr_tma(k, units, m.row_bytes, true)?;
-        Some((p.rows / MVR_ROWS, p.parts))
-    }
-
-    /// Warps per block of the tensor-core GEMV: one per 32 units (a warp takes 4 units a
-    /// step, so 8 steps), at most MVR_WARPS (8): 5 for 5120-wide rows, 8 for 17,408. With
-    /// the tile in shared memory (`tile`), always MVR_WARPS: its loads wait less, so more
-    /// warps with fewer steps each finish the tile sooner (27B Q1_0 8-row step 11.36 → 10.86
-    /// ms with 8 warps on the 5120-wide rows, H200).
-    pub(super) fn mvr_warps(&self, units: usize, tile: bool) -> usize {
-        self.mv_warps
-            .unwrap_or_else(|| if tile { MVR_WARPS } else { units.div_ceil(32) })
-            .clamp(1, MVR_WARPS)
-    }
-
     /// Weight rows per block of the one-row integer GEMV. Four from 4096-wide rows (fewer x
     /// loads per weight row), two below, but fewer while that leaves under four blocks per
     /// SM: Llama 3 8B's k/v (1024 × 4096) in 256 blocks ran at 10% of the DRAM peak (ncu,
@@ -516,13 +367,12 @@ impl CudaBackend {
                 };
                 let (parts, pu, pb) = (p.parts as i32, p.part_units as i32, p.part_bytes as i32);
                 if let Some(gb) = p.group_bytes {
-                    let mut tm = [TMap([0; 16]); 4];
-                    for (i, m) in c.iter().enumerate() {
-                        tm[i] = self.tmap(m.w, m.rows, ws[0].row_bytes, gb, p.rows)?;
+                    // Unused matrices' maps are never read (their blocks are past the grid).
+                    let mut tm = Vec::with_capacity(4);
+                    for m in c {
+                        tm.push(self.tmap(m.w, m.rows, ws[0].row_bytes, gb, p.rows)?);
                     }
-                    for i in c.len()..4 {
-                        tm[i] = tm[0];
-                    }
+                    tm.resize(4, tm[0]);
                     launch!(
                         @keep_cluster p.parts as u32, self, func, cfg, &tm[0], &tm[1], &tm[2],
                         &tm[3], &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1], &a.y[2],
@@ -1098,88 +948,6 @@ pub(super) struct MvsMat {
     pub w: u64,
     pub y: u64,
     pub rows: usize,
-}
-
-/// A launch of `mvrt_MT` / `mvrmt_MT` or, by group, `mvrc_MT` / `mvrmc_MT` (`mvr_tma`).
-struct MvrtPlan<'a> {
-    /// [single, multi, single by group, multi by group].
-    f: &'a [CudaFunction; 4],
-    /// Dynamic shared memory a block.
-    smem: u32,
-    /// Weight rows a block (MT · 16).
-    rows: usize,
-    /// K split over this many blocks (a cluster), `part_units` units and `part_bytes` bytes
-    /// a row each (the last part the rest).
-    parts: usize,
-    part_units: usize,
-    part_bytes: usize,
-    /// `mvrc`: the tile by group, of these many bytes.
-    group_bytes: Option<usize>,
-}
-
-/// (weights, rows, row bytes, group bytes, box rows) of a [`TMap`].
-pub(super) type TMapKey = (u64, usize, usize, usize, usize);
-
-/// A driver tensor map (`CUtensorMap`, 128 opaque bytes) as a kernel takes it by value
-/// (common.cuh `TMap`).
-#[derive(Clone, Copy)]
-#[repr(C, align(128))]
-pub(super) struct TMap([u64; 16]);
-
-// SAFETY: plain old data of the kernel parameter's layout (128 bytes), passed by value.
-unsafe impl DeviceRepr for TMap {}
-const _: () = assert!(std::mem::size_of::<TMap>() == 128);
-
-impl CudaBackend {
-    /// The 2-D tensor map of `rows` packed rows of `row_bytes` at device address `w` as
-    /// 4-byte words, a box `group_bytes` wide and `box_rows` high (`mvrc_*`), made once.
-    fn tmap(
-        &self,
-        w: u64,
-        rows: usize,
-        row_bytes: usize,
-        group_bytes: usize,
-        box_rows: usize,
-    ) -> Result<TMap> {
-        let key = (w, rows, row_bytes, group_bytes, box_rows);
-        let mut maps = self.tmaps.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = maps.get(&key) {
-            return Ok(*m);
-        }
-        use sys::{
-            CUtensorMapDataType as Dt, CUtensorMapFloatOOBfill as Oob, CUtensorMapInterleave as Il,
-            CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Sw,
-        };
-        let mut m = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
-        let dims = [(row_bytes / 4) as u64, rows as u64];
-        let strides = [row_bytes as u64];
-        let boxd = [(group_bytes / 4) as u32, box_rows as u32];
-        let elem = [1u32, 1];
-        // SAFETY: the arrays hold rank (2) entries (strides rank − 1), `m` is written by
-        // the call, and `w` is a live device allocation of rows · row_bytes bytes.
-        unsafe {
-            sys::cuTensorMapEncodeTiled(
-                m.as_mut_ptr(),
-                Dt::CU_TENSOR_MAP_DATA_TYPE_UINT32,
-                2,
-                w as *mut c_void,
-                dims.as_ptr(),
-                strides.as_ptr(),
-                boxd.as_ptr(),
-                elem.as_ptr(),
-                Il::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                Sw::CU_TENSOR_MAP_SWIZZLE_NONE,
-                L2::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                Oob::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-            )
-            .result()
-            .map_err(drv)?;
-        }
-        // SAFETY: written by the successful call above.
-        let t = TMap(unsafe { m.assume_init() }.opaque);
-        maps.insert(key, t);
-        Ok(t)
-    }
 }
 
 /// Arguments of one launch over up to four matrices (gemv_int.cu's `mvqm*`,

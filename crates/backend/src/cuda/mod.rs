@@ -117,21 +117,6 @@ const MVR_ROWS: usize = 16;
 const MVR_TMA_MAX: usize = 96 << 10;
 /// The 16-row tiles a block of `mvrt_*` takes (gemv_rows.cu's MVRT), most first.
 const MVRT_TILES: [usize; 3] = [4, 2, 1];
-/// Which matrices the tensor-core GEMV takes by group of its tile (`mvrc_*`) rather than in
-/// one copy (`mvrt_*`). By group a warp starts once its first group has landed, but each
-/// 144-byte group of a row is a request of its own: 27B Q4_K (4.5 bits a weight), 8 rows,
-/// gate+up 60.1 → 51.5 µs, qkv+z 25.7 → 24.0, ffn_down 35.7 → 32.8, head 331 → 293,
-/// verify8 greedy 10.74 → 9.76 ms; Q1_0, whose tile lands in half the time, lost (gate+up
-/// 25.7 → 26.7, qkv+z 10.5 → 12.1; H200). NEAGARI_CUDA_MVRC=0 (never) or 1 (always) for
-/// tests and measuring.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum ByGroup {
-    Off,
-    /// Formats of 4 bits a weight and more.
-    Wide,
-    All,
-}
-
 /// Groups a row's part at most in `mvrc_*` (MVRC_MAXG in gemv_rows.cu).
 const MVRC_MAXG: usize = 72;
 /// The parts `mvrt_*` may split K in (blocks of a cluster), fewest first; at most
@@ -353,9 +338,9 @@ pub struct CudaBackend {
     mvrt_parts: Vec<usize>,
     /// Which matrices `mvrt_*` takes by group (`mvrc_*`: a tensor copy and a barrier per
     /// group of the tile), of those whose rows are whole groups: see [`ByGroup`].
-    mvrc: ByGroup,
+    mvrc: gemv_rows::ByGroup,
     /// The tensor maps `mvrc_*` reads, by (weights, rows, row bytes, group bytes, box rows).
-    tmaps: Mutex<HashMap<matmul::TMapKey, matmul::TMap>>,
+    tmaps: Mutex<HashMap<gemv_rows::TMapKey, gemv_rows::TMap>>,
     /// Counts kernel launches and device writes (see [`Scratch::xq_key`]).
     gen: AtomicU64,
     /// Decode-step recording (graph.rs): the mode (OFF, WARM, CAPTURE, REPLAY), launches
@@ -453,6 +438,7 @@ fn karg<T: DeviceRepr>(a: &T) -> *mut c_void {
 // After `launch!`, which they use (macros are in scope textually).
 mod attention;
 mod fused;
+mod gemv_rows;
 mod graph;
 mod hybrid;
 mod matmul;
@@ -615,9 +601,9 @@ impl CudaBackend {
                 _ => MVRT_PARTS.to_vec(),
             },
             mvrc: match std::env::var("NEAGARI_CUDA_MVRC").as_deref() {
-                Ok("0") => ByGroup::Off,
-                Ok("1") => ByGroup::All,
-                _ => ByGroup::Wide,
+                Ok("0") => gemv_rows::ByGroup::Off,
+                Ok("1") => gemv_rows::ByGroup::All,
+                _ => gemv_rows::ByGroup::Wide,
             },
             tmaps: Mutex::new(HashMap::new()),
             mvr_on: maj >= 8 && std::env::var("NEAGARI_CUDA_MV_TC").as_deref() != Ok("0"),
