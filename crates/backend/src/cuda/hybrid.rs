@@ -604,8 +604,14 @@ impl CudaBackend {
             .div_ceil(self.ds_blocks)
             .div_ceil(DR_CPW)
             .min(DR_MAX_WARPS);
+        let nb = dv.div_ceil(warps * DR_CPW);
+        // A head's blocks as one cluster (at most the portable 8), where each block's columns
+        // are whole q8_1 units when ssm_out's input is written.
+        let clu = self.dr_cluster
+            && (2..=8).contains(&nb)
+            && (qp == 0 || (warps * DR_CPW).is_multiple_of(32));
         let cfg = LaunchConfig {
-            grid_dim: (nv as u32, dv.div_ceil(warps * DR_CPW) as u32, 1),
+            grid_dim: (nb as u32, nv as u32, 1),
             block_dim: ((warps * 32) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -626,10 +632,12 @@ impl CudaBackend {
             kc as i32, n as i32, nk as i32, nv as i32, dk as i32, dv as i32,
         );
         let tiled = (net.map == HeadMap::Tiled) as i32;
-        let pf = self.take_pf(super::prefetch::PfSite::Delta);
+        let pf = self.take_pf(super::prefetch::PfSite::Delta, n);
+        let clu_i = clu as i32;
         launch!(
+            @cluster if clu { nb as u32 } else { 1 },
             self, f, cfg, &xp, &win, &cwp, &kc_i, &ap, &bp, &anp, &dtp, &sp, &op, &n_i, &nk_i,
-            &nv_i, &dk_i, &dv_i, &tiled, &nwp, &zp, &eps, &qp, &dsp, &cp, &pf
+            &nv_i, &dk_i, &dv_i, &tiled, &nwp, &zp, &eps, &qp, &dsp, &cp, &clu_i, &pf
         )?;
         sc.xq_key = if qp != 0 {
             Some((op, n, nv * dv, self.gen.load(Ordering::Relaxed)))

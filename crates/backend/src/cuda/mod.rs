@@ -315,6 +315,9 @@ pub struct CudaBackend {
     /// Blocks a value head of the fused DeltaNet kernel (`delta_rows`, hybrid.cu):
     /// NEAGARI_CUDA_DS_BLOCKS=N, 1..=16, default 4.
     ds_blocks: usize,
+    /// … a head's blocks in one cluster, which normalizes the head's rows in shared memory
+    /// (Hopper and later), unless NEAGARI_CUDA_DR_CLUSTER=0 (the last block through L2).
+    dr_cluster: bool,
     /// 3–8 activation rows take the tensor-core GEMV (gemv_rows.cu) where the format has
     /// one, on sm_80 and newer, unless NEAGARI_CUDA_MV_TC=0 (then `mvq8`, for measuring).
     mvr_on: bool,
@@ -580,6 +583,7 @@ impl CudaBackend {
                 .and_then(|v| v.parse().ok())
                 .filter(|n| (1..=16).contains(n))
                 .unwrap_or(4),
+            dr_cluster: maj >= 9 && std::env::var("NEAGARI_CUDA_DR_CLUSTER").as_deref() != Ok("0"),
             mvs: mvs_shape(std::env::var("NEAGARI_CUDA_MVS").ok().as_deref()),
             mvsg: mvs_shape(std::env::var("NEAGARI_CUDA_MVSG").ok().as_deref()),
             glu_fuse_max: std::env::var("NEAGARI_CUDA_GLU_FUSE_MAX")
@@ -1052,7 +1056,7 @@ impl Backend for CudaBackend {
             let (gp, upp) = (self.dptr(&gate.data), self.dptr(&up.data));
             let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
             let (qp, dsp) = self.xq_reserve(&mut sc, gate.rows, gate.cols / 32)?;
-            let pf = self.take_pf(prefetch::PfSite::Glu);
+            let pf = self.take_pf(prefetch::PfSite::Glu, gate.rows);
             launch!(
                 self,
                 f,

@@ -77,7 +77,7 @@ impl CudaBackend {
         }
         self.reshape(out, x.rows, x.cols)?;
         // Taken by every call, so a hint never outlives the norm it was meant for.
-        let pf = self.take_pf(super::prefetch::PfSite::Norm);
+        let pf = self.take_pf(super::prefetch::PfSite::Norm, x.rows);
         let g = x.cols;
         let (xp, yp, wp, op) = (
             self.dptr(&x.data),

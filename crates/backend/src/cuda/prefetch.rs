@@ -15,6 +15,15 @@
 //! weight and more are not prefetched (their first MiBs are a small share of what the GEMV
 //! reads). NEAGARI_CUDA_BULKPF=N or N:G:D (MiB at every site, or per site; 0 turns hints
 //! off) for measuring.
+//!
+//! The same launch also says whether the kernel lets the GEMV after it launch before its own
+//! wait (`Pf::first`), so that GEMV's blocks take SMs and send their weight loads while the
+//! GEMV before still finishes: where that GEMV is not the one-row streaming kernel of a
+//! sub-4-bit format, whose register loads before the wait then slow the GEMV they overlap.
+//! 27B, same call, one-token / 8-row greedy step (ms, H200, docs/BENCHMARKS.md session 28):
+//! Q4_K 6.131 → 6.020 / 9.644 → 9.381, Q1_0 3.417 → 3.410 / 5.667 → 5.581; before every
+//! GEMV (an earlier build), Q1_0's one-token step went 3.450 → 3.560 and TQ2_0's 3.919 →
+//! 4.016. NEAGARI_CUDA_PDL_FIRST=0 turns it off.
 
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
@@ -24,7 +33,7 @@ use cudarc::driver::DeviceRepr;
 use super::{CudaBackend, CudaMat};
 
 /// What the next prefetching launch passes (common.cuh's `Pf`, by value): two
-/// (address, bytes) ranges.
+/// (address, bytes) ranges, and 1 in `first` where the kernel lets the next launch at once.
 #[derive(Clone, Copy, Default)]
 #[repr(C)]
 pub(super) struct PfArgs {
@@ -32,12 +41,13 @@ pub(super) struct PfArgs {
     n0: u64,
     p1: u64,
     n1: u64,
+    first: u64,
 }
 
-// SAFETY: plain old data of the kernel parameter's C layout (four 8-byte fields, 32 bytes,
+// SAFETY: plain old data of the kernel parameter's C layout (five 8-byte fields, 40 bytes,
 // no padding), passed by value.
 unsafe impl DeviceRepr for PfArgs {}
-const _: () = assert!(std::mem::size_of::<PfArgs>() == 32);
+const _: () = assert!(std::mem::size_of::<PfArgs>() == 40);
 
 /// The kernels that take a hint, each with its own cap (`Prefetch::caps` order).
 #[derive(Clone, Copy)]
@@ -56,10 +66,13 @@ const MAX_BITS: usize = 4;
 pub(super) struct Prefetch {
     /// The most bytes each site's kernel asks for; all 0 turns hints off.
     caps: [usize; 3],
-    /// The hint and [`CudaBackend::gen`] when it was given: only a launch with no other
-    /// launch or write between (GEMVs do not count) takes it, so a hint nobody took never
-    /// reaches a later kernel, whose matrices may be gone.
-    pending: Mutex<(PfArgs, u64)>,
+    /// Whether a hint's kernel may let the next GEMV launch before its wait (module doc).
+    first: bool,
+    /// The hint, whether its matrices have 4 bits a weight or more, and
+    /// [`CudaBackend::gen`] when it was given: only a launch with no other launch or write
+    /// between (GEMVs do not count) takes it, so a hint nobody took never reaches a later
+    /// kernel, whose matrices may be gone.
+    pending: Mutex<(PfArgs, bool, u64)>,
 }
 
 impl Prefetch {
@@ -73,7 +86,8 @@ impl Prefetch {
         };
         Prefetch {
             caps: mib.map(|m| m << 20),
-            pending: Mutex::new((PfArgs::default(), 0)),
+            first: std::env::var("NEAGARI_CUDA_PDL_FIRST").as_deref() != Ok("0"),
+            pending: Mutex::new((PfArgs::default(), false, 0)),
         }
     }
 }
@@ -89,8 +103,7 @@ impl PfArgs {
             PfArgs {
                 p0: self.p1,
                 n0: n1,
-                p1: 0,
-                n1: 0,
+                ..PfArgs::default()
             }
         } else {
             PfArgs {
@@ -98,6 +111,7 @@ impl PfArgs {
                 n0,
                 p1: self.p1,
                 n1,
+                first: 0,
             }
         }
     }
@@ -112,25 +126,35 @@ impl CudaBackend {
             Some(w) => (self.dptr(&w.data), w.data.len() as u64),
             None => (0, 0),
         };
-        let args = if ws.iter().any(|w| dense(w)) {
+        let is_dense = ws.iter().any(|w| dense(w));
+        let args = if is_dense {
             PfArgs::default()
         } else {
             let ((p0, n0), (p1, n1)) = (range(0), range(1));
-            PfArgs { p0, n0, p1, n1 }
+            PfArgs {
+                p0,
+                n0,
+                p1,
+                n1,
+                first: 0,
+            }
         };
         *self.pf.pending.lock().unwrap_or_else(|e| e.into_inner()) =
-            (args, self.gen.load(Ordering::Relaxed));
+            (args, is_dense, self.gen.load(Ordering::Relaxed));
     }
 
-    /// The pending hint for a launch of `site`'s kernel, cut to its cap, cleared (none:
-    /// zero bytes).
-    pub(super) fn take_pf(&self, site: PfSite) -> PfArgs {
-        let (a, gen) =
+    /// The pending hint for a launch of `site`'s kernel over `rows` activation rows (the
+    /// next GEMV's), cut to its cap, cleared (none: zero bytes, no early launch).
+    pub(super) fn take_pf(&self, site: PfSite, rows: usize) -> PfArgs {
+        let (a, is_dense, gen) =
             std::mem::take(&mut *self.pf.pending.lock().unwrap_or_else(|e| e.into_inner()));
         if gen != self.gen.load(Ordering::Relaxed) {
             return PfArgs::default();
         }
-        a.cut(self.pf.caps[site as usize] as u64)
+        PfArgs {
+            first: (self.pf.first && (rows > 1 || is_dense)) as u64,
+            ..a.cut(self.pf.caps[site as usize] as u64)
+        }
     }
 }
 
@@ -139,7 +163,13 @@ mod tests {
     use super::PfArgs;
 
     fn args(p0: u64, n0: u64, p1: u64, n1: u64) -> PfArgs {
-        PfArgs { p0, n0, p1, n1 }
+        PfArgs {
+            p0,
+            n0,
+            p1,
+            n1,
+            first: 0,
+        }
     }
 
     fn parts(a: PfArgs) -> [u64; 4] {

@@ -125,14 +125,23 @@ __device__ __forceinline__ void gdc_wait() {
 // value) and call pf_issue before their gdc_wait, while the kernel before still runs (after
 // the wait it cost the 27B Q1_0 step 0.9 ms: the GEMV after it waited behind the prefetch).
 #define PF_CHUNK 65536
+// With `first` set, the kernel also lets the next one launch at once, before its own wait
+// (prefetch.rs says when): that GEMV then finds SMs and sends its weight loads while the
+// GEMV before this kernel still finishes. Safe as every wait: the next kernel's wait still
+// waits for this one, which waits for the one before, and nothing before a wait reads what
+// the step writes.
 struct Pf {
     const u8* p0;
     u64 n0;
     const u8* p1;
     u64 n1;
+    u64 first;
 };
 __device__ __forceinline__ void pf_issue(const Pf& pf) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef GDC_EARLY
+    if (pf.first) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
     if (pf.n0 == 0 || threadIdx.x != 0 || threadIdx.y != 0) return;
     const u64 nb = (u64)gridDim.x * gridDim.y * gridDim.z;
     const u64 b = ((u64)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;

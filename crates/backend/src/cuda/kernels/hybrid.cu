@@ -298,36 +298,39 @@ extern "C" __global__ void scatter_add_rows(float* dst, const u32* ids, const fl
     for (int i = 0; i < n; i++) dst[(i64)ids[i] * cols + c] += scale[i] * src[(i64)i * cols + c];
 }
 
-// The arrival of a block of `delta_rows`, once its reads of the q, k window are done and
-// its outputs written: whether it is the last block of its key head kh (of nv / nk heads,
-// nb blocks each; cnt[kh]) and of its head h (cnt[nk + h]).
-__device__ __forceinline__ void dr_arrive(u32* cnt, int kh, int h, int nk, int nv, int nb,
-                                          int& last_k, int& last_h) {
-    if (threadIdx.x == 0) {
-        last_k = atomicAdd(cnt + kh, 1u) == (u32)(nv / nk * nb) - 1;
-        last_h = nb == 1 || atomicAdd(cnt + nk + h, 1u) == (u32)nb - 1;
-    }
+// The arrival of a block of `delta_rows` once its outputs are written: whether it is the
+// last block of its head h (cnt[nk + h]; nb blocks a head).
+__device__ __forceinline__ void dr_arrive(u32* cnt, int h, int nk, int nb, int& last_h) {
+    if (threadIdx.x == 0) last_h = nb == 1 || atomicAdd(cnt + nk + h, 1u) == (u32)nb - 1;
     __syncthreads();
 }
 
 // A Gated DeltaNet layer's 1..DR_MAXN tokens (a decode step, or the verify forward of a
 // speculative block) in one launch: ssm_conv, gated_delta and rms_norm_gated (with its
-// q8_1 for ssm_out when xq is set). Grid (n_v, nb): a head's d_v state columns are split
-// over nb blocks, DR_CPW columns a warp. What the kernel before (the qkv / z GEMV) does not
-// write — the state, the conv windows and taps — is read before gdc_wait.
+// q8_1 for ssm_out when xq is set). Grid (nb, n_v): a head's d_v state columns are split
+// over nb blocks, DR_CPW columns a warp; with `clu` the nb blocks of a head are a cluster.
+// What the kernel before (the qkv / z GEMV) does not write — the state, the conv windows
+// and taps — is read before gdc_wait.
 //   1. The block convolves the channels it reads (its key head's q, k and its columns' v),
 //      a thread a channel, every token into shared memory in ssm_conv's order; a v
 //      channel's new window is stored at once (no other block reads it), a q, k channel's
 //      kept in shared memory: every block of the heads on the key head reads that window,
-//      so the last of them to arrive (cnt[kh]) stores it.
+//      so the last of them to count (cnt[kh], counted once the block's reads are done, its
+//      atomic's latency under the steps below) stores it at its end.
 //   2. A warp a token L2-normalises q and k (l2_norm_qk's order) in shared memory.
 //   3. Each warp walks the tokens with its state columns in registers: lane 8c + g holds
 //      column c's rows 32m + 4g + e (m, e < 4), so a column's sums are 16 products in the
 //      lane and three shuffles, and lane g keeps token g's output (DR_MAXN = 8 lanes).
 //      Sums in another order than gated_delta's.
-//   4. With nb = 1 the block's raw outputs are its head's; with more, the last of the
-//      head's blocks to arrive (cnt[nk + h]) normalizes every token's row (a warp a row;
-//      the sum of squares in another order than rms_norm_gated's). Counters go back to 0.
+//   4. With nb = 1 the block's raw outputs are its head's. With a cluster, each block sums
+//      its columns' squares per token, reads the other blocks' sums from their shared
+//      memory (in rank order) and normalizes its own columns, where they are, in registers
+//      (and writes their q8_1, its columns whole 32-value units). Otherwise the last of the
+//      head's blocks to arrive (cnt[nk + h]) normalizes every token's row after the others'
+//      raw outputs went through L2 (a warp a row). Sums of squares in another order than
+//      rms_norm_gated's. Counters go back to 0. The cluster against the last block, 27B,
+//      one-token / 8-row greedy step (H200, same call): Q1_0 3.458 → 3.410 / 5.688 →
+//      5.581 ms, Q4_K 6.056 → 6.020 / 9.510 → 9.381.
 // ncu, 27B, 8 tokens: 24.2 µs when a warp held rows l + 32r of four columns (every column
 // sum a 32-lane reduction, and q, k normalised by every warp inside its chain); alone in
 // `bench --profile` 19.8 → 17.2 µs, the 8-row Q1_0 step 6.055 → 5.943 ms (H200).
@@ -352,12 +355,12 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     delta_rows(const float* qkv, float* win, const float* cw, int kc, const float* alpha,
                const float* beta, const float* a_neg, const float* dt_bias, float* state,
                float* out, int n, int nk, int nv, int dk, int dv, int tiled, const float* nwt,
-               const float* z, float eps, i8* xq, float2* xds, u32* cnt, Pf pf) {
-    const int h = blockIdx.x, nb = gridDim.y;
+               const float* z, float eps, i8* xq, float2* xds, u32* cnt, int clu, Pf pf) {
+    const int h = blockIdx.y, nb = gridDim.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nw = blockDim.x >> 5;
     // The block's first state column, the warp's, and the block's columns.
-    const int jb = blockIdx.y * nw * DR_CPW, j0 = jb + warp * DR_CPW;
+    const int jb = blockIdx.x * nw * DR_CPW, j0 = jb + warp * DR_CPW;
     const int ncol = min(nw * DR_CPW, dv - jb);
     const int kh = tiled ? h % nk : h / max(nv / nk, 1);
     const int key_dim = nk * dk;
@@ -372,6 +375,10 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     __shared__ float qkw[DR_MAXK - 1][2 * 32 * GD_ROWS];
     __shared__ float dec[DR_MAXN], bts[DR_MAXN];
     __shared__ int last_k, last_h;
+    // With a cluster: per token, the warps' and the block's sums of squares, the row's
+    // 1 / rms, the block's normalized columns.
+    __shared__ float wsq[DR_MAXN][16], bsq[DR_MAXN], inv_rms[DR_MAXN];
+    __shared__ float ys[DR_MAXN][16 * DR_CPW];
 
     // Local channel lc's column in qkv.
     auto chan = [&](int lc) {
@@ -465,6 +472,10 @@ extern "C" __global__ void __launch_bounds__(512, 1)
         }
     }
     __syncthreads();
+    // The block's reads of the key head's windows are done: count it (the old count is
+    // first used at the end).
+    u32 k_seen = 0;
+    if (threadIdx.x == 0) k_seen = atomicAdd(cnt + kh, 1u);
     // q and k of token t L2-normalised by warp t (q also by 1/√d_k).
     for (int t = warp; t < n; t += nw) {
         float q[GD_ROWS], k[GD_ROWS];
@@ -487,6 +498,10 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     // o = Σ_i q_i s_i. Rows past d_k hold k = q = s = 0 and columns past d_v v = s = 0.
     const int jl = warp * DR_CPW + cl;
     const bool jin = j < dv;
+    // With a cluster, the lane's (token g, column j) gate and norm weight, asked for now.
+    const bool mine = g < n && jin;
+    const i64 at = (i64)g * vd + base + j;
+    const float zv = clu && mine ? z[at] : 0.f, wv = clu && mine ? nwt[j] : 0.f;
     float oo = 0.f;  // token g's output of column j
     for (int t = 0; t < n; t++) {
         float q[GD_ROWS][4], k[GD_ROWS][4];
@@ -527,12 +542,75 @@ extern "C" __global__ void __launch_bounds__(512, 1)
         for (int o = 4; o > 0; o >>= 1) oc += __shfl_xor_sync(0xffffffffu, oc, o);
         if (g == t) oo = oc;
     }
+    if (clu) {
+#if __CUDA_ARCH__ >= 900
+        // The state first: nothing below waits for these stores.
+#pragma unroll
+        for (int m = 0; m < GD_ROWS; m++) {
+            const int i = 32 * m + 4 * g;
+            if (i < dk && jin)
+                *(float4*)(S + (i64)j * dk + i) =
+                    make_float4(s[m][0], s[m][1], s[m][2], s[m][3]);
+        }
+        // Token g's squares over the warp's columns (lanes 8c + g), then the block's.
+        float sq = mine ? oo * oo : 0.f;
+        sq += __shfl_xor_sync(0xffffffffu, sq, 8);
+        sq += __shfl_xor_sync(0xffffffffu, sq, 16);
+        if (lane < DR_MAXN) wsq[lane][warp] = sq;
+        __syncthreads();
+        if (threadIdx.x < n) {
+            float b = 0.f;
+            for (int w = 0; w < nw; w++) b += wsq[threadIdx.x][w];
+            bsq[threadIdx.x] = b;
+        }
+        // Every block's bsq is written and visible cluster-wide after this.
+        cluster_sync();
+        if (threadIdx.x < n) {
+            float b[8];
+#pragma unroll
+            for (int r = 0; r < 8; r++) b[r] = r < nb ? ld_cluster(&bsq[threadIdx.x], r) : 0.f;
+            float tot = 0.f;
+#pragma unroll
+            for (int r = 0; r < 8; r++) tot += b[r];
+            inv_rms[threadIdx.x] = 1.0f / sqrtf(tot / (float)dv + eps);
+        }
+        // No block leaves while another still reads its bsq: arrive here, wait at the end.
+        cluster_arrive();
+        __syncthreads();
+        if (mine) {
+            const float y = oo * inv_rms[g] * wv * silu_f(zv);
+            out[at] = y;
+            ys[g][jl] = y;
+        }
+        if (xq) {
+            __syncthreads();
+            // Token t's 32-value unit c of the block's columns, a warp each.
+            const int units = ncol >> 5;
+            for (int p = warp; p < n * units; p += nw) {
+                const int t = p / units, c = p - t * units;
+                q8_1_warp(ys[t][32 * c + lane], xq, xds,
+                          ((i64)t * vd + base + jb + 32 * c) >> 5, lane);
+            }
+        }
+        if (threadIdx.x == 0) last_k = k_seen == (u32)(nv / nk * nb) - 1;
+        __syncthreads();
+        cluster_wait();
+        if (!last_k) return;
+        for (int lc = threadIdx.x; lc < 2 * dk; lc += blockDim.x) {
+            const int c = chan(lc);
+            for (int m = 0; m < hist; m++) win[(i64)m * cols + c] = qkw[m][lc];
+        }
+        if (threadIdx.x == 0) cnt[kh] = 0;
+        return;
+#endif
+    }
     if (g < n && jin) out[(i64)g * vd + base + j] = oo;
     // The raw outputs are visible to the head's last block (the state is stored after the
     // arrive: the fence would wait on those stores too).
     __threadfence();
+    if (threadIdx.x == 0) last_k = k_seen == (u32)(nv / nk * nb) - 1;
     __syncthreads();
-    dr_arrive(cnt, kh, h, nk, nv, nb, last_k, last_h);
+    dr_arrive(cnt, h, nk, nb, last_h);
     if (last_h) {
         __threadfence();
         const volatile float* ov = out;
