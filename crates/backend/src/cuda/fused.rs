@@ -46,9 +46,12 @@ impl CudaBackend {
         let pair = gate.ty == up.ty
             && (gate.rows, gate.cols, gate.row_bytes) == (up.rows, up.cols, up.row_bytes)
             && gate.cols == x.cols;
-        if n == 1 && self.fuse && self.mv_int && pair {
+        if self.fuse && self.mv_int && pair {
             if let Some(k) = &gate.k.int {
-                if self.matmul_glu_stream(k, gate, up, x, act, g, u)? {
+                if n == 1 && self.matmul_glu_stream(k, gate, up, x, act, g, u)? {
+                    return Ok(());
+                }
+                if n > 1 && self.matmul_glu_rows(k, gate, up, x, act, g, u)? {
                     return Ok(());
                 }
             }
@@ -134,6 +137,69 @@ impl CudaBackend {
             sc.xq_alt_key = Some((gp, n, rows, self.gen.load(Ordering::Relaxed)));
         }
         Ok(())
+    }
+
+    /// 3–8 rows' gate/up GEMV and GLU as one gemv_rows.cu `mvrtg_4` launch (with the q8_1 of
+    /// g for the down projection), where the separate GEMV would take `mvrt_4` with whole
+    /// rows and one copy a tile, and the rows are whole 32-row units; `false`: not taken.
+    /// 27B Q1_0 (17,408 × 5,120), 8-row greedy step: see docs/BENCHMARKS.md session 28.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_glu_rows(
+        &self,
+        k: &IntKernels,
+        gate: &CudaMat,
+        up: &CudaMat,
+        x: &CudaBuf,
+        act: GluAct,
+        g: &mut CudaBuf,
+        u: &mut CudaBuf,
+    ) -> Result<bool> {
+        let Some(func) = k.rows_tma.as_ref().and_then(|t| t.glu.as_ref()) else {
+            return Ok(false);
+        };
+        let (n, rows, cols) = (x.rows, gate.rows, gate.cols);
+        if !self.glu_rows || self.mvr_kernels(k, n).is_none() || !rows.is_multiple_of(32) {
+            return Ok(false);
+        }
+        let units = cols.div_ceil(32);
+        let (wg, wu) = (self.dptr(&gate.data), self.dptr(&up.data));
+        let aligned = wg.is_multiple_of(16) && wu.is_multiple_of(16);
+        let Some(p) = self.mvr_tma(k, units, gate.row_bytes, aligned) else {
+            return Ok(false);
+        };
+        if p.rows != 4 * MVR_ROWS || p.parts != 1 || p.group_bytes.is_some() {
+            return Ok(false);
+        }
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let (qp, dsp) = self.xq_input(&mut sc, k, x, cols)?;
+        // g's q8_1 in the second area, unless x's is there (it would be overwritten while
+        // it is read).
+        let x_in_alt = sc.xq_alt.as_ref().is_some_and(|b| self.dptr(b) == qp);
+        if x_in_alt {
+            return Ok(false);
+        }
+        self.reshape(g, n, rows)?;
+        self.reshape(u, n, rows)?;
+        let (oq, ods) = self.xq_alt_reserve(&mut sc, n, rows / 32)?;
+        let cfg = LaunchConfig {
+            grid_dim: ((rows / 32) as u32, 1, 1),
+            block_dim: ((MVR_WARPS * 32) as u32, 1, 1),
+            shared_mem_bytes: p.smem,
+        };
+        let (gp, up_) = (self.dptr(&g.data), self.dptr(&u.data));
+        let (rows_i, units_i, rb, nr_i) =
+            (rows as i32, units as i32, gate.row_bytes as i64, n as i32);
+        let act_i = glu_act_code(act);
+        // `@keep`: x's q8_1 stays valid for other matmuls of x.
+        launch!(
+            @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
+            &nr_i, &act_i, &oq, &ods
+        )?;
+        if sc.xq_key.is_some_and(|(p, ..)| p == gp || p == up_) {
+            sc.xq_key = None;
+        }
+        sc.xq_alt_key = Some((gp, n, rows, self.gen.load(Ordering::Relaxed)));
+        Ok(true)
     }
 
     /// One activation row's gate/up GEMV and GLU as one gemv_stream.cu `mvsg_R` launch

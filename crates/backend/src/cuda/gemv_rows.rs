@@ -46,6 +46,20 @@ impl CudaBackend {
             .collect()
     }
 
+    /// A format module's `mvrtg_4` (`matmul_glu` on 4 tiles), where 4 tiles are allowed.
+    pub(super) fn mvrtg_func(
+        &self,
+        f: &dyn Fn(&str) -> Result<CudaFunction>,
+    ) -> Result<Option<CudaFunction>> {
+        if !self.mvrt_tiles.contains(&4) {
+            return Ok(None);
+        }
+        let func = f("mvrtg_4")?;
+        let smem = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        func.set_attribute(smem, MVR_TMA_MAX as i32).map_err(drv)?;
+        Ok(Some(func))
+    }
+
     /// The tensor-core GEMV (`mvr`, `mvrm` of gemv_rows.cu) for `nr` activation rows, where
     /// it runs: 3–8 rows (one or two rows are fewer dp4a than a tensor-core tile wastes),
     /// a format that has it, sm_80 or newer, not turned off (NEAGARI_CUDA_MV_TC=0).

@@ -87,6 +87,7 @@ impl CudaBackend {
                             Some(RowsTma {
                                 funcs: self.mvrt_funcs(&f)?,
                                 group_units,
+                                glu: self.mvrtg_func(&f)?,
                             })
                         }
                         _ => None,

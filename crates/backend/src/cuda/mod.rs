@@ -221,6 +221,8 @@ struct RowsTma {
     funcs: Vec<(usize, [CudaFunction; 4])>,
     /// Units of the format's smallest independently addressed run of a row (FmtNames).
     group_units: usize,
+    /// `mvrtg_4`: `matmul_glu` on `mvrt_4`'s tile (fused.rs), where 4 tiles are allowed.
+    glu: Option<CudaFunction>,
 }
 
 /// Device scratch reused across calls (grown, never shrunk).
@@ -315,6 +317,9 @@ pub struct CudaBackend {
     /// Blocks a value head of the fused DeltaNet kernel (`delta_rows`, hybrid.cu):
     /// NEAGARI_CUDA_DS_BLOCKS=N, 1..=16, default 4.
     ds_blocks: usize,
+    /// 3–8 rows of `matmul_glu` take `mvrtg_4` (fused.rs `matmul_glu_rows`) where it runs,
+    /// unless NEAGARI_CUDA_GLU_ROWS=0 (the GEMV and the GLU kernel, for measuring).
+    glu_rows: bool,
     /// … a head's blocks in one cluster, which normalizes the head's rows in shared memory
     /// (Hopper and later), unless NEAGARI_CUDA_DR_CLUSTER=0 (the last block through L2).
     dr_cluster: bool,
@@ -583,6 +588,7 @@ impl CudaBackend {
                 .and_then(|v| v.parse().ok())
                 .filter(|n| (1..=16).contains(n))
                 .unwrap_or(4),
+            glu_rows: std::env::var("NEAGARI_CUDA_GLU_ROWS").as_deref() != Ok("0"),
             dr_cluster: maj >= 9 && std::env::var("NEAGARI_CUDA_DR_CLUSTER").as_deref() != Ok("0"),
             mvs: mvs_shape(std::env::var("NEAGARI_CUDA_MVS").ok().as_deref()),
             mvsg: mvs_shape(std::env::var("NEAGARI_CUDA_MVSG").ok().as_deref()),
