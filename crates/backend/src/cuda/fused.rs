@@ -33,6 +33,32 @@ impl CudaBackend {
         Ok((p, p + (rows * units * 32) as u64))
     }
 
+    /// Whether x's q8_1 (at `qp`) is in the second area: a GLU kernel may not write g's
+    /// there then, since it would overwrite x's while it is read.
+    fn x_in_alt(&self, sc: &Scratch, qp: u64) -> bool {
+        sc.xq_alt.as_ref().is_some_and(|b| self.dptr(b) == qp)
+    }
+
+    /// After a GLU launch wrote g (`gp`, n × rows) and u (`up`), and g's q8_1 into the
+    /// second area where `g_q8`: cached quantizations of those addresses are stale.
+    fn glu_written(
+        &self,
+        sc: &mut Scratch,
+        (gp, up): (u64, u64),
+        n: usize,
+        rows: usize,
+        g_q8: bool,
+    ) {
+        if sc.xq_key.is_some_and(|(p, ..)| p == gp || p == up) {
+            sc.xq_key = None;
+        }
+        if g_q8 {
+            sc.xq_alt_key = Some((gp, n, rows, self.gen.load(Ordering::Relaxed)));
+        } else if sc.xq_alt_key.is_some_and(|(p, ..)| p == gp || p == up) {
+            sc.xq_alt_key = None;
+        }
+    }
+
     pub(super) fn matmul_glu_op(
         &self,
         gate: &CudaMat,
@@ -85,8 +111,7 @@ impl CudaBackend {
         let (qp, dsp) = self.xq_input(&mut sc, k, x, cols)?;
         // The down projection's q8_1 input, when g is whole 32-value units (and x's is
         // not in the second area, which it would overwrite while it is read).
-        let x_in_alt = sc.xq_alt.as_ref().is_some_and(|b| self.dptr(b) == qp);
-        let (oq, ods, cp) = if rows.is_multiple_of(32) && !x_in_alt {
+        let (oq, ods, cp) = if rows.is_multiple_of(32) && !self.x_in_alt(&sc, qp) {
             let (oq, ods) = self.xq_alt_reserve(&mut sc, n, rows / 32)?;
             (oq, ods, self.fuse_counters(&mut sc, rows / 32)?)
         } else {
@@ -127,16 +152,7 @@ impl CudaBackend {
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
             &nr_i, &act_i, &oq, &ods, &cp
         )?;
-        // g and u are new data at their addresses.
-        if sc.xq_key.is_some_and(|(p, ..)| p == gp || p == up_) {
-            sc.xq_key = None;
-        }
-        if sc.xq_alt_key.is_some_and(|(p, ..)| p == gp || p == up_) {
-            sc.xq_alt_key = None;
-        }
-        if oq != 0 {
-            sc.xq_alt_key = Some((gp, n, rows, self.gen.load(Ordering::Relaxed)));
-        }
+        self.glu_written(&mut sc, (gp, up_), n, rows, oq != 0);
         Ok(())
     }
 
@@ -174,10 +190,8 @@ impl CudaBackend {
         }
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let (qp, dsp) = self.xq_input(&mut sc, k, x, cols)?;
-        // g's q8_1 in the second area, unless x's is there (it would be overwritten while
-        // it is read).
-        let x_in_alt = sc.xq_alt.as_ref().is_some_and(|b| self.dptr(b) == qp);
-        if x_in_alt {
+        // g's q8_1 goes to the second area.
+        if self.x_in_alt(&sc, qp) {
             return Ok(false);
         }
         self.reshape(g, n, rows)?;
@@ -197,10 +211,7 @@ impl CudaBackend {
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
             &nr_i, &act_i, &oq, &ods
         )?;
-        if sc.xq_key.is_some_and(|(p, ..)| p == gp || p == up_) {
-            sc.xq_key = None;
-        }
-        sc.xq_alt_key = Some((gp, n, rows, self.gen.load(Ordering::Relaxed)));
+        self.glu_written(&mut sc, (gp, up_), n, rows, true);
         Ok(true)
     }
 
@@ -238,10 +249,8 @@ impl CudaBackend {
         self.reshape(u, 1, rows)?;
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let (qp, dsp) = self.xq_input(&mut sc, k, x, cols)?;
-        // The down projection's q8_1 input (not into the second area while x's is read
-        // from it).
-        let x_in_alt = sc.xq_alt.as_ref().is_some_and(|b| self.dptr(b) == qp);
-        let (oq, ods) = if rows.is_multiple_of(32) && !x_in_alt {
+        // The down projection's q8_1 input.
+        let (oq, ods) = if rows.is_multiple_of(32) && !self.x_in_alt(&sc, qp) {
             self.xq_alt_reserve(&mut sc, 1, rows / 32)?
         } else {
             (0, 0)
@@ -266,10 +275,7 @@ impl CudaBackend {
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
             &k_i, &act_i, &oq, &ods
         )?;
-        if sc.xq_key.is_some_and(|(p, ..)| p == gp || p == up_) {
-            sc.xq_key = None;
-        }
-        sc.xq_alt_key = (oq != 0).then(|| (gp, 1, rows, self.gen.load(Ordering::Relaxed)));
+        self.glu_written(&mut sc, (gp, up_), 1, rows, oq != 0);
         Ok(true)
     }
 

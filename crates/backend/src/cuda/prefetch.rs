@@ -93,6 +93,17 @@ impl Prefetch {
 }
 
 impl PfArgs {
+    /// The two ranges, with no early launch.
+    fn ranges(p0: u64, n0: u64, p1: u64, n1: u64) -> PfArgs {
+        PfArgs {
+            p0,
+            n0,
+            p1,
+            n1,
+            first: 0,
+        }
+    }
+
     /// At most `cap` bytes of the two ranges, the first's first (the second gets what the
     /// first leaves of the cap), in 16-byte pieces (the bulk prefetch's unit) that never
     /// pass a range's end; an empty first range gives its place to the second.
@@ -100,19 +111,9 @@ impl PfArgs {
         let n0 = self.n0.min(cap) & !15;
         let n1 = self.n1.min(cap - n0) & !15;
         if n0 == 0 {
-            PfArgs {
-                p0: self.p1,
-                n0: n1,
-                ..PfArgs::default()
-            }
+            PfArgs::ranges(self.p1, n1, 0, 0)
         } else {
-            PfArgs {
-                p0: self.p0,
-                n0,
-                p1: self.p1,
-                n1,
-                first: 0,
-            }
+            PfArgs::ranges(self.p0, n0, self.p1, n1)
         }
     }
 }
@@ -131,13 +132,7 @@ impl CudaBackend {
             PfArgs::default()
         } else {
             let ((p0, n0), (p1, n1)) = (range(0), range(1));
-            PfArgs {
-                p0,
-                n0,
-                p1,
-                n1,
-                first: 0,
-            }
+            PfArgs::ranges(p0, n0, p1, n1)
         };
         *self.pf.pending.lock().unwrap_or_else(|e| e.into_inner()) =
             (args, is_dense, self.gen.load(Ordering::Relaxed));
@@ -163,13 +158,7 @@ mod tests {
     use super::PfArgs;
 
     fn args(p0: u64, n0: u64, p1: u64, n1: u64) -> PfArgs {
-        PfArgs {
-            p0,
-            n0,
-            p1,
-            n1,
-            first: 0,
-        }
+        PfArgs::ranges(p0, n0, p1, n1)
     }
 
     fn parts(a: PfArgs) -> [u64; 4] {
