@@ -1117,6 +1117,10 @@ fn multi_row_gemv_on_tensor_cores() {
         // widths below), against the same shape with the tile in one copy.
         std::env::set_var("NEAGARI_CUDA_MVRC", "1");
         let fb = CudaBackend::new(0).expect("open GPU 0");
+        // By group through a ring of two slots (`mvrq_*`), where more groups than that.
+        std::env::set_var("NEAGARI_CUDA_MVRQ", "2");
+        let ring = CudaBackend::new(0).expect("open GPU 0");
+        std::env::remove_var("NEAGARI_CUDA_MVRQ");
         std::env::set_var("NEAGARI_CUDA_MVRC", "0");
         let one = CudaBackend::new(0).expect("open GPU 0");
         std::env::remove_var("NEAGARI_CUDA_MVRC");
@@ -1160,6 +1164,16 @@ fn multi_row_gemv_on_tensor_cores() {
                 )
                 .unwrap();
                 assert!(download(&one, &oo) == got, "{what}: by group vs one copy");
+                let mut qo = ring.buf(1, 1).unwrap();
+                let rm = ring.load_mat(&t).unwrap();
+                let rxb = upload(&ring, &x, n, cols);
+                ring.matmul(&rm, &rxb, &mut qo).unwrap();
+                assert!(download(&ring, &qo) == got, "{what}: ring vs by group");
+                let (mut ra, mut rb) = (ring.buf(1, 1).unwrap(), ring.buf(1, 1).unwrap());
+                let rm2 = ring.load_mat(&t2).unwrap();
+                ring.matmul_multi(&[&rm, &rm2], &rxb, &mut [&mut ra, &mut rb])
+                    .unwrap();
+                assert!(download(&ring, &ra) == got, "{what}: ring, multi");
                 let (mut a, mut b) = (fb.buf(1, 1).unwrap(), fb.buf(1, 1).unwrap());
                 fb.matmul_multi(&[&m, &m2], &xb, &mut [&mut a, &mut b])
                     .unwrap();
@@ -1176,6 +1190,72 @@ fn multi_row_gemv_on_tensor_cores() {
     }
     // Every format ran every shape.
     assert_eq!(seen.len(), 27, "{seen:?}");
+}
+
+/// The 8-row GEMV by group through a ring of slots (`mvrq_*`, NEAGARI_CUDA_MVRQ) against
+/// the same kernel with every group in flight (`mvrc_*`) bit for bit, on matrices of
+/// thousands of blocks and repeated launches (the ring's slots are reused several times a
+/// block: a phase taken too early reads a slot before its group lands). One run of the
+/// 27B Q4_K head at 8 slots once differed (max rel 1.1e-1 against the dp4a reference,
+/// `examples/cuda_gemv`); this is the check that must pass before the ring is the default.
+#[test]
+fn ring_gemv_equals_by_group() {
+    let Some(_) = gpu() else { return };
+    std::env::set_var("NEAGARI_CUDA_MVRC", "1");
+    let fb = CudaBackend::new(0).expect("open GPU 0");
+    let rings: Vec<(usize, CudaBackend)> = [4usize, 8, 12]
+        .into_iter()
+        .map(|n| {
+            std::env::set_var("NEAGARI_CUDA_MVRQ", n.to_string());
+            (n, CudaBackend::new(0).expect("open GPU 0"))
+        })
+        .collect();
+    std::env::remove_var("NEAGARI_CUDA_MVRQ");
+    std::env::remove_var("NEAGARI_CUDA_MVRC");
+    let probe = fb
+        .load_mat(&random_mat(&mut rng(), GgmlType::Q4_K, 16, 5120).0)
+        .unwrap();
+    if fb.gemv_rows_plan(&probe, 8).is_none() {
+        eprintln!("no bulk-copy tile GEMV on this GPU (sm_90+)");
+        return;
+    }
+    let mut r = rng();
+    // (format, rows, cols): 5120-wide rows are 20 Q4_K groups (5 of a warp's), 5 of Q1_0's.
+    for (ty, rows, cols) in [
+        (GgmlType::Q4_K, 32768, 5120),
+        (GgmlType::Q4_K, 4096, 17408),
+        (GgmlType::Q1_0, 16384, 10240),
+        (GgmlType::TQ2_0, 8192, 8192),
+    ] {
+        let (t, _) = random_mat(&mut r, ty, rows, cols);
+        let m = fb.load_mat(&t).unwrap();
+        for n in [3usize, 8] {
+            let x = randv(&mut r, n * cols, 1.0);
+            let mut out = fb.buf(1, 1).unwrap();
+            fb.matmul(&m, &upload(&fb, &x, n, cols), &mut out).unwrap();
+            let want = download(&fb, &out);
+            for (slots, ring) in &rings {
+                let rm = ring.load_mat(&t).unwrap();
+                let xb = upload(ring, &x, n, cols);
+                // Back to back (each launch may start while the one before finishes),
+                // then read.
+                let mut outs: Vec<_> = (0..8).map(|_| ring.buf(1, 1).unwrap()).collect();
+                for o in &mut outs {
+                    ring.matmul(&rm, &xb, o).unwrap();
+                }
+                for (rep, o) in outs.iter().enumerate() {
+                    let got = download(ring, o);
+                    let bad = n_diff(&got, &want);
+                    assert!(
+                        bad == 0,
+                        "{ty} {rows}x{cols}, {n} rows, {slots} slots, launch {rep}: {bad} \
+                         values differ from by group (rel {:.1e})",
+                        rel(&got, &want)
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// Differing values of two outputs (0: the same bits).

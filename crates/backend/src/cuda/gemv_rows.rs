@@ -21,12 +21,12 @@ pub(super) enum ByGroup {
 }
 
 impl CudaBackend {
-    /// A format module's `mvrt_MT`, `mvrmt_MT`, `mvrc_MT`, `mvrmc_MT` for the allowed MT,
-    /// most first, each allowed the most shared memory a tile takes.
+    /// A format module's `mvrt_MT`, `mvrmt_MT`, `mvrc_MT`, `mvrmc_MT`, `mvrq_MT`, `mvrmq_MT`
+    /// for the allowed MT, most first, each allowed the most shared memory a tile takes.
     pub(super) fn mvrt_funcs(
         &self,
         f: &dyn Fn(&str) -> Result<CudaFunction>,
-    ) -> Result<Vec<(usize, [CudaFunction; 4])>> {
+    ) -> Result<Vec<(usize, [CudaFunction; 6])>> {
         let smem = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
         MVRT_TILES
             .iter()
@@ -37,6 +37,8 @@ impl CudaBackend {
                     f(&format!("mvrmt_{mt}"))?,
                     f(&format!("mvrc_{mt}"))?,
                     f(&format!("mvrmc_{mt}"))?,
+                    f(&format!("mvrq_{mt}"))?,
+                    f(&format!("mvrmq_{mt}"))?,
                 ];
                 for func in &fs {
                     func.set_attribute(smem, MVR_TMA_MAX as i32).map_err(drv)?;
@@ -127,15 +129,32 @@ impl CudaBackend {
             let stride = part_bytes + if (part_bytes / 16) % 2 == 1 { 0 } else { 16 };
             let smem = mt * MVR_ROWS * stride;
             let group_bytes = gb.filter(|_| per <= MVRC_MAXG);
+            // By group through a ring of that many slots, where more groups than slots.
+            // A warp takes every `apart`-th group (steps go round the warps, GROUP_STEPS =
+            // group_units / 4 a group), so the slots are a multiple of that: a warp's next
+            // group then reuses a slot whose last group it read itself, and the barrier's
+            // parity names the right phase.
+            let apart = (MVR_WARPS * 4 / t.group_units).max(1);
+            let slot = group_bytes.map(|gb| mvrq_slot(mt, gb));
+            let slots = slot
+                .map(|b| (self.mvrq.div_ceil(apart) * apart, b))
+                .filter(|&(n, b)| {
+                    self.mvrq > 0 && n < per && n <= MVRQ_MAXS && n * b <= MVR_TMA_MAX
+                });
             (smem <= MVR_TMA_MAX).then_some(MvrtPlan {
                 f: &t.funcs.iter().find(|(m, _)| *m == mt)?.1,
                 // By group: the part's groups unpadded, no more than the rows.
-                smem: group_bytes.map_or(smem, |gb| mt * MVR_ROWS * per * gb) as u32,
+                smem: match (slots, group_bytes) {
+                    (Some((n, b)), _) => n * b,
+                    (None, Some(gb)) => mt * MVR_ROWS * per * gb,
+                    (None, None) => smem,
+                } as u32,
                 rows: mt * MVR_ROWS,
                 parts,
                 part_units,
                 part_bytes,
                 group_bytes,
+                slots: slots.map(|(n, _)| n),
             })
         };
         let tiles = || t.funcs.iter().map(|(mt, _)| *mt);
@@ -186,10 +205,11 @@ impl CudaBackend {
     }
 }
 
-/// A launch of `mvrt_MT` / `mvrmt_MT` or, by group, `mvrc_MT` / `mvrmc_MT` (`mvr_tma`).
+/// A launch of `mvrt_MT` / `mvrmt_MT` or, by group, `mvrc_MT` / `mvrmc_MT`, or through a
+/// ring, `mvrq_MT` / `mvrmq_MT` (`mvr_tma`).
 pub(super) struct MvrtPlan<'a> {
-    /// [single, multi, single by group, multi by group].
-    pub(super) f: &'a [CudaFunction; 4],
+    /// [single, multi, single by group, multi by group, single ring, multi ring].
+    pub(super) f: &'a [CudaFunction; 6],
     /// Dynamic shared memory a block.
     pub(super) smem: u32,
     /// Weight rows a block (MT · 16).
@@ -201,6 +221,26 @@ pub(super) struct MvrtPlan<'a> {
     pub(super) part_bytes: usize,
     /// `mvrc`: the tile by group, of these many bytes.
     pub(super) group_bytes: Option<usize>,
+    /// `mvrq`: by group through a ring of this many slots (block of MVR_WARPS + 1 warps).
+    pub(super) slots: Option<usize>,
+}
+
+impl MvrtPlan<'_> {
+    /// The kernel: `multi` for several matrices (`mvrm*`).
+    pub(super) fn func(&self, multi: bool) -> &CudaFunction {
+        let by = match (self.slots, self.group_bytes) {
+            (Some(_), _) => 4,
+            (None, Some(_)) => 2,
+            (None, None) => 0,
+        };
+        &self.f[by + multi as usize]
+    }
+}
+
+/// Bytes of a slot of `mvrq`'s ring (gemv_rows.cu `mvrq_impl`'s SLOT): a group of MT
+/// tiles' rows.
+pub(super) fn mvrq_slot(mt: usize, group_bytes: usize) -> usize {
+    mt * MVR_ROWS * group_bytes
 }
 
 /// (weights, rows, row bytes, group bytes, box rows) of a [`TMap`].

@@ -335,7 +335,7 @@ impl CudaBackend {
         let aligned = mats.iter().all(|m| m.w.is_multiple_of(16));
         let tma = tc.and_then(|_| self.mvr_tma(k, units, ws[0].row_bytes, aligned));
         let (func, r) = if let Some(p) = &tma {
-            (&p.f[if p.group_bytes.is_some() { 3 } else { 1 }], p.rows)
+            (p.func(true), p.rows)
         } else if let Some(f) = tc {
             (&f[1], MVR_ROWS)
         } else {
@@ -352,6 +352,8 @@ impl CudaBackend {
             }
         };
         let (bx, by) = match tc {
+            // The ring's producer warp.
+            Some(_) if tma.as_ref().is_some_and(|p| p.slots.is_some()) => ((MVR_WARPS + 1) * 32, 1),
             Some(_) => (self.mvr_warps(units, tma.is_some()) * 32, 1),
             None => self.mv_block(k, units, total, r),
         };
@@ -374,6 +376,17 @@ impl CudaBackend {
                         tm.push(self.tmap(m.w, m.rows, ws[0].row_bytes, gb, p.rows)?);
                     }
                     tm.resize(4, tm[0]);
+                    if let Some(slots) = p.slots {
+                        let slots = slots as i32;
+                        launch!(
+                            @keep_cluster p.parts as u32, self, func, cfg, &tm[0], &tm[1],
+                            &tm[2], &tm[3], &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0],
+                            &a.y[1], &a.y[2], &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2],
+                            &a.rows[3], &a.starts[1], &a.starts[2], &a.starts[3], &qp, &dsp,
+                            &units_i, &nr_i, &parts, &pu, &pb, &slots
+                        )?;
+                        continue;
+                    }
                     launch!(
                         @keep_cluster p.parts as u32, self, func, cfg, &tm[0], &tm[1], &tm[2],
                         &tm[3], &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1], &a.y[2],
@@ -450,7 +463,7 @@ impl CudaBackend {
             let tc = self.mvr_kernels(k, nr);
             let tma = tc.and_then(|_| self.mvr_tma(k, units, w.row_bytes, wp.is_multiple_of(16)));
             let (func, rows_per_block) = if let Some(p) = &tma {
-                (&p.f[if p.group_bytes.is_some() { 2 } else { 0 }], p.rows)
+                (p.func(false), p.rows)
             } else if let Some(f) = tc {
                 (&f[0], MVR_ROWS)
             } else if which == 0 && per_block == 8 {
@@ -471,6 +484,10 @@ impl CudaBackend {
                 (&k.mv[which], MVQ_ROWS_PER_BLOCK[which])
             };
             let (bx, by) = match tc {
+                // The ring's producer warp.
+                Some(_) if tma.as_ref().is_some_and(|p| p.slots.is_some()) => {
+                    ((MVR_WARPS + 1) * 32, 1)
+                }
                 Some(_) => (self.mvr_warps(units, tma.is_some()) * 32, 1),
                 None => self.mv_block(k, units, w.rows, rows_per_block),
             };
@@ -488,10 +505,18 @@ impl CudaBackend {
                 let (parts, pu, pb) = (p.parts as i32, p.part_units as i32, p.part_bytes as i32);
                 if let Some(gb) = p.group_bytes {
                     let tm = self.tmap(wp, w.rows, w.row_bytes, gb, p.rows)?;
-                    launch!(
-                        @keep_cluster p.parts as u32, self, func, cfg, &tm, &xr, &dr, &orr,
-                        &rows_i, &units_i, &nr_i, &parts, &pu, &pb
-                    )?;
+                    if let Some(slots) = p.slots {
+                        let slots = slots as i32;
+                        launch!(
+                            @keep_cluster p.parts as u32, self, func, cfg, &tm, &xr, &dr, &orr,
+                            &rows_i, &units_i, &nr_i, &parts, &pu, &pb, &slots
+                        )?;
+                    } else {
+                        launch!(
+                            @keep_cluster p.parts as u32, self, func, cfg, &tm, &xr, &dr, &orr,
+                            &rows_i, &units_i, &nr_i, &parts, &pu, &pb
+                        )?;
+                    }
                 } else {
                     launch!(
                         @keep_cluster p.parts as u32, self, func, cfg, &wp, &xr, &dr, &orr,

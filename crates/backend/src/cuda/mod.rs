@@ -119,6 +119,8 @@ const MVR_TMA_MAX: usize = 96 << 10;
 const MVRT_TILES: [usize; 3] = [4, 2, 1];
 /// Groups a row's part at most in `mvrc_*` (MVRC_MAXG in gemv_rows.cu).
 const MVRC_MAXG: usize = 72;
+/// Slots at most in `mvrq_*`'s ring (MVRQ_MAXS in gemv_rows.cu).
+const MVRQ_MAXS: usize = 16;
 /// The parts `mvrt_*` may split K in (blocks of a cluster), fewest first; at most
 /// gemv_rows.cu's MVRT_MAXP.
 const MVRT_PARTS: [usize; 3] = [1, 2, 4];
@@ -217,8 +219,9 @@ struct IntKernels {
 
 /// gemv_rows.cu's `mvrt_MT` / `mvrmt_MT` of a format.
 struct RowsTma {
-    /// [mvrt, mvrmt, mvrc, mvrmc] by MT (16-row tiles a block by bulk copies), most first.
-    funcs: Vec<(usize, [CudaFunction; 4])>,
+    /// [mvrt, mvrmt, mvrc, mvrmc, mvrq, mvrmq] by MT (16-row tiles a block by bulk copies),
+    /// most first.
+    funcs: Vec<(usize, [CudaFunction; 6])>,
     /// Units of the format's smallest independently addressed run of a row (FmtNames).
     group_units: usize,
     /// `mvrtg_4`: `matmul_glu` on `mvrt_4`'s tile (fused.rs), where 4 tiles are allowed.
@@ -347,6 +350,9 @@ pub struct CudaBackend {
     /// Which matrices `mvrt_*` takes by group (`mvrc_*`: a tensor copy and a barrier per
     /// group of the tile), of those whose rows are whole groups: see [`ByGroup`].
     mvrc: gemv_rows::ByGroup,
+    /// Slots of `mvrq_*`'s ring, where the tile goes by group (0: `mvrc_*`, every group in
+    /// flight at once; NEAGARI_CUDA_MVRQ).
+    mvrq: usize,
     /// The tensor maps `mvrc_*` reads, by (weights, rows, row bytes, group bytes, box rows).
     tmaps: Mutex<HashMap<gemv_rows::TMapKey, gemv_rows::TMap>>,
     /// Counts kernel launches and device writes (see [`Scratch::xq_key`]).
@@ -615,6 +621,10 @@ impl CudaBackend {
                 Ok("1") => gemv_rows::ByGroup::All,
                 _ => gemv_rows::ByGroup::Wide,
             },
+            mvrq: std::env::var("NEAGARI_CUDA_MVRQ")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(0, |n: usize| n.min(MVRQ_MAXS)),
             tmaps: Mutex::new(HashMap::new()),
             mvr_on: maj >= 8 && std::env::var("NEAGARI_CUDA_MV_TC").as_deref() != Ok("0"),
             gen: AtomicU64::new(0),

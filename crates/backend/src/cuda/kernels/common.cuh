@@ -170,6 +170,34 @@ __device__ __forceinline__ void mbar_init(u64* bar) {
 #endif
 }
 
+// A barrier whose phase completes after `count` arrivals (`mbar_arrive`).
+__device__ __forceinline__ void mbar_init_n(u64* bar, u32 count) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count)
+                 : "memory");
+#endif
+}
+
+// One arrival (release: this thread's shared-memory reads and writes come before it).
+__device__ __forceinline__ void mbar_arrive(u64* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+#endif
+}
+
+// `bytes` more for this phase to wait for, without an arrival (`mbar_expect` arrives).
+__device__ __forceinline__ void mbar_expect_tx(u64* bar, u32 bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+#endif
+}
+
+// Barrier `id` (1..15; 0 is __syncthreads') of `n` threads (whole warps).
+__device__ __forceinline__ void named_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
 // The barriers' initialisation visible to the async proxy (the bulk copies).
 __device__ __forceinline__ void mbar_init_fence() {
 #if __CUDA_ARCH__ >= 900

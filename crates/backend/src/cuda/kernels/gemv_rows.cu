@@ -394,97 +394,95 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
 // The tile's row r, group q is at tile + r·stride + q·gp. CH (chunked, `mvrc`): group q of
 // every row lands by itself, on bars[q], and a warp waits for a step's group before its
 // loads.
-template <class F, int MT, bool CH = false>
-__device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8* __restrict__ xq,
-                                          const float2* __restrict__ xds, float* __restrict__ y,
-                                          int rows, int units, int pu, int stride, int gp, u64* bars,
-                                          int nr, int blk, int part, int parts) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    const int base = blk * 16 * MT, last = rows - 1 - base;
-    // Column g of B is activation row g (rows past nr re-read the last; those columns'
-    // sums are dropped); the scales of this thread's output columns 2t and 2t + 1, two
-    // units a 16-byte load (units is a multiple of 4). The pointers start at the warp's
-    // first step and move a stride a step.
-    const int2* xr = (const int2*)(xq + (i64)min(g, nr - 1) * units * 32) + t + 16 * warp;
-    const int c0 = 2 * t, c1 = 2 * t + 1;
-    const float4* s0 = (const float4*)(xds + (i64)min(c0, nr - 1) * units) + 2 * warp;
-    const float4* s1 = (const float4*)(xds + (i64)min(c1, nr - 1) * units) + 2 * warp;
-    float acc[MT][4];
+// One step of `mvrb_impl` (units 4s..4s+3 of the rows; `s` as F::load counts it) on its MT
+// tiles: x the thread's activation words of the step's units, (d0, y0) / (d1, y1) the
+// (d, d·Σq) of its output columns, q0 / q1 their sums over the step.
+template <class F, int MT>
+__device__ __forceinline__ void mvrb_step(float (&acc)[MT][4], const u8* __restrict__ tile,
+                                          int stride, int gp, int s, int last, int g, int t,
+                                          const int2 (&x)[4], const float (&d0)[4],
+                                          const float (&d1)[4], const float (&y0)[4],
+                                          const float (&y1)[4], float q0, float q1) {
 #pragma unroll
-    for (int i = 0; i < MT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    const int steps = pu >> 2;
-    for (int s = warp; s < steps; s += nw, xr += 16 * nw, s0 += 2 * nw, s1 += 2 * nw) {
-        int2 x[4];
+    for (int i = 0; i < MT; i++) {
+        // Rows past the end re-read the last row (their sums are dropped).
+        const typename F::Raw ra = F::load(tile + (i64)min(16 * i + g, last) * stride, s, t, gp);
+        const typename F::Raw rb =
+            F::load(tile + (i64)min(16 * i + g + 8, last) * stride, s, t, gp);
+        float m[4] = {0.f, 0.f, 0.f, 0.f};
+        // PER_UNIT: the mins' Σ_units m·d_x·Σq.
+        float n[4] = {0.f, 0.f, 0.f, 0.f};
+        float sa[4], ma[4], sb[4], mb[4], da, dma, db, dmb;
+        if constexpr (F::PER_UNIT) {
+            F::scales(ra, s, sa, ma, da, dma);
+            F::scales(rb, s, sb, mb, db, dmb);
+        }
 #pragma unroll
-        for (int j = 0; j < 4; j++) x[j] = __ldg(xr + 4 * j);
-        // (d, d·Σq) of units 4s, 4s + 1 and 4s + 2, 4s + 3 of each column.
-        const float4 e0a = __ldg(s0), e0b = __ldg(s0 + 1);
-        const float4 e1a = __ldg(s1), e1b = __ldg(s1 + 1);
-        const float d0[4] = {e0a.x, e0a.z, e0b.x, e0b.z}, d1[4] = {e1a.x, e1a.z, e1b.x, e1b.z};
-        const float y0[4] = {e0a.y, e0a.w, e0b.y, e0b.w}, y1[4] = {e1a.y, e1a.w, e1b.y, e1b.w};
-        // Block-scaled: Σ_units d_x·Σq of each column, for every tile.
-        const float q0 = (y0[0] + y0[1]) + (y0[2] + y0[3]);
-        const float q1 = (y1[0] + y1[1]) + (y1[2] + y1[3]);
-        if constexpr (CH) mbar_wait(&bars[s / F::GROUP_STEPS], 0);
+        for (int j = 0; j < 4; j++) {
+            int a[4];
+            F::unpack(ra, j, t, a[0], a[2]);
+            F::unpack(rb, j, t, a[1], a[3]);
+            // The sums start at 1.5·2^23, so their bits are the float 1.5·2^23 + Σ
+            // (|Σ| ≤ 32·15·127 < 2^22) and one subtraction makes Σ exact: a float add
+            // instead of an int→float conversion (a quarter-rate pipe, 4 a unit).
+            int c[4] = {MVRB_K, MVRB_K, MVRB_K, MVRB_K};
+            mma_s8(c, a, x[j].x, x[j].y);
+            float v[4];
 #pragma unroll
-        for (int i = 0; i < MT; i++) {
-            // Rows past the end re-read the last row (their sums are dropped).
-            const typename F::Raw ra =
-                F::load(tile + (i64)min(16 * i + g, last) * stride, s, t, gp);
-            const typename F::Raw rb =
-                F::load(tile + (i64)min(16 * i + g + 8, last) * stride, s, t, gp);
-            float m[4] = {0.f, 0.f, 0.f, 0.f};
-            // PER_UNIT: the mins' Σ_units m·d_x·Σq.
-            float n[4] = {0.f, 0.f, 0.f, 0.f};
-            float sa[4], ma[4], sb[4], mb[4], da, dma, db, dmb;
+            for (int k = 0; k < 4; k++) v[k] = __int_as_float(c[k]) - 12582912.f;
             if constexpr (F::PER_UNIT) {
-                F::scales(ra, s, sa, ma, da, dma);
-                F::scales(rb, s, sb, mb, db, dmb);
-            }
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int a[4];
-                F::unpack(ra, j, t, a[0], a[2]);
-                F::unpack(rb, j, t, a[1], a[3]);
-                // The sums start at 1.5·2^23, so their bits are the float 1.5·2^23 + Σ
-                // (|Σ| ≤ 32·15·127 < 2^22) and one subtraction makes Σ exact: a float add
-                // instead of an int→float conversion (a quarter-rate pipe, 4 a unit).
-                int c[4] = {MVRB_K, MVRB_K, MVRB_K, MVRB_K};
-                mma_s8(c, a, x[j].x, x[j].y);
-                float v[4];
-#pragma unroll
-                for (int k = 0; k < 4; k++) v[k] = __int_as_float(c[k]) - 12582912.f;
-                if constexpr (F::PER_UNIT) {
-                    m[0] += sa[j] * d0[j] * v[0];
-                    m[1] += sa[j] * d1[j] * v[1];
-                    m[2] += sb[j] * d0[j] * v[2];
-                    m[3] += sb[j] * d1[j] * v[3];
-                    n[0] += ma[j] * y0[j];
-                    n[1] += ma[j] * y1[j];
-                    n[2] += mb[j] * y0[j];
-                    n[3] += mb[j] * y1[j];
-                } else {
-                    m[0] += d0[j] * v[0];
-                    m[1] += d1[j] * v[1];
-                    m[2] += d0[j] * v[2];
-                    m[3] += d1[j] * v[3];
-                }
-            }
-            if constexpr (F::PER_UNIT) {
-                acc[i][0] += da * m[0] - dma * n[0];
-                acc[i][1] += da * m[1] - dma * n[1];
-                acc[i][2] += db * m[2] - dmb * n[2];
-                acc[i][3] += db * m[3] - dmb * n[3];
+                m[0] += sa[j] * d0[j] * v[0];
+                m[1] += sa[j] * d1[j] * v[1];
+                m[2] += sb[j] * d0[j] * v[2];
+                m[3] += sb[j] * d1[j] * v[3];
+                n[0] += ma[j] * y0[j];
+                n[1] += ma[j] * y1[j];
+                n[2] += mb[j] * y0[j];
+                n[3] += mb[j] * y1[j];
             } else {
-                const float wa = h2f((u16)ra.d), wb = h2f((u16)rb.d);
-                acc[i][0] += wa * (F::A * m[0] - q0);
-                acc[i][1] += wa * (F::A * m[1] - q1);
-                acc[i][2] += wb * (F::A * m[2] - q0);
-                acc[i][3] += wb * (F::A * m[3] - q1);
+                m[0] += d0[j] * v[0];
+                m[1] += d1[j] * v[1];
+                m[2] += d0[j] * v[2];
+                m[3] += d1[j] * v[3];
             }
         }
+        if constexpr (F::PER_UNIT) {
+            acc[i][0] += da * m[0] - dma * n[0];
+            acc[i][1] += da * m[1] - dma * n[1];
+            acc[i][2] += db * m[2] - dmb * n[2];
+            acc[i][3] += db * m[3] - dmb * n[3];
+        } else {
+            const float wa = h2f((u16)ra.d), wb = h2f((u16)rb.d);
+            acc[i][0] += wa * (F::A * m[0] - q0);
+            acc[i][1] += wa * (F::A * m[1] - q1);
+            acc[i][2] += wb * (F::A * m[2] - q0);
+            acc[i][3] += wb * (F::A * m[3] - q1);
+        }
     }
+}
+
+// The step's activation scales as `mvrb_step` takes them: (d, d·Σq) of units 4s .. 4s + 3
+// of columns c0 and c1 (two units a 16-byte load each, a, b), and the block-scaled sums.
+struct MvrbScales {
+    float d0[4], d1[4], y0[4], y1[4], q0, q1;
+    __device__ __forceinline__ MvrbScales(float4 e0a, float4 e0b, float4 e1a, float4 e1b)
+        : d0{e0a.x, e0a.z, e0b.x, e0b.z},
+          d1{e1a.x, e1a.z, e1b.x, e1b.z},
+          y0{e0a.y, e0a.w, e0b.y, e0b.w},
+          y1{e1a.y, e1a.w, e1b.y, e1b.w},
+          q0((y0[0] + y0[1]) + (y0[2] + y0[3])),
+          q1((y1[0] + y1[1]) + (y1[2] + y1[3])) {}
+};
+
+// The end of `mvrb_impl`: warp `warp` of `nw` holds its sums of the block's MT tiles in
+// `acc`; they meet in shared memory in warp order (then, with K split, in the cluster's
+// rank 0 in rank order) and go to y. `sync` is the block's barrier of those nw warps.
+template <int MT, class Sync>
+__device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __restrict__ y,
+                                            int rows, int nr, int base, int part, int parts,
+                                            int warp, int nw, Sync sync) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int c0 = 2 * t, c1 = 2 * t + 1;
     __shared__ float red[MVR_WARPS][MT][4][32];
     // The block's sums when K is split: read by the cluster's rank 0.
     __shared__ float psum[MT][4][32];
@@ -492,7 +490,7 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
     for (int i = 0; i < MT; i++)
 #pragma unroll
         for (int k = 0; k < 4; k++) red[warp][i][k][lane] = acc[i][k];
-    __syncthreads();
+    sync();
     // Warp w sums tiles w, w + nw, …, in warp order: the result does not depend on timing.
     for (int i = warp; i < MT; i += nw) {
 #pragma unroll
@@ -532,6 +530,38 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
     // No block leaves while rank 0 still reads its psum.
     cluster_sync();
 #endif
+}
+
+template <class F, int MT, bool CH = false>
+__device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8* __restrict__ xq,
+                                          const float2* __restrict__ xds, float* __restrict__ y,
+                                          int rows, int units, int pu, int stride, int gp, u64* bars,
+                                          int nr, int blk, int part, int parts) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int base = blk * 16 * MT, last = rows - 1 - base;
+    // Column g of B is activation row g (rows past nr re-read the last; those columns'
+    // sums are dropped); the scales of this thread's output columns 2t and 2t + 1, two
+    // units a 16-byte load (units is a multiple of 4). The pointers start at the warp's
+    // first step and move a stride a step.
+    const int2* xr = (const int2*)(xq + (i64)min(g, nr - 1) * units * 32) + t + 16 * warp;
+    const int c0 = 2 * t, c1 = 2 * t + 1;
+    const float4* s0 = (const float4*)(xds + (i64)min(c0, nr - 1) * units) + 2 * warp;
+    const float4* s1 = (const float4*)(xds + (i64)min(c1, nr - 1) * units) + 2 * warp;
+    float acc[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    const int steps = pu >> 2;
+    for (int s = warp; s < steps; s += nw, xr += 16 * nw, s0 += 2 * nw, s1 += 2 * nw) {
+        int2 x[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) x[j] = __ldg(xr + 4 * j);
+        const MvrbScales e(__ldg(s0), __ldg(s0 + 1), __ldg(s1), __ldg(s1 + 1));
+        if constexpr (CH) mbar_wait(&bars[s / F::GROUP_STEPS], 0);
+        mvrb_step<F, MT>(acc, tile, stride, gp, s, last, g, t, x, e.d0, e.d1, e.y0, e.y1, e.q0,
+                         e.q1);
+    }
+    mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, nw, [] { __syncthreads(); });
 }
 
 // Bytes between two rows of a tile in shared memory: the row's, plus 16 where that is an
@@ -743,4 +773,122 @@ __device__ __forceinline__ void mvrc_impl(const TMap* tm, const i8* __restrict__
 MVRC(1, 3)
 MVRC(2, 2)
 MVRC(4, MVRT_MINB)
+
+// Slots at most in `mvrq`'s ring (its barriers).
+#define MVRQ_MAXS 16
+
+// `mvrc_impl` through a ring of `slots` group slots in shared memory: a producer warp (warp
+// MVR_WARPS) copies group q of the tile into slot q % slots once the warps that read the
+// group before are done with it (`empty`), and the MVR_WARPS warps compute as `mvrb_impl`
+// by group — the same steps a warp, the same sums in the same order. ncu, 27B Q4_K qkv+z
+// by group with 8 rows: the whole tile took 233 KB of the SM's 256 KB of L1 and shared
+// memory, the activations hit L1 58% of the time and 28% of the warp samples waited on
+// them, 22% on the tile's barriers; the ring is a fraction of the tile. (With each
+// group's activation rows copied into the slot too, 17 small bulk copies a group, the
+// kernel took twice as long: 27B Q4_K gate+up 51.4 → 107.3 µs.) Slot: the group of the
+// tile, RB rows of GB bytes as the box lands them. The host makes `slots` a multiple of the
+// groups between a warp's two groups (MVR_WARPS / GS, at least 1): the slot of a warp's
+// next group then last held a group that warp waited for, so the `full` phase it waits on
+// by parity is the next one and not the one after.
+template <class F, int MT, class Wait>
+__device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__ xq,
+                                          const float2* __restrict__ xds, float* __restrict__ y,
+                                          int rows, int units, int nr, int blk, int parts,
+                                          int part_units, int part_bytes, int slots, Wait wait) {
+#if __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) u8 sm[];
+    __shared__ u64 full[MVRQ_MAXS], empty[MVRQ_MAXS];
+    constexpr int RB = 16 * MT, GB = F::GROUP_BYTES, GS = F::GROUP_STEPS, SLOT = RB * GB;
+    // Warps computing a group's steps (each arrives on its `empty` once).
+    constexpr int NW = MVR_WARPS, CW = GS < NW ? GS : NW;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int part = parts > 1 ? (int)(blockIdx.x % parts) : 0;
+    const int u0 = part * part_units, pu = min(part_units, units - u0);
+    const int steps = pu >> 2, ng = (steps + GS - 1) / GS, base = blk * RB;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < slots; i++) {
+            mbar_init(&full[i]);
+            mbar_init_n(&empty[i], CW);
+        }
+        mbar_init_fence();
+    }
+    // The barriers are initialised before any thread uses them.
+    __syncthreads();
+    if (warp == NW) {
+        // The weights do not depend on the kernel before: no wait.
+        if (lane == 0) {
+            const int x0 = part * (part_bytes >> 2);
+            for (int q = 0; q < ng; q++) {
+                const int sl = q % slots;
+                // The slot's readers of group q − slots are done.
+                if (q >= slots) mbar_wait(&empty[sl], (q / slots - 1) & 1);
+                mbar_expect(&full[sl], SLOT);
+                tma_load_2d(sm + sl * SLOT, tm, x0 + q * (GB >> 2), base, &full[sl]);
+            }
+        }
+        __syncwarp();
+        // mvrb_finish's two cluster barriers.
+        if (parts > 1) {
+            cluster_sync();
+            cluster_sync();
+        }
+        return;
+    }
+    wait();
+    const int g = lane >> 2, t = lane & 3, last = rows - 1 - base;
+    // As mvrb_impl: this thread's activation words and its columns' scales, from the
+    // warp's first step on.
+    const int2* xr = (const int2*)(xq + ((i64)min(g, nr - 1) * units + u0) * 32) + t + 16 * warp;
+    const float4* s0 = (const float4*)(xds + (i64)min(2 * t, nr - 1) * units + u0) + 2 * warp;
+    const float4* s1 = (const float4*)(xds + (i64)min(2 * t + 1, nr - 1) * units + u0) + 2 * warp;
+    float acc[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    for (int s = warp; s < steps; s += NW, xr += 16 * NW, s0 += 2 * NW, s1 += 2 * NW) {
+        const int q = s / GS, s2 = s - q * GS, sl = q % slots;
+        int2 x[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) x[j] = __ldg(xr + 4 * j);
+        const MvrbScales e(__ldg(s0), __ldg(s0 + 1), __ldg(s1), __ldg(s1 + 1));
+        // The warp's first step of the group (steps go round the warps).
+        if (s2 < NW) mbar_wait(&full[sl], (q / slots) & 1);
+        mvrb_step<F, MT>(acc, sm + sl * SLOT, GB, 0, s2, last, g, t, x, e.d0, e.d1, e.y0, e.y1,
+                         e.q0, e.q1);
+        // The warp's last step of the group: the slot may take another once every reader
+        // has said so.
+        if (s2 + NW >= GS || s + NW >= steps) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[sl]);
+        }
+    }
+    mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, NW,
+                    [] { named_sync(1, MVR_WARPS * 32); });
+#else
+    __trap();
+#endif
+}
+
+// mvrq_<MT> / mvrmq_<MT>: mvrc_<MT> / mvrmc_<MT> through the ring (MVR_WARPS + 1 warps a
+// block), `slots` slots of dynamic shared memory.
+#define MVRQ(MT, MINB)                                                                             \
+    extern "C" __global__ void __launch_bounds__((MVR_WARPS + 1) * 32, MINB)                  \
+        mvrq_##MT(const __grid_constant__ TMap tm, const i8* xq, const float2* xds, float* y,   \
+                  int rows, int units, int nr, int parts, int part_units, int part_bytes,      \
+                  int slots) {                                                                 \
+        mvrq_impl<FMTB, MT>(&tm, xq, xds, y, rows, units, nr, blockIdx.x / parts, parts,        \
+                            part_units, part_bytes, slots, [] { gdc_wait(); });               \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__((MVR_WARPS + 1) * 32, MINB)                  \
+        mvrmq_##MT(const __grid_constant__ TMap t0, const __grid_constant__ TMap t1,            \
+                   const __grid_constant__ TMap t2, const __grid_constant__ TMap t3,            \
+                   MAT4_PARAMS, const i8* xq, const float2* xds, int units, int nr, int parts,  \
+                   int part_units, int part_bytes, int slots) {                                \
+        const Mat4 p = MAT4_PICK(blockIdx.x / parts);                                          \
+        const TMap* tm = p.m == 0 ? &t0 : p.m == 1 ? &t1 : p.m == 2 ? &t2 : &t3;               \
+        mvrq_impl<FMTB, MT>(tm, xq, xds, p.y, p.rows, units, nr, p.b, parts, part_units,       \
+                            part_bytes, slots, [] { gdc_wait(); });                           \
+    }
+MVRQ(1, 2)
+MVRQ(2, 2)
+MVRQ(4, MVRT_MINB)
 #endif
