@@ -193,6 +193,14 @@ __device__ __forceinline__ void mbar_expect_tx(u64* bar, u32 bytes) {
 #endif
 }
 
+// This thread's shared-memory accesses so far ordered before the async proxy's (a bulk
+// copy into memory it read): without it the copy may land before the reads are done.
+__device__ __forceinline__ void fence_async_shared() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
 // Barrier `id` (1..15; 0 is __syncthreads') of `n` threads (whole warps).
 __device__ __forceinline__ void named_sync(int id, int n) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");

@@ -855,8 +855,12 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
         mvrb_step<F, MT>(acc, sm + sl * SLOT, GB, 0, s2, last, g, t, x, e.d0, e.d1, e.y0, e.y1,
                          e.q0, e.q1);
         // The warp's last step of the group: the slot may take another once every reader
-        // has said so.
+        // has said so, each lane's reads ordered before the copy that will overwrite them
+        // (generic-proxy reads, then an async-proxy write: the PTX memory model asks for the
+        // fence; without it, a possible cause of the one mismatch measured, BENCHMARKS
+        // session 29).
         if (s2 + NW >= GS || s + NW >= steps) {
+            fence_async_shared();
             __syncwarp();
             if (lane == 0) mbar_arrive(&empty[sl]);
         }
