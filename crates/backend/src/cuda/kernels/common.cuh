@@ -164,13 +164,8 @@ __device__ __forceinline__ void pf_issue(const Pf& pf) {
 // (gemv_rows.cu's `mvrt`).
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
-__device__ __forceinline__ void mbar_init(u64* bar) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
-#endif
-}
-
-// A barrier whose phase completes after `count` arrivals (`mbar_arrive`).
+// A barrier whose phase completes after `count` arrivals (`mbar_arrive`; `mbar_expect`
+// is one).
 __device__ __forceinline__ void mbar_init_n(u64* bar, u32 count) {
 #if __CUDA_ARCH__ >= 900
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count)
@@ -178,18 +173,12 @@ __device__ __forceinline__ void mbar_init_n(u64* bar, u32 count) {
 #endif
 }
 
+__device__ __forceinline__ void mbar_init(u64* bar) { mbar_init_n(bar, 1); }
+
 // One arrival (release: this thread's shared-memory reads and writes come before it).
 __device__ __forceinline__ void mbar_arrive(u64* bar) {
 #if __CUDA_ARCH__ >= 900
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-#endif
-}
-
-// `bytes` more for this phase to wait for, without an arrival (`mbar_expect` arrives).
-__device__ __forceinline__ void mbar_expect_tx(u64* bar, u32 bytes) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
-                 : "memory");
 #endif
 }
 
