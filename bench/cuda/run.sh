@@ -52,7 +52,7 @@ if [ -n "${TESTS:-}" ]; then
     wait
     # Every module compiled once, into the kernel cache (~/.cache/neagari/kernels) that the
     # suites below then read, instead of each compiling the same modules at once.
-    (cd crates/backend && timeout 300 "$B/cuda_ops" --exact kernels_compile_with_nvrtc \
+    (cd crates/backend && timeout 420 "$B/cuda_ops" --exact kernels_compile_with_nvrtc \
         > "$LOG/compile.log" 2>&1; grep -E "^test result" "$LOG/compile.log")
     suite() { # dir name [env]
         (cd "$1" && env ${3:-} timeout 600 "$B/$2" --test-threads 1 ${4:-} > "$LOG/$2.log" 2>&1

@@ -1,7 +1,8 @@
 //! The tensor-core GEMV of 3–8 activation rows (gemv_rows.cu), the verify forward's
 //! matmuls: which kernel runs (`mvr` from registers, `mvrt_MT` with the tile in one bulk
-//! copy, `mvrc_MT` with it by group), the block's tiles and K parts, and the tensor maps
-//! `mvrc_MT` copies through. Launched from matmul.rs with the other GEMVs.
+//! copy, `mvrc_MT` with it by group, `mvrq_MT` by group through a ring of slots — the
+//! default where a tile goes by group), the block's tiles and K parts, and the tensor maps
+//! they copy through. Launched from matmul.rs with the other GEMVs.
 
 use super::*;
 
@@ -128,20 +129,23 @@ impl CudaBackend {
             // (gemv_rows.cu `mvrt_stride`).
             let stride = part_bytes + if (part_bytes / 16) % 2 == 1 { 0 } else { 16 };
             let smem = mt * MVR_ROWS * stride;
-            let group_bytes = gb.filter(|_| per <= MVRC_MAXG);
             // By group through a ring of that many slots, where more groups than slots.
             // A warp takes every `apart`-th group (steps go round the warps, GROUP_STEPS =
             // group_units / 4 a group), so the slots are a multiple of that: a warp's next
             // group then reuses a slot whose last group it read itself, and the barrier's
-            // parity names the right phase.
+            // parity names the right phase. The ring's shared memory does not grow with K:
+            // with `mvrq_tiles` its rows are whole where the whole tile would not fit
+            // (`mvrc` keeps a barrier a group, MVRC_MAXG; the ring one a slot).
+            let any = self.mvrq_tiles.is_some();
             let apart = (MVR_WARPS * 4 / t.group_units).max(1);
-            let slot = group_bytes.map(|gb| mvrq_slot(mt, gb));
-            let slots = slot
-                .map(|b| (self.mvrq.div_ceil(apart) * apart, b))
+            let slots = gb
+                .filter(|_| any || per <= MVRC_MAXG)
+                .map(|gb| (self.mvrq.div_ceil(apart) * apart, mvrq_slot(mt, gb)))
                 .filter(|&(n, b)| {
                     self.mvrq > 0 && n < per && n <= MVRQ_MAXS && n * b <= MVR_TMA_MAX
                 });
-            (smem <= MVR_TMA_MAX).then_some(MvrtPlan {
+            let group_bytes = gb.filter(|_| slots.is_some() || per <= MVRC_MAXG);
+            ((any && slots.is_some()) || smem <= MVR_TMA_MAX).then_some(MvrtPlan {
                 f: &t.funcs.iter().find(|(m, _)| *m == mt)?.1,
                 // By group: the part's groups unpadded, no more than the rows.
                 smem: match (slots, group_bytes) {
@@ -159,7 +163,11 @@ impl CudaBackend {
         };
         let tiles = || t.funcs.iter().map(|(mt, _)| *mt);
         let whole = self.mvrt_parts.contains(&1);
-        let whole = tiles().find_map(|mt| whole.then(|| plan(mt, 1)).flatten());
+        // Through the ring of whole rows, `mvrq_tiles` tiles first.
+        let ring = tiles()
+            .filter(|&mt| whole && Some(mt) == self.mvrq_tiles)
+            .find_map(|mt| plan(mt, 1).filter(|p| p.slots.is_some()));
+        let whole = ring.or_else(|| tiles().find_map(|mt| whole.then(|| plan(mt, 1)).flatten()));
         // Under 2 bits a weight, half rows where that takes twice the tiles a block: each
         // activation fragment a warp loads then serves twice the weights (27B Q1_0 ffn_down,
         // 8 rows: 2 whole-row tiles 21.1 µs, 4 half-row tiles 17.6). Q4_K's 5120-wide rows

@@ -121,6 +121,10 @@ const MVRT_TILES: [usize; 3] = [4, 2, 1];
 const MVRC_MAXG: usize = 72;
 /// Slots at most in `mvrq_*`'s ring (MVRQ_MAXS in gemv_rows.cu).
 const MVRQ_MAXS: usize = 16;
+/// Slots of `mvrq_*`'s ring by default: 27B Q4_K, 8 rows, µs at 8 / 16 slots: gate+up
+/// 43.2 / 46.5, qkv+z 21.4 / 23.1, head 263.0 / 268.4 (H200; every group at once, `mvrc`:
+/// 51.2, 23.9, 293.0).
+const MVRQ_SLOTS: usize = 8;
 /// The parts `mvrt_*` may split K in (blocks of a cluster), fewest first; at most
 /// gemv_rows.cu's MVRT_MAXP.
 const MVRT_PARTS: [usize; 3] = [1, 2, 4];
@@ -350,9 +354,17 @@ pub struct CudaBackend {
     /// Which matrices `mvrt_*` takes by group (`mvrc_*`: a tensor copy and a barrier per
     /// group of the tile), of those whose rows are whole groups: see [`ByGroup`].
     mvrc: gemv_rows::ByGroup,
-    /// Slots of `mvrq_*`'s ring, where the tile goes by group (0: `mvrc_*`, every group in
-    /// flight at once; NEAGARI_CUDA_MVRQ).
+    /// Slots of `mvrq_*`'s ring, where the tile goes by group (MVRQ_SLOTS; NEAGARI_CUDA_MVRQ=N,
+    /// 0: `mvrc_*`, every group of the tile in flight at once).
     mvrq: usize,
+    /// Where set (NEAGARI_CUDA_MVRQ_TILES=1|2|4), the ring takes rows whole with that many
+    /// tiles a block first, where the whole tile would not fit too (no K split); unset, it
+    /// takes the tiles and parts of the whole tile's plan. 27B Q4_K, 8 rows, H200: the
+    /// GEMVs (µs; gate+up, qkv+z, down, ssm_out, head) unset 43.2, 21.4, 29.5, 13.3, 263;
+    /// at 2 tiles 43.2, 21.4, 27.8, 11.2, 263; at 4 (read as NEAGARI_CUDA_MVRC=1, the same
+    /// plans for Q4_K) 37.8, 18.3, 27.6, 11.6, 215 — yet the 8-row greedy step at 4 took
+    /// 8.88 ms against 8.47 unset, unexplained; the step at 2 is not measured.
+    mvrq_tiles: Option<usize>,
     /// The tensor maps `mvrc_*` reads, by (weights, rows, row bytes, group bytes, box rows).
     tmaps: Mutex<HashMap<gemv_rows::TMapKey, gemv_rows::TMap>>,
     /// Counts kernel launches and device writes (see [`Scratch::xq_key`]).
@@ -624,7 +636,11 @@ impl CudaBackend {
             mvrq: std::env::var("NEAGARI_CUDA_MVRQ")
                 .ok()
                 .and_then(|v| v.parse().ok())
-                .map_or(0, |n: usize| n.min(MVRQ_MAXS)),
+                .map_or(MVRQ_SLOTS, |n: usize| n.min(MVRQ_MAXS)),
+            mvrq_tiles: std::env::var("NEAGARI_CUDA_MVRQ_TILES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|n| MVRT_TILES.contains(n)),
             tmaps: Mutex::new(HashMap::new()),
             mvr_on: maj >= 8 && std::env::var("NEAGARI_CUDA_MV_TC").as_deref() != Ok("0"),
             gen: AtomicU64::new(0),
