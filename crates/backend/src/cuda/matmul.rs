@@ -376,22 +376,14 @@ impl CudaBackend {
                         tm.push(self.tmap(m.w, m.rows, ws[0].row_bytes, gb, p.rows)?);
                     }
                     tm.resize(4, tm[0]);
-                    if let Some(slots) = p.slots {
-                        let slots = slots as i32;
-                        launch!(
-                            @keep_cluster p.parts as u32, self, func, cfg, &tm[0], &tm[1],
-                            &tm[2], &tm[3], &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0],
-                            &a.y[1], &a.y[2], &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2],
-                            &a.rows[3], &a.starts[1], &a.starts[2], &a.starts[3], &qp, &dsp,
-                            &units_i, &nr_i, &parts, &pu, &pb, &slots
-                        )?;
-                        continue;
-                    }
+                    // By group, through the ring or not (`mvrmc` ignores the slots).
+                    let slots = p.slots.unwrap_or(0) as i32;
                     launch!(
                         @keep_cluster p.parts as u32, self, func, cfg, &tm[0], &tm[1], &tm[2],
                         &tm[3], &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1], &a.y[2],
                         &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2], &a.rows[3], &a.starts[1],
-                        &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &nr_i, &parts, &pu, &pb
+                        &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &nr_i, &parts, &pu, &pb,
+                        &slots
                     )?;
                     continue;
                 }
@@ -505,18 +497,12 @@ impl CudaBackend {
                 let (parts, pu, pb) = (p.parts as i32, p.part_units as i32, p.part_bytes as i32);
                 if let Some(gb) = p.group_bytes {
                     let tm = self.tmap(wp, w.rows, w.row_bytes, gb, p.rows)?;
-                    if let Some(slots) = p.slots {
-                        let slots = slots as i32;
-                        launch!(
-                            @keep_cluster p.parts as u32, self, func, cfg, &tm, &xr, &dr, &orr,
-                            &rows_i, &units_i, &nr_i, &parts, &pu, &pb, &slots
-                        )?;
-                    } else {
-                        launch!(
-                            @keep_cluster p.parts as u32, self, func, cfg, &tm, &xr, &dr, &orr,
-                            &rows_i, &units_i, &nr_i, &parts, &pu, &pb
-                        )?;
-                    }
+                    // By group, through the ring or not (`mvrc` ignores the slots).
+                    let slots = p.slots.unwrap_or(0) as i32;
+                    launch!(
+                        @keep_cluster p.parts as u32, self, func, cfg, &tm, &xr, &dr, &orr,
+                        &rows_i, &units_i, &nr_i, &parts, &pu, &pb, &slots
+                    )?;
                 } else {
                     launch!(
                         @keep_cluster p.parts as u32, self, func, cfg, &wp, &xr, &dr, &orr,

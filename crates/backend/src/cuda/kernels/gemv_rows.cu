@@ -474,6 +474,29 @@ struct MvrbScales {
           q1((y1[0] + y1[1]) + (y1[2] + y1[3])) {}
 };
 
+// A thread's activations as `mvrb_step` takes them, from its warp's first step (`warp`) on,
+// `nw` warps taking the steps in turn. Column g of B is activation row g (rows past nr
+// re-read the last; those columns' sums are dropped); the scales are those of this
+// thread's output columns 2t and 2t + 1, two units a 16-byte load (units is a multiple of
+// 4). `xq`, `xds`: the part's first unit.
+struct MvrbAct {
+    const int2* xr;
+    const float4 *s0, *s1;
+    __device__ __forceinline__ MvrbAct(const i8* __restrict__ xq, const float2* __restrict__ xds,
+                                       int units, int nr, int g, int t, int warp)
+        : xr((const int2*)(xq + (i64)min(g, nr - 1) * units * 32) + t + 16 * warp),
+          s0((const float4*)(xds + (i64)min(2 * t, nr - 1) * units) + 2 * warp),
+          s1((const float4*)(xds + (i64)min(2 * t + 1, nr - 1) * units) + 2 * warp) {}
+    // This step's words and scales.
+    __device__ __forceinline__ MvrbScales load(int2 (&x)[4]) const {
+#pragma unroll
+        for (int j = 0; j < 4; j++) x[j] = __ldg(xr + 4 * j);
+        return MvrbScales(__ldg(s0), __ldg(s0 + 1), __ldg(s1), __ldg(s1 + 1));
+    }
+    // On to the warp's next step.
+    __device__ __forceinline__ void next(int nw) { xr += 16 * nw, s0 += 2 * nw, s1 += 2 * nw; }
+};
+
 // The end of `mvrb_impl`: warp `warp` of `nw` holds its sums of the block's MT tiles in
 // `acc`; they meet in shared memory in warp order (then, with K split, in the cluster's
 // rank 0 in rank order) and go to y. `sync` is the block's barrier of those nw warps.
@@ -540,23 +563,14 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int base = blk * 16 * MT, last = rows - 1 - base;
-    // Column g of B is activation row g (rows past nr re-read the last; those columns'
-    // sums are dropped); the scales of this thread's output columns 2t and 2t + 1, two
-    // units a 16-byte load (units is a multiple of 4). The pointers start at the warp's
-    // first step and move a stride a step.
-    const int2* xr = (const int2*)(xq + (i64)min(g, nr - 1) * units * 32) + t + 16 * warp;
-    const int c0 = 2 * t, c1 = 2 * t + 1;
-    const float4* s0 = (const float4*)(xds + (i64)min(c0, nr - 1) * units) + 2 * warp;
-    const float4* s1 = (const float4*)(xds + (i64)min(c1, nr - 1) * units) + 2 * warp;
+    MvrbAct a(xq, xds, units, nr, g, t, warp);
     float acc[MT][4];
 #pragma unroll
     for (int i = 0; i < MT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     const int steps = pu >> 2;
-    for (int s = warp; s < steps; s += nw, xr += 16 * nw, s0 += 2 * nw, s1 += 2 * nw) {
+    for (int s = warp; s < steps; s += nw, a.next(nw)) {
         int2 x[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) x[j] = __ldg(xr + 4 * j);
-        const MvrbScales e(__ldg(s0), __ldg(s0 + 1), __ldg(s1), __ldg(s1 + 1));
+        const MvrbScales e = a.load(x);
         if constexpr (CH) mbar_wait(&bars[s / F::GROUP_STEPS], 0);
         mvrb_step<F, MT>(acc, tile, stride, gp, s, last, g, t, x, e.d0, e.d1, e.y0, e.y1, e.q0,
                          e.q1);
@@ -752,11 +766,13 @@ __device__ __forceinline__ void mvrc_impl(const TMap* tm, const i8* __restrict__
 
 // mvrc_<MT> / mvrmc_<MT>: mvrt_<MT> / mvrmt_<MT> by group (the host's choice where a row is
 // whole groups), the matrices' maps by value (`__grid_constant__`: the copies read them
-// where they are).
+// where they are). `slots` is unused: the arguments are the ring's (`mvrq_<MT>`), so the
+// host launches both alike.
 #define MVRC(MT, MINB)                                                                             \
     extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
         mvrc_##MT(const __grid_constant__ TMap tm, const i8* xq, const float2* xds, float* y,   \
-                  int rows, int units, int nr, int parts, int part_units, int part_bytes) {     \
+                  int rows, int units, int nr, int parts, int part_units, int part_bytes,      \
+                  int slots) {                                                                 \
         mvrc_impl<FMTB, MT>(&tm, xq, xds, y, rows, units, nr, blockIdx.x / parts, parts,        \
                             part_units, part_bytes, [] { gdc_wait(); });                      \
     }                                                                                          \
@@ -764,7 +780,7 @@ __device__ __forceinline__ void mvrc_impl(const TMap* tm, const i8* __restrict__
         mvrmc_##MT(const __grid_constant__ TMap t0, const __grid_constant__ TMap t1,            \
                    const __grid_constant__ TMap t2, const __grid_constant__ TMap t3,            \
                    MAT4_PARAMS, const i8* xq, const float2* xds, int units, int nr, int parts,  \
-                   int part_units, int part_bytes) {                                           \
+                   int part_units, int part_bytes, int slots) {                                \
         const Mat4 p = MAT4_PICK(blockIdx.x / parts);                                          \
         const TMap* tm = p.m == 0 ? &t0 : p.m == 1 ? &t1 : p.m == 2 ? &t2 : &t3;               \
         mvrc_impl<FMTB, MT>(tm, xq, xds, p.y, p.rows, units, nr, p.b, parts, part_units,       \
@@ -836,20 +852,14 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
     }
     wait();
     const int g = lane >> 2, t = lane & 3, last = rows - 1 - base;
-    // As mvrb_impl: this thread's activation words and its columns' scales, from the
-    // warp's first step on.
-    const int2* xr = (const int2*)(xq + ((i64)min(g, nr - 1) * units + u0) * 32) + t + 16 * warp;
-    const float4* s0 = (const float4*)(xds + (i64)min(2 * t, nr - 1) * units + u0) + 2 * warp;
-    const float4* s1 = (const float4*)(xds + (i64)min(2 * t + 1, nr - 1) * units + u0) + 2 * warp;
+    MvrbAct a(xq + u0 * 32, xds + u0, units, nr, g, t, warp);
     float acc[MT][4];
 #pragma unroll
     for (int i = 0; i < MT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    for (int s = warp; s < steps; s += NW, xr += 16 * NW, s0 += 2 * NW, s1 += 2 * NW) {
+    for (int s = warp; s < steps; s += NW, a.next(NW)) {
         const int q = s / GS, s2 = s - q * GS, sl = q % slots;
         int2 x[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) x[j] = __ldg(xr + 4 * j);
-        const MvrbScales e(__ldg(s0), __ldg(s0 + 1), __ldg(s1), __ldg(s1 + 1));
+        const MvrbScales e = a.load(x);
         // The warp's first step of the group (steps go round the warps).
         if (s2 < NW) mbar_wait(&full[sl], (q / slots) & 1);
         mvrb_step<F, MT>(acc, sm + sl * SLOT, GB, 0, s2, last, g, t, x, e.d0, e.d1, e.y0, e.y1,
