@@ -3,8 +3,8 @@
 # target/cuda-stage/bin; bench/cuda/stage.sh makes both): the GPU suites, then `neagari
 # bench` on random-weight files of real shapes (neagari synth), each run's figures as the
 # CLI prints them. Environment (all optional):
-#   TESTS=1            run the four GPU suites first (in parallel; logs in $OUT or /tmp)
-#   OPS_FILTER="a b"   only these cuda_ops tests
+#   TESTS=1            run the five GPU suites first (in parallel; logs in $OUT or /tmp)
+#   OPS_FILTER="a b"   only these cuda_ops tests (ROWS_FILTER: cuda_gemv_rows tests)
 #   TYPES="Q1_0 TQ2_0 Q4_K gemma"   files to bench: 27B shapes of those types, Gemma 3 270M
 #   AB_<TYPE>="def VAR=1,VAR2=x prev"  runs per file, each an env (commas between
 #                      variables), or `prev`: the CLI staged before this one (neagari_prev),
@@ -59,12 +59,13 @@ if [ -n "${TESTS:-}" ]; then
          echo "$2 rc $?" >> "$LOG/$2.log") &
     }
     suite crates/backend cuda_ops "" "${OPS_FILTER:-}"
+    suite crates/backend cuda_gemv_rows "" "${ROWS_FILTER:-}"
     suite crates/backend cuda_hybrid
     suite crates/engine cuda_hybrid_models
     synth gemma
     suite crates/engine cuda_models "NEAGARI_GPU_VS_CPU=$(file_of gemma)"
     wait
-    for s in cuda_ops cuda_hybrid cuda_hybrid_models cuda_models; do
+    for s in cuda_ops cuda_gemv_rows cuda_hybrid cuda_hybrid_models cuda_models; do
         grep -E "^test result|rc [0-9]+$|FAILED|panicked" "$LOG/$s.log" | head -6
     done
     echo "suites done after $(( $(date +%s) - T0 )) s"
@@ -93,7 +94,10 @@ for t in $TYPES; do
 done
 if [ -n "${KCACHE_OUT:-}" ] && [ -n "${OUT:-}" ]; then
     tar c -C "$HOME" .cache/neagari |
-        python3 -c "import lzma, shutil, sys; shutil.copyfileobj(sys.stdin.buffer, lzma.open(sys.argv[1], 'w', preset=9))" "$OUT/kcache-ptx.txz"
+        python3 -c "import lzma, shutil, sys
+with lzma.open(sys.argv[1], 'w', preset=9) as f: shutil.copyfileobj(sys.stdin.buffer, f)" "$OUT/kcache-ptx.txz"
+    # A copy that ended early (session 30's had no end marker) is worse than none.
+    unxz "$OUT/kcache-ptx.txz" | tar t > /dev/null || echo "kcache-ptx.txz does not unpack"
     ls -l "$OUT"/kcache-ptx.txz
 fi
 echo "total $(( $(date +%s) - T0 )) s"

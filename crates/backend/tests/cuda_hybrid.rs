@@ -7,25 +7,12 @@
 #![cfg(feature = "cuda")]
 
 mod cuda_common;
-use cuda_common::{check_q8_1, cpu, gpu, random_mat, randv, rel, rng, tensor};
+use cuda_common::{check_q8_1, cpu, download, gpu, random_mat, randv, rel, rng, tensor, upload};
 
 use neagari_backend::cuda::CudaBackend;
 use neagari_backend::{Backend, BackendError, DeltaNet, HeadMap, KvShape, KvType, RecShape};
 use neagari_quant::GgmlType;
 use rand::{rngs::StdRng, Rng};
-
-fn upload<B: Backend>(be: &B, x: &[f32], rows: usize, cols: usize) -> B::Buf {
-    let mut b = be.buf(rows, cols).expect("buf");
-    be.write(&mut b, x, rows, cols).expect("write");
-    b
-}
-
-fn download<B: Backend>(be: &B, b: &B::Buf) -> Vec<f32> {
-    let (rows, cols) = be.buf_shape(b);
-    let mut h = vec![f32::NAN; rows * cols];
-    be.read(b, 0, rows, &mut h).expect("read");
-    h
-}
 
 fn vector<B: Backend>(be: &B, v: &[f32]) -> B::Vector {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();

@@ -1,12 +1,14 @@
-//! Helpers shared by the GPU suites (`cuda_ops.rs`, `cuda_hybrid.rs`): the device or a
-//! printed reason to skip, the CPU backend they compare with, seeded random inputs, the
-//! relative error measure and host tensors.
+//! Helpers shared by the GPU suites (`cuda_ops.rs`, `cuda_hybrid.rs`, `cuda_gemv_rows.rs`):
+//! the device or a printed reason to skip, the CPU backend they compare with, seeded random
+//! inputs, the relative error measure, host tensors, buffers up and down.
+// Each suite uses some of them.
+#![allow(dead_code)]
 
 use std::io::Write;
 
 use neagari_backend::cpu::{CpuBackend, CpuOptions};
 use neagari_backend::cuda::{probe, CudaBackend};
-use neagari_backend::{HostTensor, SharedBytes};
+use neagari_backend::{Backend, HostTensor, SharedBytes};
 use neagari_quant::GgmlType;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -123,4 +125,28 @@ pub fn random_mat(
         .expect("dequant");
     }
     (tensor("w", ty, vec![rows, cols], bytes), deq)
+}
+
+/// `x` (`rows` × `cols`) in a new buffer of `be`.
+pub fn upload<B: Backend>(be: &B, x: &[f32], rows: usize, cols: usize) -> B::Buf {
+    let mut b = be.buf(rows, cols).expect("buf");
+    be.write(&mut b, x, rows, cols).expect("write");
+    b
+}
+
+/// A buffer of `be` back on the host.
+pub fn download<B: Backend>(be: &B, b: &B::Buf) -> Vec<f32> {
+    let (rows, cols) = be.buf_shape(b);
+    let mut h = vec![f32::NAN; rows * cols];
+    be.read(b, 0, rows, &mut h).expect("read");
+    h
+}
+
+/// Differing values of two outputs (0: the same bits).
+pub fn n_diff(a: &[f32], b: &[f32]) -> usize {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
 }

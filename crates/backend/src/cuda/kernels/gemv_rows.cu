@@ -19,7 +19,7 @@
 // A format struct `R_<fmt>` below gives words 2t and 2t + 1 of a unit and its (A_w, B_w).
 // Formats with scales per 16 values (Q2_K, Q3_K, Q6_K) have none and stay on `mvq8`, as
 // do Q4_1, Q5_1, Q5_K for now. Tested against the CPU backend and the exact product in
-// tests/cuda_ops.rs (`multi_row_gemv_on_tensor_cores`).
+// tests/cuda_gemv_rows.rs.
 //
 // Shapes as gemv_int.cu: xq [nr, units·32] i8, xds [nr, units] float2, y [nr, rows] f32.
 
