@@ -14,6 +14,8 @@
 #   GEMV="Q1_0 TQ2_0"  time the one-row GEMV at the 27B's shapes first (examples/cuda_gemv.rs);
 #                      GEMV_ROWS=8 times it with 8 activation rows (the verify's kernels)
 #   LLAMA_BENCH=path   a llama-bench binary built elsewhere: the same files, -ngl 99 -fa 1
+# The GEMV timings and bench runs are also in $LOG/bench.log (whole, where a tool keeps only
+# the tail of the output).
 # A fresh machine spends minutes compiling kernels: with KCACHE_OUT=1 and $OUT, NVRTC's kernel
 # cache comes back as $OUT/kcache-ptx.txz (~2 MB); put in target/kcache/ and carried next
 # time, it is unpacked first and only modules whose source changed compile again
@@ -71,6 +73,7 @@ if [ -n "${TESTS:-}" ]; then
     echo "suites done after $(( $(date +%s) - T0 )) s"
 fi
 wait
+{
 if [ -n "${GEMV:-}" ]; then ROWS=${GEMV_ROWS:-1} timeout 300 "$B/cuda_gemv" $GEMV; fi
 for t in $TYPES; do
     f=$(file_of "$t")
@@ -92,6 +95,7 @@ for t in $TYPES; do
         timeout 300 "$LLAMA_BENCH" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>&1 | grep -E "^\|"
     fi
 done
+} 2>&1 | tee "$LOG/bench.log"
 if [ -n "${KCACHE_OUT:-}" ] && [ -n "${OUT:-}" ]; then
     tar c -C "$HOME" .cache/neagari |
         python3 -c "import lzma, shutil, sys
