@@ -211,6 +211,15 @@ impl CudaBackend {
             .unwrap_or_else(|| if tile { MVR_WARPS } else { units.div_ceil(32) })
             .clamp(1, MVR_WARPS)
     }
+
+    /// Threads a block of the tensor-core GEMV with plan `tma` (None: `mvr`): `mvr_warps`'
+    /// warps, and the ring's producer warp after them.
+    pub(super) fn mvr_threads(&self, units: usize, tma: Option<&MvrtPlan>) -> usize {
+        match tma {
+            Some(p) if p.slots.is_some() => (MVR_WARPS + 1) * 32,
+            _ => self.mvr_warps(units, tma.is_some()) * 32,
+        }
+    }
 }
 
 /// A launch of `mvrt_MT` / `mvrmt_MT` or, by group, `mvrc_MT` / `mvrmc_MT`, or through a

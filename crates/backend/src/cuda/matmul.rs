@@ -352,9 +352,7 @@ impl CudaBackend {
             }
         };
         let (bx, by) = match tc {
-            // The ring's producer warp.
-            Some(_) if tma.as_ref().is_some_and(|p| p.slots.is_some()) => ((MVR_WARPS + 1) * 32, 1),
-            Some(_) => (self.mvr_warps(units, tma.is_some()) * 32, 1),
+            Some(_) => (self.mvr_threads(units, tma.as_ref()), 1),
             None => self.mv_block(k, units, total, r),
         };
         let (units_i, rb, nr_i) = (units as i32, ws[0].row_bytes as i64, n as i32);
@@ -476,11 +474,7 @@ impl CudaBackend {
                 (&k.mv[which], MVQ_ROWS_PER_BLOCK[which])
             };
             let (bx, by) = match tc {
-                // The ring's producer warp.
-                Some(_) if tma.as_ref().is_some_and(|p| p.slots.is_some()) => {
-                    ((MVR_WARPS + 1) * 32, 1)
-                }
-                Some(_) => (self.mvr_warps(units, tma.is_some()) * 32, 1),
+                Some(_) => (self.mvr_threads(units, tma.as_ref()), 1),
                 None => self.mv_block(k, units, w.rows, rows_per_block),
             };
             let parts = tma.as_ref().map_or(1, |p| p.parts);
