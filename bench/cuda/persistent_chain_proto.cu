@@ -1,12 +1,13 @@
-// Prototype (session 31, docs/BENCHMARKS.md): the 27B Q1_0 one-token step's chain of GEMVs
-// in ONE persistent kernel, against the same code launched once a GEMV, with a plain read
+// Prototype (session 31, docs/BENCHMARKS.md): the 27B one-token step's chain of GEMVs (Q1_0
+// and Q4_K files) in ONE persistent kernel, against the same code launched once a GEMV, with a plain read
 // of the same bytes as the ceiling. Not built by cargo. Built here with the pip CUDA 13.5
 // toolkit (nvcc, nvvm, crt, cccl, cuda-runtime wheels; cudart linked statically) into
 // target/pchain and carried, or on the GPU machine:
 //     nvcc -O3 -std=c++17 -arch=sm_90a bench/cuda/persistent_chain_proto.cu -o /tmp/pchain
 //     timeout 300 /tmp/pchain    # checks 4 layers against the host, then times 64 + head
-// Session 31 wrote it with no GPU lent: not yet run. Its BMMA lane arithmetic was emulated
-// in Python against the plain dot (1.7e-7); the fragment layouts are session 22's, measured.
+// Session 31 wrote it with no GPU lent: not yet run. Its BMMA and IMMA lane arithmetic was
+// emulated in Python against the plain dot (exact); the fragment layouts are those measured
+// in session 22 (b1) and used by gemv_rows.cu (s8).
 //
 // The question it answers: the engine's one-token Q1_0 step is 3.4 ms, of which the GEMVs
 // alone (every other kernel skipped) take 2.66 ms for 3.6 GB — 1.35 TB/s, where one large
@@ -19,12 +20,17 @@
 // GEMV's output (a per-GEMV counter every block bumps when done), quantize it into shared
 // memory and multiply the tiles the ring holds.
 //
-// The arithmetic is session 22's `mvb128` (bmma_gemv_proto.cu): binary tensor cores,
+// Weights go through the ring in chunks (16 rows × ≤ 6 groups of 144 bytes); a unit (16 rows
+// × its K part) may take several chunks, its warp keeping the sums in registers.
+//
+// Q1_0's arithmetic is session 22's `mvb128` (bmma_gemv_proto.cu): binary tensor cores,
 // mma.m16n8k128 .b1 AND+POPC, one BMMA = 16 weight rows × one 128-weight Q1_0 block × the
 // activation's 8 bit planes. The consumer makes the activation itself (each block from the
 // f32 output of the GEMV before), so its format is free: int8 codes with one scale per 128
-// values, as bit planes. The RMS norm's scalar (1/rms) is applied to the sums at the end
-// (the per-128 codes do not change under a scalar), its weight γ before quantizing.
+// values, as bit planes. Q4_K (ggml's blocks as they ship): one IMMA m16n8k32 a 32-weight
+// sub-block × 16 rows with q8_1 activations (a scale per 32), as the engine's
+// gemv_rows.cu. The RMS norm's scalar (1/rms) is applied to the sums at the end (the codes
+// do not change under a scalar), its weight γ before quantizing.
 //
 // The chain: per layer (48 recurrent, 16 attention, every fourth), in-proj (16384 or 14336
 // rows × 5120) ← norm(h); out-proj (5120 × 6144) ← norm(first 6144 of in-proj's output);
@@ -36,7 +42,7 @@
 // of state streamed through the same ring and written back, 305 ops). The residual adds,
 // conv1d, gated norm, attention core and sampling are left out.
 //
-// Weight layout (a repack of Q1_0, as cuda/repack.rs makes Q1_0R): a row is groups of 1024
+// Q1_0 layout (a repack, as cuda/repack.rs makes Q1_0R): a row is groups of 1024
 // weights, 144 bytes each: 8 f16 scales (block i = weights 128i..128i+127 of the group),
 // then the 8 blocks' bits word-interleaved — word t of block i at 16 + 32t + 4i, bit p of
 // word t = weight 32t + p of the block (1: +d, 0: −d).
@@ -64,18 +70,20 @@ typedef long long i64;
         }                                                                                   \
     } while (0)
 
-constexpr int NW = 8;                    // consumer warps a block
-constexpr int NC = NW * 32;              // consumer threads
-constexpr int NT = NC + 32;              // + the producer warp
-constexpr int GB = 144;                  // bytes of a row's 1024-weight group
-constexpr int MAXG = 6;                  // groups of a unit's row at most (K ≤ 6144 whole)
-constexpr int SLOT = 16 * MAXG * GB;     // a unit: 16 rows × ≤ 6 groups (13,824 bytes)
-constexpr int MAXKB = 17408 / 128;       // activation blocks at most
-constexpr int MAXNS = 16;                // ring slots at most
-constexpr int PLANE_BYTES = MAXKB * 32 * 4;
-constexpr int XD_BYTES = MAXKB * 8;
+constexpr int NW = 8;                     // consumer warps a block
+constexpr int NC = NW * 32;               // consumer threads
+constexpr int NT = NC + 32;               // + the producer warp
+constexpr int GB = 144;                   // a group: 1024 Q1_0 weights, or one 256-weight Q4_K block
+constexpr int CH = 6;                     // groups of a chunk's row at most
+constexpr int SLOT = 16 * (CH * GB + 16); // a chunk: 16 rows at a padded stride (14,080 bytes)
+constexpr int MAXK = 17408;
+// The activation as the consumers make it: Q1_0: 8 bit planes and (d, −Σq) a 128-value
+// block (18,496 bytes at MAXK); Q4_K: int8 codes and (d, d·Σq) a 32-value unit (21,760).
+constexpr int ACT_BYTES = MAXK + MAXK / 32 * 8;
+constexpr int MAXNS = 16;                 // ring slots at most
 
 enum Kind { PLAIN = 0, GLU = 1, KSPLIT = 2, STATE = 3 };
+enum Fmt { Q1 = 0, Q4K = 1 };
 // STATE: a recurrent layer's gated delta rule, its state streamed through the same ring. 48
 // value heads, each S [128 j][128 i] f32 (row j = column j of the state, 512 bytes); a unit
 // is 16 rows of one head. Input x = the in-proj's output: q [16 × 128], k [16 × 128], v
@@ -87,13 +95,13 @@ constexpr float S_ALPHA = 0.9f, S_BETA = 0.5f;
 enum Flags { NODEP = 1, PDL = 2 };
 
 struct Op {
-    const u8* W;          // rows × (K/1024)·144 bytes (STATE: the state, rows × 512, rewritten)
+    const u8* W;          // rows × (K / group weights)·144 bytes (STATE: the state, rows × 512, rewritten)
     const float* x;       // input [K] f32
     const float* gamma;   // norm weight [K] or null (then no norm)
     float* y;             // output: [rows] (PLAIN, KSPLIT: accumulated, zeroed before) or [rows/2] (GLU)
     float* zero;          // [zero_n] zeroed by this op (a later KSPLIT op's output) or null
     int zero_n;
-    int rows, K, kind, nkc, dep;
+    int rows, K, kind, fmt, nkc, dep;
 };
 
 // ---- PTX helpers (sm_90) ----
@@ -147,34 +155,47 @@ __device__ __forceinline__ void bmma(int (&c)[4], u32 a0, u32 a1, u32 b) {
     asm volatile("mma.sync.aligned.m16n8k128.row.col.s32.b1.b1.s32.and.popc {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
                  : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3]) : "r"(a0), "r"(a1), "r"(b));
 }
-__device__ __forceinline__ u32 w4(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
-__device__ __forceinline__ float hw(const uint4& v, int i) {  // f16 i (0..7) of v
-    const u32 w = w4(v, i >> 1);
-    return __half2float(__ushort_as_half((unsigned short)((i & 1) ? w >> 16 : w & 0xffffu)));
+__device__ __forceinline__ void imma(int (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-
-// The units (16-row tiles × K chunks) of op `o` that block b of nb takes: [u0, u1), K chunk
-// major, so a block's units share one or two chunks.
-struct Units {
-    int tiles, G, u0, u1;
-    __host__ __device__ Units(const Op& op, int b, int nb) {
-        tiles = op.rows / 16;
-        G = op.K / 1024;
-        const i64 U = (i64)tiles * op.nkc;
-        u0 = (int)(U * b / nb);
-        u1 = (int)(U * (b + 1) / nb);
-    }
-    __host__ __device__ int g0(int kc, int nkc) const { return kc * G / nkc; }
-};
-
-// Ops [op0, op1) in one launch; `done[o]` counts the blocks through op o, `epoch` the launch
-// (so the counters need no reset): an op waits for done[dep] = nb·epoch where dep is in
-// this launch, for the launch before (griddepcontrol) where it is not and PDL is set.
+__device__ __forceinline__ u32 w4(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+__device__ __forceinline__ float hf(u32 h) { return __half2float(__ushort_as_half((unsigned short)(h & 0xffffu))); }
+__device__ __forceinline__ float hw(const uint4& v, int i) { return hf(w4(v, i >> 1) >> (16 * (i & 1))); }
 __device__ __forceinline__ float wsum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+
+__host__ __device__ inline int group_weights(int fmt) { return fmt == Q4K ? 256 : 1024; }
+// A chunk row's stride in its slot: a multiple of 16 bytes whose count of 16 is odd, so the
+// 8 rows a warp reads at once fall in different banks.
+__host__ __device__ inline int stride_of(int ng) { return ng * GB + ((ng & 1) ? 0 : 16); }
+
+// Block b of nb's share of an op: units [u0, u1) (a unit = 16 rows × one of nkc K parts, K
+// part major, so a block's units share one or two parts), each in nch chunks of ≤ CH groups.
+struct Geo {
+    int tiles, G, nkc, u0, u1, nch;
+    __host__ __device__ Geo(const Op& op, int b, int nb) {
+        tiles = op.rows / 16;
+        nkc = op.nkc;
+        G = op.kind == STATE ? 0 : op.K / group_weights(op.fmt);
+        const i64 U = (i64)tiles * nkc;
+        u0 = (int)(U * b / nb);
+        u1 = (int)(U * (b + 1) / nb);
+        const int per = (G + nkc - 1) / nkc;
+        nch = op.kind == STATE ? 1 : (per + CH - 1) / CH;
+    }
+    __host__ __device__ int part(int kc) const { return kc * G / nkc; }
+    // Groups [a, e) of chunk c of unit u.
+    __host__ __device__ void chunk(int u, int c, int& a, int& e) const {
+        const int kc = u / tiles, ua = part(kc), n = part(kc + 1) - ua;
+        a = ua + c * n / nch;
+        e = ua + (c + 1) * n / nch;
+    }
+};
 
 // One STATE unit by a warp: rows j0 .. j0+15 of value head h, their state in `st` (shared
 // memory, 16 × 128 f32); lane L holds i = 4L .. 4L+3.
@@ -208,15 +229,191 @@ __device__ __forceinline__ void state_unit(const Op& op, int tile, const float* 
     if (lane < 16) op.y[h * SD + j0 + lane] = oj;
 }
 
+// The activation blocks [kb0, kb1) of 128 values, made by the consumer warps from x (f32,
+// from L2), times γ where the op has a norm; returns this thread's share of Σx².
+// Q1_0: int8 codes with one scale a block, as 8 bit planes (planes [blk/8][32 lanes][8]:
+// lane 4j + i of B's fragment holds plane j, word i = values 32i .. 32i+31; bit p = value
+// 32i + p) and xd [blk] = (d, −Σq as int bits).
+// Q4_K: int8 codes [K] with (d, d·Σq) a 32-value unit in ds [K/32] (q8_1, as the engine).
+__device__ __forceinline__ float prep(const Op& op, int kb0, int kb1, u8* act) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // PB blocks a warp at a time, every load out before the first is used (the input comes
+    // from L2: one round trip a batch, not one a block).
+    constexpr int PB = 6;
+    float ss = 0.f;
+    for (int kbb = kb0 + warp; kbb < kb1; kbb += NW * PB) {
+        float v[PB][4];
+#pragma unroll
+        for (int p = 0; p < PB; p++) {
+            const int kb = min(kbb + p * NW, kb1 - 1);
+            if (op.fmt == Q1) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) v[p][i] = __ldcg(op.x + kb * 128 + 32 * i + lane);
+            } else {
+                const float4 f = __ldcg((const float4*)(op.x + kb * 128) + lane);
+                v[p][0] = f.x, v[p][1] = f.y, v[p][2] = f.z, v[p][3] = f.w;
+            }
+        }
+#pragma unroll
+        for (int p = 0; p < PB; p++) {
+            const int kb = kbb + p * NW;
+            if (kb >= kb1) break;
+            float m = 0.f;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int k = op.fmt == Q1 ? kb * 128 + 32 * i + lane : kb * 128 + 4 * lane + i;
+                ss += v[p][i] * v[p][i];
+                if (op.gamma) v[p][i] *= op.gamma[k];
+                m = fmaxf(m, fabsf(v[p][i]));
+            }
+            if (op.fmt == Q1) {
+#pragma unroll
+                for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, s));
+                const float inv = m > 0.f ? 127.f / m : 0.f;
+                int q[4], sq = 0;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    q[i] = __float2int_rn(v[p][i] * inv);
+                    sq += q[i];
+                }
+#pragma unroll
+                for (int s = 16; s > 0; s >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, s);
+                u32 mine = 0;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const u32 bal = __ballot_sync(0xffffffffu, (q[i] >> j) & 1);
+                        if (lane == 4 * j + i) mine = bal;
+                    }
+                }
+                u32* planes = (u32*)act;
+                float2* xd = (float2*)(act + MAXK);
+                planes[((kb >> 3) * 32 + lane) * 8 + (kb & 7)] = mine;
+                if (lane == 0) xd[kb] = make_float2(m / 127.f, __int_as_float(-sq));
+            } else {
+                // Lane L: values 4L .. 4L+3, unit L / 8 (8 lanes a unit).
+#pragma unroll
+                for (int s = 4; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, s));
+                const float inv = m > 0.f ? 127.f / m : 0.f;
+                int sq = 0;
+                u32 word = 0;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int q = __float2int_rn(v[p][i] * inv);
+                    sq += q;
+                    word |= (u32)(q & 0xff) << (8 * i);
+                }
+#pragma unroll
+                for (int s = 4; s > 0; s >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, s);
+                ((u32*)act)[kb * 32 + lane] = word;
+                const float d = m / 127.f;
+                if ((lane & 7) == 0) ((float2*)(act + MAXK))[kb * 4 + lane / 8] = make_float2(d, d * (float)sq);
+            }
+        }
+    }
+    return ss;
+}
+
+// Q1_0: a chunk's groups [a, a + ng) of rows g, g + 8 (at ra, rb in the slot): one BMMA a
+// 128-weight block and the 8 planes; the plane weights of B's columns 2t, 2t+1 (×2: Σ±x =
+// 2·Σ_{bit set} x − Σx; plane 7 is −128) and −Σq (lanes t = 0) make Σ ±x.
+__device__ __forceinline__ void q1_chunk(const u8* ra, const u8* rb, int a, int ng, const u8* act, float& acc0,
+                                         float& acc1) {
+    const int lane = threadIdx.x & 31, t = lane & 3;
+    const int wa = 2 << (2 * t), wb = (2 * t + 1 == 7) ? -256 : (2 << (2 * t + 1));
+    const u32* planes = (const u32*)act;
+    const float2* xd = (const float2*)(act + MAXK);
+    for (int j = 0; j < ng; j++) {
+        const int grp = a + j;
+        const uint4 sa = *(const uint4*)(ra + j * GB), sb = *(const uint4*)(rb + j * GB);
+        const uint4 a0 = *(const uint4*)(ra + j * GB + 16 + 32 * t);
+        const uint4 a1 = *(const uint4*)(ra + j * GB + 32 + 32 * t);
+        const uint4 b0 = *(const uint4*)(rb + j * GB + 16 + 32 * t);
+        const uint4 b1 = *(const uint4*)(rb + j * GB + 32 + 32 * t);
+        const uint4 p0 = *(const uint4*)(planes + (grp * 32 + lane) * 8);
+        const uint4 p1 = *(const uint4*)(planes + (grp * 32 + lane) * 8 + 4);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float2 xs = xd[grp * 8 + i];
+            int cc[4] = {0, 0, 0, 0};
+            bmma(cc, w4(i < 4 ? a0 : a1, i & 3), w4(i < 4 ? b0 : b1, i & 3), w4(i < 4 ? p0 : p1, i & 3));
+            const int sq = t == 0 ? __float_as_int(xs.y) : 0;
+            const int v0 = cc[0] * wa + cc[1] * wb + sq, v1 = cc[2] * wa + cc[3] * wb + sq;
+            acc0 += hw(sa, i) * xs.x * (float)v0;
+            acc1 += hw(sb, i) * xs.x * (float)v1;
+        }
+    }
+}
+
+// Q4_K's scale and min of sub-block s (dequant.cuh's scale_min_k4 on the words of the
+// block's bytes 4..15), times d and dmin.
+__device__ __forceinline__ float2 q4k_sm(const uint4& h, int s) {
+    const int bb = (s & 3) * 8;
+    const u32 b0 = (h.y >> bb) & 0xFF, b1 = (h.z >> bb) & 0xFF, b2 = (h.w >> bb) & 0xFF;
+    int sc, m;
+    if (s < 4) {
+        sc = b0 & 63;
+        m = b1 & 63;
+    } else {
+        sc = (b2 & 0xF) | ((b0 >> 6) << 4);
+        m = (b2 >> 4) | ((b1 >> 6) << 4);
+    }
+    return make_float2(hf(h.x) * (float)sc, hf(h.x >> 16) * (float)m);
+}
+
+// Q4_K: a chunk's blocks [a, a + ng) (256 weights, ggml's layout) of rows g, g + 8: one IMMA
+// m16n8k32 a 32-weight sub-block, the weights as A (k-slots 4t.. and 16 + 4t.. hold bytes
+// 8t .. 8t+7 of the sub-block pair's nibbles: the sum over k does not care where a value
+// sits as long as A and B agree — gemv_rows.cu's layout), the activation as every column of
+// B, so every column of C is the same dot: c0 row g, c2 row g + 8, in each lane. Lane t
+// scales sub-blocks 2t and 2t + 1; the warp's reduction over t adds them.
+__device__ __forceinline__ void q4k_chunk(const u8* ra, const u8* rb, int a, int ng, const u8* act, float& acc0,
+                                          float& acc1) {
+    const int lane = threadIdx.x & 31, t = lane & 3;
+    const float2* ds = (const float2*)(act + MAXK);
+    for (int j = 0; j < ng; j++) {
+        const int blk = a + j;
+        const u8* pa = ra + j * GB;
+        const u8* pb = rb + j * GB;
+        const uint4 ha = *(const uint4*)pa, hb = *(const uint4*)pb;
+        int c_lo0 = 0, c_lo2 = 0, c_hi0 = 0, c_hi2 = 0;
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            const uint2 qa = *(const uint2*)(pa + 16 + 32 * p + 8 * t);
+            const uint2 qb = *(const uint2*)(pb + 16 + 32 * p + 8 * t);
+            const uint2 xl = *(const uint2*)(act + (blk * 8 + 2 * p) * 32 + 8 * t);
+            const uint2 xh = *(const uint2*)(act + (blk * 8 + 2 * p + 1) * 32 + 8 * t);
+            const u32 M = 0x0F0F0F0Fu;
+            int cl[4] = {0, 0, 0, 0}, chh[4] = {0, 0, 0, 0};
+            imma(cl, qa.x & M, qb.x & M, qa.y & M, qb.y & M, xl.x, xl.y);
+            imma(chh, (qa.x >> 4) & M, (qb.x >> 4) & M, (qa.y >> 4) & M, (qb.y >> 4) & M, xh.x, xh.y);
+            if (p == t) {
+                c_lo0 = cl[0], c_lo2 = cl[2], c_hi0 = chh[0], c_hi2 = chh[2];
+            }
+        }
+        const float2 xl = ds[blk * 8 + 2 * t], xh = ds[blk * 8 + 2 * t + 1];
+        const float2 la = q4k_sm(ha, 2 * t), ua = q4k_sm(ha, 2 * t + 1);
+        const float2 lb = q4k_sm(hb, 2 * t), ub = q4k_sm(hb, 2 * t + 1);
+        acc0 += la.x * xl.x * (float)c_lo0 - la.y * xl.y + ua.x * xh.x * (float)c_hi0 - ua.y * xh.y;
+        acc1 += lb.x * xl.x * (float)c_lo2 - lb.y * xl.y + ub.x * xh.x * (float)c_hi2 - ub.y * xh.y;
+    }
+}
+
+// Ops [op0, op1) in one launch; `done[o]` counts the blocks through op o, `epoch` the launch
+// (so the counters need no reset): an op waits for done[dep] = nb·epoch where dep is in
+// this launch, for the launch before (griddepcontrol) where it is not and PDL is set.
+// Work order, the producer's and the consumers' alike: an op's units in batches of NW (unit
+// ub + w to warp w), a batch's chunks chunk-major (chunk c of every unit of the batch, then
+// c + 1), so warp w takes slots base + c·nbw + w and keeps its unit's sums in registers.
 // MINB 2: two blocks an SM (a small ring), so under programmatic dependent launch the next
-// GEMV's blocks can start beside this one's.
+// op's blocks can start beside this one's.
 template <int MINB>
 __global__ void __launch_bounds__(NT, MINB) chain(const Op* __restrict__ ops, int op0, int op1, u32* done,
                                                u32 epoch, int ns, int flags) {
     extern __shared__ __align__(128) u8 sm[];
-    u8* ring = sm;                                                       // [ns][SLOT]
-    u32* planes = (u32*)(sm + ns * SLOT);                                // [MAXKB/8][32 lanes][8]
-    float2* xd = (float2*)(sm + ns * SLOT + PLANE_BYTES);                // [MAXKB] (d, −Σq bits)
+    u8* ring = sm;               // [ns][SLOT]
+    u8* act = sm + ns * SLOT;    // [ACT_BYTES]
     __shared__ u64 full[MAXNS], empty[MAXNS];
     __shared__ float sh_ss;
     const int nb = gridDim.x, b = blockIdx.x;
@@ -232,31 +429,41 @@ __global__ void __launch_bounds__(NT, MINB) chain(const Op* __restrict__ ops, in
     if (flags & PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
     if (warp == NW) {
-        // Producer: every unit of every op in order; waits only for free slots.
+        // Producer: every chunk of every op in order; waits only for free slots.
         if (lane != 0) return;
         u32 seq = 0;
         for (int o = op0; o < op1; o++) {
             const Op op = ops[o];
-            const Units us(op, b, nb);
-            const i64 row_bytes = (i64)us.G * GB;
-            for (int u = us.u0; u < us.u1; u++, seq++) {
-                const int kc = u / us.tiles, tile = u % us.tiles;
-                const int g0 = us.g0(kc, op.nkc), ng = us.g0(kc + 1, op.nkc) - g0;
-                const int s = seq % ns;
-                if (seq >= (u32)ns) mbar_wait(&empty[s], ((seq / ns) - 1) & 1);
-                u8* dst = ring + s * SLOT;
-                if (op.kind == STATE) {
-                    mbar_expect(&full[s], 16 * SD * 4);
-                    bulk_load(dst, op.W + (i64)tile * 16 * SD * 4, 16 * SD * 4, &full[s]);
-                    continue;
-                }
-                const u8* src = op.W + (i64)tile * 16 * row_bytes + (i64)g0 * GB;
-                mbar_expect(&full[s], 16 * ng * GB);
-                if (ng == us.G) {
-                    bulk_load(dst, src, 16 * ng * GB, &full[s]);
-                } else {
-                    for (int r = 0; r < 16; r++) bulk_load(dst + r * ng * GB, src + r * row_bytes, ng * GB, &full[s]);
-                }
+            const Geo geo(op, b, nb);
+            const i64 row_bytes = (i64)geo.G * GB;
+            for (int ub = geo.u0; ub < geo.u1; ub += NW) {
+                const int nbw = min(NW, geo.u1 - ub);
+                for (int c = 0; c < geo.nch; c++)
+                    for (int w = 0; w < nbw; w++, seq++) {
+                        const int u = ub + w, tile = u % geo.tiles;
+                        const int s = seq % ns;
+                        if (seq >= (u32)ns) mbar_wait(&empty[s], ((seq / ns) - 1) & 1);
+                        u8* dst = ring + s * SLOT;
+                        if (op.kind == STATE) {
+                            mbar_expect(&full[s], 16 * SD * 4);
+                            bulk_load(dst, op.W + (i64)tile * 16 * SD * 4, 16 * SD * 4, &full[s]);
+                            continue;
+                        }
+                        int a, e;
+                        geo.chunk(u, c, a, e);
+                        const int ng = e - a, st = stride_of(ng);
+                        if (ng == 0) {
+                            mbar_arrive(&full[s]);
+                            continue;
+                        }
+                        const u8* src = op.W + (i64)tile * 16 * row_bytes + (i64)a * GB;
+                        mbar_expect(&full[s], 16 * ng * GB);
+                        if (st == row_bytes) {
+                            bulk_load(dst, src, 16 * st, &full[s]);
+                        } else {
+                            for (int r = 0; r < 16; r++) bulk_load(dst + r * st, src + r * row_bytes, ng * GB, &full[s]);
+                        }
+                    }
             }
         }
         return;
@@ -265,12 +472,10 @@ __global__ void __launch_bounds__(NT, MINB) chain(const Op* __restrict__ ops, in
     // Consumers.
     const int ctid = threadIdx.x;  // 0..NC-1
     const int g = lane >> 2, t = lane & 3;
-    // Plane weights of B's columns 2t, 2t+1 (×2: Σ±x = 2·Σ_{bit set} x − Σx; plane 7 is −128).
-    const int wa = 2 << (2 * t), wb = (2 * t + 1 == 7) ? -256 : (2 << (2 * t + 1));
-    u32 seq = 0;
+    u32 base = 0;
     for (int o = op0; o < op1; o++) {
         const Op op = ops[o];
-        const Units us(op, b, nb);
+        const Geo geo(op, b, nb);
         if (ctid == 0) sh_ss = 0.f;
         if (!(flags & NODEP)) {
             if (op.dep >= op0) {
@@ -293,128 +498,66 @@ __global__ void __launch_bounds__(NT, MINB) chain(const Op* __restrict__ ops, in
             const int z0 = (int)((i64)op.zero_n * b / nb), z1 = (int)((i64)op.zero_n * (b + 1) / nb);
             for (int i = z0 + ctid; i < z1; i += NC) op.zero[i] = 0.f;
         }
-        // The activation blocks this block's units read: int8 codes a 128-value block (one
-        // scale), as 8 bit planes; lane L of a warp holds values 32t + L of the block.
+        // The activation blocks of 128 values this block's units read.
         int kb0 = 0, kb1 = op.kind == STATE ? 0 : op.K / 128;
-        if (op.kind == KSPLIT && us.u1 > us.u0) {
-            kb0 = us.g0(us.u0 / us.tiles, op.nkc) * 8;
-            kb1 = us.g0((us.u1 - 1) / us.tiles + 1, op.nkc) * 8;
+        if (op.kind == KSPLIT && geo.u1 > geo.u0) {
+            const int per = group_weights(op.fmt) / 128;
+            kb0 = geo.part(geo.u0 / geo.tiles) * per;
+            kb1 = geo.part((geo.u1 - 1) / geo.tiles + 1) * per;
         }
-        // PB blocks a warp at a time, every load out before the first is used (the input
-        // comes from L2: one round trip a batch, not one a block).
-        constexpr int PB = 6;
-        float ss = 0.f;
-        for (int kbb = kb0 + warp; kbb < kb1; kbb += NW * PB) {
-            float v[PB][4];
-#pragma unroll
-            for (int p = 0; p < PB; p++) {
-                const int kb = min(kbb + p * NW, kb1 - 1);
-#pragma unroll
-                for (int i = 0; i < 4; i++) v[p][i] = __ldcg(op.x + kb * 128 + 32 * i + lane);
-            }
-#pragma unroll
-            for (int p = 0; p < PB; p++) {
-                const int kb = kbb + p * NW;
-                if (kb >= kb1) break;
-                float m = 0.f;
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int k = kb * 128 + 32 * i + lane;
-                    ss += v[p][i] * v[p][i];
-                    if (op.gamma) v[p][i] *= op.gamma[k];
-                    m = fmaxf(m, fabsf(v[p][i]));
-                }
-#pragma unroll
-                for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, s));
-                const float inv = m > 0.f ? 127.f / m : 0.f;
-                int q[4], sq = 0;
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    q[i] = __float2int_rn(v[p][i] * inv);
-                    sq += q[i];
-                }
-#pragma unroll
-                for (int s = 16; s > 0; s >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, s);
-                // Plane j, word i (values 32i .. 32i+31): lane 4j + i keeps it (B's column j =
-                // lane group j, k-word i = lane t = i).
-                u32 mine = 0;
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const u32 bal = __ballot_sync(0xffffffffu, (q[i] >> j) & 1);
-                        if (lane == 4 * j + i) mine = bal;
-                    }
-                }
-                planes[((kb >> 3) * 32 + lane) * 8 + (kb & 7)] = mine;
-                if (lane == 0) xd[kb] = make_float2(m / 127.f, __int_as_float(-sq));
-            }
-        }
+        float ss = prep(op, kb0, kb1, act);
         if (op.gamma && op.kind != STATE) {
-#pragma unroll
-            for (int s = 16; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);
+            ss = wsum(ss);
             if (lane == 0) atomicAdd(&sh_ss, ss);
         }
         named_sync(1, NC);
         const float scale = op.gamma ? rsqrtf(sh_ss / (float)op.K + 1e-6f) : 1.f;
-        for (int u = us.u0; u < us.u1; u++, seq++) {
-            if ((int)(seq % NW) != warp) continue;
-            const int kc = u / us.tiles, tile = u % us.tiles;
-            const int g0 = us.g0(kc, op.nkc), ng = us.g0(kc + 1, op.nkc) - g0;
-            const int s = seq % ns;
-            mbar_wait(&full[s], (seq / ns) & 1);
-            if (op.kind == STATE) {
-                state_unit(op, tile, (const float*)(ring + s * SLOT));
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                __syncwarp();
-                if (lane == 0) mbar_arrive(&empty[s]);
-                continue;
-            }
-            const u8* ra = ring + s * SLOT + g * ng * GB;
-            const u8* rb = ra + 8 * ng * GB;
-            float acc0 = 0.f, acc1 = 0.f;
-            for (int j = 0; j < ng; j++) {
-                const int grp = g0 + j;
-                const uint4 sa = *(const uint4*)(ra + j * GB), sb = *(const uint4*)(rb + j * GB);
-                const uint4 a0 = *(const uint4*)(ra + j * GB + 16 + 32 * t);
-                const uint4 a1 = *(const uint4*)(ra + j * GB + 32 + 32 * t);
-                const uint4 b0 = *(const uint4*)(rb + j * GB + 16 + 32 * t);
-                const uint4 b1 = *(const uint4*)(rb + j * GB + 32 + 32 * t);
-                const uint4 p0 = *(const uint4*)(planes + (grp * 32 + lane) * 8);
-                const uint4 p1 = *(const uint4*)(planes + (grp * 32 + lane) * 8 + 4);
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const float2 xs = xd[grp * 8 + i];
-                    int cc[4] = {0, 0, 0, 0};
-                    bmma(cc, w4(i < 4 ? a0 : a1, i & 3), w4(i < 4 ? b0 : b1, i & 3), w4(i < 4 ? p0 : p1, i & 3));
-                    const int sq = t == 0 ? __float_as_int(xs.y) : 0;
-                    const int v0 = cc[0] * wa + cc[1] * wb + sq, v1 = cc[2] * wa + cc[3] * wb + sq;
-                    acc0 += hw(sa, i) * xs.x * (float)v0;
-                    acc1 += hw(sb, i) * xs.x * (float)v1;
+        for (int ub = geo.u0; ub < geo.u1; ub += NW) {
+            const int nbw = min(NW, geo.u1 - ub);
+            if (warp < nbw) {
+                const int u = ub + warp, tile = u % geo.tiles;
+                float acc0 = 0.f, acc1 = 0.f;
+                for (int c = 0; c < geo.nch; c++) {
+                    const u32 seq = base + c * nbw + warp;
+                    const int s = seq % ns;
+                    mbar_wait(&full[s], (seq / ns) & 1);
+                    const u8* slot = ring + s * SLOT;
+                    if (op.kind == STATE) {
+                        state_unit(op, tile, (const float*)slot);
+                    } else {
+                        int a, e;
+                        geo.chunk(u, c, a, e);
+                        const int st = stride_of(e - a);
+                        if (op.fmt == Q1) q1_chunk(slot + g * st, slot + (g + 8) * st, a, e - a, act, acc0, acc1);
+                        else q4k_chunk(slot + g * st, slot + (g + 8) * st, a, e - a, act, acc0, acc1);
+                    }
+                    // The slot's reads done (and ordered before the next bulk copy into it).
+                    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(&empty[s]);
+                }
+                if (op.kind != STATE) {
+                    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+                    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
+                    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+                    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+                    if (t == 0) {
+                        acc0 *= scale;
+                        acc1 *= scale;
+                        const int r = tile * 16 + g;
+                        if (op.kind == PLAIN) {
+                            op.y[r] = acc0;
+                            op.y[r + 8] = acc1;
+                        } else if (op.kind == GLU) {
+                            op.y[tile * 8 + g] = acc0 / (1.f + __expf(-acc0)) * acc1;
+                        } else {
+                            atomicAdd(&op.y[r], acc0);
+                            atomicAdd(&op.y[r + 8], acc1);
+                        }
+                    }
                 }
             }
-            // The slot's reads done (and ordered before the next bulk copy into it).
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[s]);
-            acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
-            acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
-            acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
-            acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
-            if (t == 0) {
-                acc0 *= scale;
-                acc1 *= scale;
-                const int r = tile * 16 + g;
-                if (op.kind == PLAIN) {
-                    op.y[r] = acc0;
-                    op.y[r + 8] = acc1;
-                } else if (op.kind == GLU) {
-                    op.y[tile * 8 + g] = acc0 / (1.f + __expf(-acc0)) * acc1;
-                } else {
-                    atomicAdd(&op.y[r], acc0);
-                    atomicAdd(&op.y[r + 8], acc1);
-                }
-            }
+            base += geo.nch * nbw;
         }
         // Every unit of this block done: the op's counter (the outputs before it).
         named_sync(1, NC);
@@ -471,6 +614,22 @@ __global__ void fill_w(u8* W, i64 rowgroups, int K, u64 seed) {
                                                 mix(seed * 3 + i * 40 + 4 * k + 2), mix(seed * 3 + i * 40 + 4 * k + 3));
 }
 
+// Random Q4_K blocks (ggml's layout): d = dmin ∈ [0.5, 1.5)/(200·√K), random scale bytes and
+// nibbles. One thread a block.
+__global__ void fill_q4k(u8* W, i64 blocks, int K, u64 seed) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= blocks) return;
+    u8* p = W + i * GB;
+    const float f = (0.5f + (float)(mix(seed ^ (i * 64)) >> 8) / 16777216.f) / (200.f * sqrtf((float)K));
+    const u32 h = __half_as_ushort(__float2half(f));
+    *(uint4*)p = make_uint4(h | (h << 16), mix(seed * 5 + i * 40 + 1), mix(seed * 5 + i * 40 + 2),
+                            mix(seed * 5 + i * 40 + 3));
+    for (int k = 0; k < 8; k++)
+        *(uint4*)(p + 16 + 16 * k) =
+            make_uint4(mix(seed * 7 + i * 40 + 4 * k), mix(seed * 7 + i * 40 + 4 * k + 1),
+                       mix(seed * 7 + i * 40 + 4 * k + 2), mix(seed * 7 + i * 40 + 4 * k + 3));
+}
+
 __global__ void fill_f(float* x, int n, u64 seed, float lo, float hi) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = lo + (hi - lo) * (float)(mix(seed ^ (u64)i) >> 8) / 16777216.f;
@@ -484,18 +643,24 @@ struct Chain {
     u8* arena = nullptr;      // every GEMV's weights, one allocation
     i64 total = 0;            // the arena's bytes
     i64 state = 0;            // the STATE ops' bytes (each read and written once a step)
+    std::vector<void*> allocs;
+    void free_all() {
+        for (void* p : allocs) CK(cudaFree(p));
+        allocs.clear();
+    }
 };
 
-static float* dalloc(i64 n) {
+static float* dalloc(Chain& c, i64 n) {
     float* p;
     CK(cudaMalloc(&p, (size_t)n * 4));
     CK(cudaMemset(p, 0, (size_t)n * 4));
+    c.allocs.push_back(p);
     return p;
 }
 
-// The chain of `layers` layers and a head of `head_rows` rows, weights random on the device;
-// with `recurrence`, a STATE op between a recurrent layer's in-proj and out-proj.
-static Chain build(int layers, int head_rows, bool recurrence) {
+// The chain of `layers` layers and a head of `head_rows` rows, weights (format `fmt`) random
+// on the device; with `recurrence`, a STATE op between a recurrent layer's in-proj and out-proj.
+static Chain build(int layers, int head_rows, bool recurrence, int fmt) {
     Chain c;
     const int H = 5120, FF = 17408, VD = SV_HEADS * SD;
     std::vector<int> src;  // each op's input: the output of op src (−1: h0)
@@ -504,11 +669,12 @@ static Chain build(int layers, int head_rows, bool recurrence) {
         op.rows = rows;
         op.K = K;
         op.kind = kind;
+        op.fmt = fmt;
         op.nkc = nkc;
         op.dep = (int)c.ops.size() - 1;
         c.ops.push_back(op);
         c.names.push_back(name);
-        c.wbytes.push_back(kind == STATE ? 0 : (i64)rows * (K / 1024) * GB);
+        c.wbytes.push_back(kind == STATE ? 0 : (i64)rows * (K / group_weights(fmt)) * GB);
         src.push_back(from);
         return (int)c.ops.size() - 1;
     };
@@ -527,27 +693,29 @@ static Chain build(int layers, int head_rows, bool recurrence) {
     add("head", head_rows, H, PLAIN, 1, h);
     for (i64 w : c.wbytes) c.total += w;
     CK(cudaMalloc(&c.arena, c.total));
-    float* gamma = dalloc(VD);
+    c.allocs.push_back(c.arena);
+    float* gamma = dalloc(c, VD);
     fill_f<<<(VD + 255) / 256, 256>>>(gamma, VD, 99, 0.9f, 1.1f);
-    float* h0 = dalloc(H);
+    float* h0 = dalloc(c, H);
     fill_f<<<(H + 255) / 256, 256>>>(h0, H, 98, -1.f, 1.f);
     i64 off = 0;
     for (size_t o = 0; o < c.ops.size(); o++) {
         Op& op = c.ops[o];
         if (op.kind == STATE) {
             const i64 n = (i64)op.rows * SD;
-            float* st = dalloc(n);
+            float* st = dalloc(c, n);
             fill_f<<<(unsigned)((n + 255) / 256), 256>>>(st, (int)n, 500 + o, -0.05f, 0.05f);
             op.W = (const u8*)st;
             c.state += n * 4;
-            op.y = dalloc(op.rows);
+            op.y = dalloc(c, op.rows);
         } else {
             op.W = c.arena + off;
-            const i64 rg = (i64)op.rows * (op.K / 1024);
-            fill_w<<<(unsigned)((rg + 255) / 256), 256>>>(c.arena + off, rg, op.K, 1000 + o);
+            const i64 rg = (i64)op.rows * (op.K / group_weights(fmt));
+            if (fmt == Q1) fill_w<<<(unsigned)((rg + 255) / 256), 256>>>(c.arena + off, rg, op.K, 1000 + o);
+            else fill_q4k<<<(unsigned)((rg + 255) / 256), 256>>>(c.arena + off, rg, op.K, 1000 + o);
             off += c.wbytes[o];
             op.gamma = op.kind == KSPLIT ? nullptr : gamma;
-            op.y = dalloc(op.kind == GLU ? op.rows / 2 : op.rows);
+            op.y = dalloc(c, op.kind == GLU ? op.rows / 2 : op.rows);
         }
         op.x = src[o] < 0 ? h0 : c.ops[src[o]].y;
     }
@@ -606,28 +774,32 @@ static double check_state(const Op& op, const std::vector<float>& pre) {
     return fmax(md / mr, ms / msr);
 }
 
-// A GEMV op on the host (double), from the device's own input; max |y − ref| / max |ref|.
+// A GEMV op on the host (double), from the device's own input, its activation quantized
+// as the kernel does; max |y − ref| / max |ref|.
 static double check_gemv(const Op& op, i64 wbytes) {
-    const int K = op.K, G = K / 1024, outn = op.kind == GLU ? op.rows / 2 : op.rows;
+    const int K = op.K, G = K / group_weights(op.fmt), outn = op.kind == GLU ? op.rows / 2 : op.rows;
+    const int QB = op.fmt == Q1 ? 128 : 32;  // values a scale of the activation
     std::vector<u8> W(wbytes);
     std::vector<float> x(K), gam(K, 1.f), y(outn);
     CK(cudaMemcpy(W.data(), op.W, wbytes, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(x.data(), op.x, K * 4, cudaMemcpyDeviceToHost));
     if (op.gamma) CK(cudaMemcpy(gam.data(), op.gamma, K * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(y.data(), op.y, outn * 4, cudaMemcpyDeviceToHost));
-    // The activation as the kernel quantizes it.
     std::vector<int> q(K);
-    std::vector<double> d(K / 128);
+    std::vector<double> d(K / QB), sq(K / QB, 0.0);
     double ss = 0;
     for (int k = 0; k < K; k++) ss += (double)x[k] * x[k];
-    for (int kb = 0; kb < K / 128; kb++) {
+    for (int kb = 0; kb < K / QB; kb++) {
         float m = 0.f, v[128];
-        for (int i = 0; i < 128; i++) {
-            v[i] = op.gamma ? x[kb * 128 + i] * gam[kb * 128 + i] : x[kb * 128 + i];
+        for (int i = 0; i < QB; i++) {
+            v[i] = op.gamma ? x[kb * QB + i] * gam[kb * QB + i] : x[kb * QB + i];
             m = fmaxf(m, fabsf(v[i]));
         }
         const float inv = m > 0.f ? 127.f / m : 0.f;
-        for (int i = 0; i < 128; i++) q[kb * 128 + i] = (int)nearbyintf(v[i] * inv);
+        for (int i = 0; i < QB; i++) {
+            q[kb * QB + i] = (int)nearbyintf(v[i] * inv);
+            sq[kb] += q[kb * QB + i];
+        }
         d[kb] = m / 127.f;
     }
     const double scale = op.gamma ? 1.0 / sqrt(ss / K + 1e-6) : 1.0;
@@ -637,21 +809,47 @@ static double check_gemv(const Op& op, i64 wbytes) {
         for (int r = r0; r < r1; r++) {
             const u8* row = W.data() + r * row_bytes;
             double a = 0;
-            for (int grp = 0; grp < G; grp++)
-                for (int i = 0; i < 8; i++) {
-                    uint16_t hs;
-                    memcpy(&hs, row + grp * GB + 2 * i, 2);
-                    long s = 0;
-                    for (int tt = 0; tt < 4; tt++) {
-                        u32 w;
-                        memcpy(&w, row + grp * GB + 16 + 32 * tt + 4 * i, 4);
-                        for (int p = 0; p < 32; p++) {
-                            const int qq = q[(grp * 8 + i) * 128 + 32 * tt + p];
-                            s += ((w >> p) & 1) ? qq : -qq;
+            for (int grp = 0; grp < G; grp++) {
+                const u8* blk = row + grp * GB;
+                if (op.fmt == Q1) {
+                    for (int i = 0; i < 8; i++) {
+                        uint16_t hs;
+                        memcpy(&hs, blk + 2 * i, 2);
+                        long s = 0;
+                        for (int tt = 0; tt < 4; tt++) {
+                            u32 w;
+                            memcpy(&w, blk + 16 + 32 * tt + 4 * i, 4);
+                            for (int p = 0; p < 32; p++) {
+                                const int qq = q[(grp * 8 + i) * 128 + 32 * tt + p];
+                                s += ((w >> p) & 1) ? qq : -qq;
+                            }
                         }
+                        a += (double)h2f_host(hs) * d[grp * 8 + i] * (double)s;
                     }
-                    a += (double)h2f_host(hs) * d[grp * 8 + i] * (double)s;
+                } else {
+                    uint16_t hd, hm;
+                    memcpy(&hd, blk, 2);
+                    memcpy(&hm, blk + 2, 2);
+                    const u8* sc = blk + 4;
+                    for (int sb = 0; sb < 8; sb++) {
+                        int scv, mv;
+                        if (sb < 4) {
+                            scv = sc[sb] & 63;
+                            mv = sc[sb + 4] & 63;
+                        } else {
+                            scv = (sc[sb + 4] & 0xF) | ((sc[sb - 4] >> 6) << 4);
+                            mv = (sc[sb + 4] >> 4) | ((sc[sb] >> 6) << 4);
+                        }
+                        const int u = grp * 8 + sb;
+                        long s = 0;
+                        for (int l = 0; l < 32; l++) {
+                            const int nib = (blk[16 + 32 * (sb / 2) + l] >> (4 * (sb & 1))) & 0xF;
+                            s += (long)nib * q[u * 32 + l];
+                        }
+                        a += (double)h2f_host(hd) * scv * d[u] * (double)s - (double)h2f_host(hm) * mv * d[u] * sq[u];
+                    }
                 }
+            }
             dot[r] = a * scale;
         }
     });
@@ -691,7 +889,7 @@ int main(int argc, char** argv) {
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
     const int NB = nsm;
-    auto smem_of = [](int ns) { return ns * SLOT + PLANE_BYTES + XD_BYTES; };
+    auto smem_of = [](int ns) { return ns * SLOT + ACT_BYTES; };
     CK(cudaFuncSetAttribute(chain<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_of(14)));
     CK(cudaFuncSetAttribute(chain<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_of(6)));
     u32* done;
@@ -743,8 +941,9 @@ int main(int argc, char** argv) {
 
     // 1. Check: 4 layers (3 recurrent) and an 8192-row head, every op against the host, in
     //    one persistent launch and one launch an op (with and without PDL).
-    {
-        Chain c = build(4, 8192, true);
+    const char* fmt_name[] = {"Q1_0", "Q4_K"};
+    for (int fmt : {Q1, Q4K}) {
+        Chain c = build(4, 8192, true, fmt);
         upload(c);
         for (int mode = 0; mode < 3; mode++) {
             reset();
@@ -758,12 +957,13 @@ int main(int argc, char** argv) {
                 const double e = check_op(c, o, pre);
                 worst = fmax(worst, e);
                 if (mode == 0 && o < 6)
-                    printf("  check %-8s %6d x %5d: rel %.2e\n", c.names[o], c.ops[o].rows, c.ops[o].K, e);
+                    printf("  check %s %-8s %6d x %5d: rel %.2e\n", fmt_name[fmt], c.names[o], c.ops[o].rows, c.ops[o].K, e);
             }
-            printf("check %s: %zu ops, worst rel %.2e %s\n",
+            printf("check %s %s: %zu ops, worst rel %.2e %s\n", fmt_name[fmt],
                    mode == 0 ? "persistent" : mode == 1 ? "per-op" : "per-op+PDL", c.ops.size(), worst,
                    worst < 1e-4 ? "ok" : "MISMATCH");
         }
+        c.free_all();
     }
 
     // 2. Time: 64 layers + the 248320-row head, the GEMVs alone and with the recurrence.
@@ -780,13 +980,14 @@ int main(int argc, char** argv) {
         ms /= N;
         printf("  %-44s %7.3f ms  %5.2f TB/s\n", name, ms, gb / ms);
     };
+    for (int fmt : {Q1, Q4K})
     for (int rec = 0; rec < 2; rec++) {
-        Chain c = build(64, 248320, rec == 1);
+        Chain c = build(64, 248320, rec == 1, fmt);
         upload(c);
         // Bytes a step: the weights once, a state read and written.
         const double gb = (double)(c.total + 2 * c.state) / 1e9;
-        printf("chain%s: %zu ops, %.3f GB of weights + 2 x %.3f GB of state, %d blocks of %d threads\n",
-               rec ? " with the recurrence" : " of GEMVs", c.ops.size(), (double)c.total / 1e9, (double)c.state / 1e9,
+        printf("%s chain%s: %zu ops, %.3f GB of weights + 2 x %.3f GB of state, %d blocks of %d threads\n",
+               fmt_name[fmt], rec ? " with the recurrence" : " of GEMVs", c.ops.size(), (double)c.total / 1e9, (double)c.state / 1e9,
                NB, NT);
         if (rec == 0) {
             u32* dz;
@@ -829,6 +1030,7 @@ int main(int argc, char** argv) {
             if (o < per || o >= n - 4) worst = fmax(worst, check_op(c, o, pre));
         printf("  check at 64 layers (first and last layer): worst rel %.2e %s\n", worst,
                worst < 1e-4 ? "ok" : "MISMATCH");
+        c.free_all();
     }
     return 0;
 }
