@@ -183,10 +183,15 @@ pub(super) fn compile(name: &str, arch: &str, defines: &str, src: &str) -> Resul
         arch.to_string(),
         format!("{defines}{}", gdc_define()),
     );
-    let mut cache = ptx_cache().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = cache.get(&key) {
+    if let Some(p) = ptx_cache()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+    {
         return Ok(p.clone());
     }
+    // Not locked while NVRTC runs, so modules compile side by side (`compile_all`); two
+    // threads asking for the same module both compile it, and the later insert is the same.
     let full = full_source(defines, src);
     let options = nvrtc_options(arch);
     // A compile of the same inputs in an earlier run (kernel_cache.rs).
@@ -198,9 +203,13 @@ pub(super) fn compile(name: &str, arch: &str, defines: &str, src: &str) -> Resul
         .as_ref()
         .and_then(|(d, k)| kernel_cache::load(d, name, arch, k))
     {
-        cache.insert(key, s.clone());
+        ptx_cache()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, s.clone());
         return Ok(s);
     }
+    compile_notice(disk.as_ref().map(|(d, _)| d.as_path()));
     let opts = CompileOptions {
         options,
         ..Default::default()
@@ -211,8 +220,23 @@ pub(super) fn compile(name: &str, arch: &str, defines: &str, src: &str) -> Resul
     if let Some((d, k)) = &disk {
         kernel_cache::store(d, name, arch, k, &s);
     }
-    cache.insert(key, s.clone());
+    ptx_cache()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, s.clone());
     Ok(s)
+}
+
+/// Says once a process, on stderr, that kernels are being compiled: a first run of a build
+/// on a GPU spends seconds to minutes in NVRTC before its first token, silent otherwise.
+fn compile_notice(cache: Option<&std::path::Path>) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let kept = cache.map_or("not kept: NEAGARI_KERNEL_CACHE is off".into(), |d| {
+            format!("kept in {}", d.display())
+        });
+        eprintln!("neagari: compiling CUDA kernels (once for this build and GPU; {kept})");
+    });
 }
 
 /// NVRTC's flags for every module (ptxas.rs adds its report flag to the same).
@@ -300,13 +324,42 @@ pub(super) fn pair_module(qa: &str, qb: &str) -> (String, String, String) {
 /// Compiles every kernel module for `arch` (e.g. `sm_90`) without a GPU: NVRTC alone
 /// suffices, so a machine without a GPU can check that the kernels build.
 pub fn compile_all(arch: &str) -> Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use GgmlType::*;
     let types = [
         F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q1_0, Q2_0,
         TQ2_0,
     ];
-    for ty in std::iter::once(None).chain(types.map(Some)) {
-        module_ptx(arch, ty)?;
+    let mut jobs = module_sources(None)?;
+    for ty in types {
+        jobs.extend(module_sources(Some(ty))?);
     }
-    Ok(())
+    // One compile a module (Q4_K's layouts are one), the longest sources first so the last
+    // thread to finish does not start the largest module late.
+    jobs.sort_by(|a, b| (b.2.len(), &b.0, &b.1).cmp(&(a.2.len(), &a.0, &a.1)));
+    jobs.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+    // NVRTC compiles separate programs side by side; a cold cache took 300 s on the H200
+    // machine's host one module at a time.
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(jobs.len());
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| -> Result<()> {
+                    while let Some((name, defines, src)) =
+                        jobs.get(next.fetch_add(1, Ordering::Relaxed))
+                    {
+                        compile(name, arch, defines, src)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        workers.into_iter().try_for_each(|w| {
+            w.join()
+                .unwrap_or_else(|_| Err(BackendError::Other("an NVRTC thread panicked".into())))
+        })
+    })
 }
