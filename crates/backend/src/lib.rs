@@ -571,6 +571,11 @@ pub trait Backend: Send + Sync + 'static {
     fn prepare_multi(&self, _ws: &[&Self::Mat]) -> Result<()> {
         Ok(())
     }
+    /// A model file's weight formats, before its matrices load: a backend that builds
+    /// kernels per format (CUDA, by NVRTC on a first run) may build them all at once.
+    fn prepare_formats(&self, _types: &[GgmlType]) -> Result<()> {
+        Ok(())
+    }
     /// A hint that the next GEMV reads `ws` (in this order): a device backend may have the
     /// small kernel before it (the residual add and norm, the GLU, the DeltaNet step) ask
     /// its cache for their first bytes. Results do not depend on it.

@@ -223,6 +223,18 @@ impl<B: Backend> Loaded<B> {
         let file = open_gguf(&args.model)?;
         let file_bytes = std::fs::metadata(&args.model).map(|m| m.len()).unwrap_or(0);
         weights_fit(&be, &args.model, file_bytes)?;
+        // The matrices' formats (vectors load as f32), so a GPU backend compiles their
+        // kernels together rather than one as each format first appears.
+        let mut types: Vec<_> = file
+            .tensors()
+            .iter()
+            .filter(|t| t.dims.len() >= 2)
+            .map(|t| t.ty)
+            .collect();
+        types.sort_by_key(|t| *t as u32);
+        types.dedup();
+        be.prepare_formats(&types)
+            .context("cannot build the GPU kernels for the file's weight formats")?;
         let src = GgufSource::new(file.clone());
         let model = neagari_model::load(&be, &src)
             .with_context(|| format!("cannot load {}", args.model.display()))?;

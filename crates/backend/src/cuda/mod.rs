@@ -506,6 +506,14 @@ impl CudaBackend {
             )
             .map_err(drv)? as usize;
         let name = ctx.name().map_err(drv)?;
+        // The two modules every model needs, compiled side by side where not cached.
+        modules::compile_parallel(
+            &arch,
+            vec![
+                ("ops".into(), String::new(), OPS.into()),
+                ("hybrid".into(), String::new(), hybrid::HYBRID.into()),
+            ],
+        )?;
         let ptx = compile("ops", &arch, "", OPS)?;
         let m = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
@@ -999,6 +1007,17 @@ impl Backend for CudaBackend {
 
     fn prepare_multi(&self, ws: &[&CudaMat]) -> Result<()> {
         self.prepare_pair(ws)
+    }
+
+    fn prepare_formats(&self, types: &[GgmlType]) -> Result<()> {
+        // Each format's module in the layout load_mat will upload; formats without kernels
+        // are left to load_mat's error.
+        let jobs = types
+            .iter()
+            .filter_map(|&ty| fmt_structs(ty, self.repack))
+            .map(|n| fmt_module(&n))
+            .collect();
+        modules::compile_parallel(&self.arch, jobs)
     }
 
     fn prefetch(&self, ws: &[&CudaMat]) -> Result<()> {

@@ -324,7 +324,6 @@ pub(super) fn pair_module(qa: &str, qb: &str) -> (String, String, String) {
 /// Compiles every kernel module for `arch` (e.g. `sm_90`) without a GPU: NVRTC alone
 /// suffices, so a machine without a GPU can check that the kernels build.
 pub fn compile_all(arch: &str) -> Result<()> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use GgmlType::*;
     let types = [
         F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q1_0, Q2_0,
@@ -334,12 +333,17 @@ pub fn compile_all(arch: &str) -> Result<()> {
     for ty in types {
         jobs.extend(module_sources(Some(ty))?);
     }
-    // One compile a module (Q4_K's layouts are one), the longest sources first so the last
-    // thread to finish does not start the largest module late.
+    compile_parallel(arch, jobs)
+}
+
+/// Compiles modules (name, defines, source) side by side, one thread a core: NVRTC compiles
+/// separate programs concurrently, and a cold cache took 300 s on the H200 machine's host
+/// one module at a time. Duplicates compile once; the longest sources go first, so the last
+/// thread to finish does not start the largest module late.
+pub(super) fn compile_parallel(arch: &str, mut jobs: Vec<(String, String, String)>) -> Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     jobs.sort_by(|a, b| (b.2.len(), &b.0, &b.1).cmp(&(a.2.len(), &a.0, &a.1)));
     jobs.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
-    // NVRTC compiles separate programs side by side; a cold cache took 300 s on the H200
-    // machine's host one module at a time.
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(jobs.len());
