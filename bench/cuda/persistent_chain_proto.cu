@@ -53,6 +53,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <thread>
@@ -410,7 +411,7 @@ __device__ __forceinline__ void q4k_chunk(const u8* ra, const u8* rb, int a, int
 // op's blocks can start beside this one's.
 template <int MINB>
 __global__ void __launch_bounds__(NT, MINB) chain(const Op* __restrict__ ops, int op0, int op1, u32* done,
-                                               u32 epoch, int ns, int flags) {
+                                               u32 epoch, int ns, int flags, u64* stamps) {
     extern __shared__ __align__(128) u8 sm[];
     u8* ring = sm;               // [ns][SLOT]
     u8* act = sm + ns * SLOT;    // [ACT_BYTES]
@@ -427,6 +428,9 @@ __global__ void __launch_bounds__(NT, MINB) chain(const Op* __restrict__ ops, in
     }
     __syncthreads();
     if (flags & PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    // Block 0's clock at the start and as it finishes each op (every op waits for the one
+    // before on every block, so these are the ops' ends to within a counter's round trip).
+    if (stamps && b == 0 && threadIdx.x == 0) stamps[0] = gtime();
 
     if (warp == NW) {
         // Producer: every chunk of every op in order; waits only for free slots.
@@ -564,6 +568,7 @@ __global__ void __launch_bounds__(NT, MINB) chain(const Op* __restrict__ ops, in
         if (ctid == 0) {
             __threadfence();
             atomicAdd(&done[o], 1u);
+            if (stamps && b == 0) stamps[1 + o - op0] = gtime();
         }
     }
 }
@@ -906,13 +911,15 @@ int main(int argc, char** argv) {
         CK(cudaMemsetAsync(done, 0, 4096 * 4, st));
         epoch = 0;
     };
-    auto persistent = [&](const Chain& c, int ns, int flags) {
+    u64* stamps;
+    CK(cudaMalloc(&stamps, 4096 * 8));
+    auto persistent = [&](const Chain& c, int ns, int flags, u64* st_ = nullptr) {
         epoch++;
         int op0 = 0, op1 = (int)c.ops.size();
         u32 ep = epoch;
         int nsv = ns, fl = flags;
         const Op* po = dops;
-        void* args[] = {(void*)&po, &op0, &op1, &done, &ep, &nsv, &fl};
+        void* args[] = {(void*)&po, &op0, &op1, &done, &ep, &nsv, &fl, &st_};
         CK(cudaLaunchCooperativeKernel((void*)chain<1>, dim3(NB), dim3(NT), args, smem_of(ns), st));
     };
     auto per_op = [&](const Chain& c, int ns, bool pdl) {
@@ -929,7 +936,7 @@ int main(int argc, char** argv) {
             cfg.attrs = at;
             cfg.numAttrs = pdl ? 1 : 0;
             CK(cudaLaunchKernelEx(&cfg, ns <= 6 ? chain<2> : chain<1>, (const Op*)dops, o, o + 1, done, epoch, ns,
-                                  pdl ? (int)PDL : 0));
+                                  pdl ? (int)PDL : 0, (u64*)nullptr));
         }
     };
     cudaEvent_t e0, e1;
@@ -1030,6 +1037,28 @@ int main(int argc, char** argv) {
             if (o < per || o >= n - 4) worst = fmax(worst, check_op(c, o, pre));
         printf("  check at 64 layers (first and last layer): worst rel %.2e %s\n", worst,
                worst < 1e-4 ? "ok" : "MISMATCH");
+        // Where the persistent step's time goes, by op name (block 0's clock at each op's end).
+        reset();
+        persistent(c, 14, 0, stamps);
+        CK(cudaStreamSynchronize(st));
+        std::vector<u64> ts(c.ops.size() + 1);
+        CK(cudaMemcpy(ts.data(), stamps, ts.size() * 8, cudaMemcpyDeviceToHost));
+        std::vector<std::string> names;
+        for (const char* n : c.names)
+            if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+        printf("  %-10s %5s %10s %10s %8s\n", "op", "count", "us each", "MB each", "TB/s");
+        for (const auto& n : names) {
+            double us = 0, mb = 0;
+            int k = 0;
+            for (size_t o = 0; o < c.ops.size(); o++)
+                if (n == c.names[o]) {
+                    us += (ts[o + 1] - ts[o]) / 1e3;
+                    mb += (c.ops[o].kind == STATE ? 2.0 * c.ops[o].rows * SD * 4 : (double)c.wbytes[o]) / 1e6;
+                    k++;
+                }
+            printf("  %-10s %5d %10.2f %10.2f %8.2f\n", n.c_str(), k, us / k, mb / k, mb / us);  // MB/µs = TB/s
+        }
+        printf("  whole step (block 0's clock) %.3f ms\n", (ts.back() - ts[0]) / 1e6);
         c.free_all();
     }
     return 0;
