@@ -54,6 +54,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <string>
 #include <thread>
@@ -100,8 +101,8 @@ struct Op {
     const float* x;       // input [K] f32
     const float* gamma;   // norm weight [K] or null (then no norm)
     float* y;             // output: [rows] (PLAIN, KSPLIT: accumulated, zeroed before) or [rows/2] (GLU)
-    float* zero;          // [zero_n] zeroed by this op (a later KSPLIT op's output) or null
-    int zero_n;
+    float* zero[2];       // [zero_n] zeroed by this op (later KSPLIT ops' outputs) or null
+    int zero_n[2];
     int rows, K, kind, fmt, nkc, dep;
 };
 
@@ -498,13 +499,15 @@ __global__ void __launch_bounds__(NT, MINB) chain(const Op* __restrict__ ops, in
         }
         named_sync(1, NC);
         // A later KSPLIT op's output, zeroed (nothing reads or adds to it before this op is done).
-        if (op.zero) {
-            const int z0 = (int)((i64)op.zero_n * b / nb), z1 = (int)((i64)op.zero_n * (b + 1) / nb);
-            for (int i = z0 + ctid; i < z1; i += NC) op.zero[i] = 0.f;
-        }
+        for (int z = 0; z < 2; z++)
+            if (op.zero[z]) {
+                const int z0 = (int)((i64)op.zero_n[z] * b / nb), z1 = (int)((i64)op.zero_n[z] * (b + 1) / nb);
+                for (int i = z0 + ctid; i < z1; i += NC) op.zero[z][i] = 0.f;
+            }
         // The activation blocks of 128 values this block's units read.
         int kb0 = 0, kb1 = op.kind == STATE ? 0 : op.K / 128;
-        if (op.kind == KSPLIT && geo.u1 > geo.u0) {
+        // (A norm needs Σx² over all of K: then every block makes the whole activation.)
+        if (op.kind == KSPLIT && !op.gamma && geo.u1 > geo.u0) {
             const int per = group_weights(op.fmt) / 128;
             kb0 = geo.part(geo.u0 / geo.tiles) * per;
             kb1 = geo.part((geo.u1 - 1) / geo.tiles + 1) * per;
@@ -664,8 +667,9 @@ static float* dalloc(Chain& c, i64 n) {
 }
 
 // The chain of `layers` layers and a head of `head_rows` rows, weights (format `fmt`) random
-// on the device; with `recurrence`, a STATE op between a recurrent layer's in-proj and out-proj.
-static Chain build(int layers, int head_rows, bool recurrence, int fmt) {
+// on the device; with `recurrence`, a STATE op between a recurrent layer's in-proj and out-proj;
+// `out_parts`: the out-proj's K in that many parts across blocks (KSPLIT), 1 whole rows.
+static Chain build(int layers, int head_rows, bool recurrence, int fmt, int out_parts = 1) {
     Chain c;
     const int H = 5120, FF = 17408, VD = SV_HEADS * SD;
     std::vector<int> src;  // each op's input: the output of op src (−1: h0)
@@ -684,16 +688,16 @@ static Chain build(int layers, int head_rows, bool recurrence, int fmt) {
         return (int)c.ops.size() - 1;
     };
     int h = -1;
-    std::vector<std::pair<int, int>> zero;  // (in-proj, down) of a layer
+    std::vector<std::array<int, 3>> zero;  // (in-proj, down, out-proj or −1) of a layer
     for (int l = 0; l < layers; l++) {
         const bool rec = (l + 1) % 4 != 0;
         const int in = add(rec ? "qkv+z" : "q+g+k+v", rec ? 16384 : 14336, H, PLAIN, 1, h);
         int mix = in;
         if (rec && recurrence) mix = add("delta", VD, 0, STATE, 1, in);
-        const int out = add(rec ? "ssm_out" : "o", H, VD, PLAIN, 1, mix);
+        const int out = add(rec ? "ssm_out" : "o", H, VD, out_parts > 1 ? KSPLIT : PLAIN, out_parts, mix);
         const int gu = add("gate+up", 2 * FF, H, GLU, 1, out);
         h = add("down", H, FF, KSPLIT, 4, gu);
-        zero.push_back({in, h});
+        zero.push_back({in, h, out_parts > 1 ? out : -1});
     }
     add("head", head_rows, H, PLAIN, 1, h);
     for (i64 w : c.wbytes) c.total += w;
@@ -719,14 +723,18 @@ static Chain build(int layers, int head_rows, bool recurrence, int fmt) {
             if (fmt == Q1) fill_w<<<(unsigned)((rg + 255) / 256), 256>>>(c.arena + off, rg, op.K, 1000 + o);
             else fill_q4k<<<(unsigned)((rg + 255) / 256), 256>>>(c.arena + off, rg, op.K, 1000 + o);
             off += c.wbytes[o];
-            op.gamma = op.kind == KSPLIT ? nullptr : gamma;
+            op.gamma = strcmp(c.names[o], "down") == 0 ? nullptr : gamma;  // the GLU output has no norm
             op.y = dalloc(c, op.kind == GLU ? op.rows / 2 : op.rows);
         }
         op.x = src[o] < 0 ? h0 : c.ops[src[o]].y;
     }
-    for (auto [in, down] : zero) {
-        c.ops[in].zero = c.ops[down].y;
-        c.ops[in].zero_n = c.ops[down].rows;
+    for (auto [in, down, out] : zero) {
+        c.ops[in].zero[0] = c.ops[down].y;
+        c.ops[in].zero_n[0] = c.ops[down].rows;
+        if (out >= 0) {
+            c.ops[in].zero[1] = c.ops[out].y;
+            c.ops[in].zero_n[1] = c.ops[out].rows;
+        }
     }
     CK(cudaDeviceSynchronize());
     return c;
@@ -1060,6 +1068,22 @@ int main(int argc, char** argv) {
         }
         printf("  whole step (block 0's clock) %.3f ms\n", (ts.back() - ts[0]) / 1e6);
         c.free_all();
+        if (rec == 1) {
+            // The out-proj (ssm_out / o: 320 row tiles, ~2.4 a block) in 4 K parts across
+            // blocks (~9.7 units a block), its sums by atomics like the down projection's.
+            Chain c4 = build(64, 248320, true, fmt, 4);
+            upload(c4);
+            reset();
+            timeit("persistent, ring 14, out-proj K in 4 parts", gb, [&] { persistent(c4, 14, 0); });
+            reset();
+            const auto pre4 = snapshot(c4);
+            persistent(c4, 14, 0);
+            CK(cudaStreamSynchronize(st));
+            double w4 = 0;
+            for (int o = 0; o < 5; o++) w4 = fmax(w4, check_op(c4, o, pre4));
+            printf("  check (first layer): worst rel %.2e %s\n", w4, w4 < 1e-4 ? "ok" : "MISMATCH");
+            c4.free_all();
+        }
     }
     return 0;
 }
