@@ -85,7 +85,10 @@ constexpr int ACT_BYTES = MAXK + MAXK / 32 * 8;
 constexpr int MAXNS = 16;                 // ring slots at most
 
 enum Kind { PLAIN = 0, GLU = 1, KSPLIT = 2, STATE = 3 };
-enum Fmt { Q1 = 0, Q4K = 1 };
+// Q1S: Q1_0 with the activation's scale a 32-value unit (llama.cpp's q8 granularity: each
+// 128-weight block takes 4 BMMAs, A masked to one unit's word each) — the price of the
+// engine's numbers, against Q1's one scale a 128-value block.
+enum Fmt { Q1 = 0, Q4K = 1, Q1S = 2 };
 // STATE: a recurrent layer's gated delta rule, its state streamed through the same ring. 48
 // value heads, each S [128 j][128 i] f32 (row j = column j of the state, 512 bytes); a unit
 // is 16 rows of one head. Input x = the in-proj's output: q [16 × 128], k [16 × 128], v
@@ -248,7 +251,7 @@ __device__ __forceinline__ float prep(const Op& op, int kb0, int kb1, u8* act) {
 #pragma unroll
         for (int p = 0; p < PB; p++) {
             const int kb = min(kbb + p * NW, kb1 - 1);
-            if (op.fmt == Q1) {
+            if (op.fmt != Q4K) {
 #pragma unroll
                 for (int i = 0; i < 4; i++) v[p][i] = __ldcg(op.x + kb * 128 + 32 * i + lane);
             } else {
@@ -263,12 +266,36 @@ __device__ __forceinline__ float prep(const Op& op, int kb0, int kb1, u8* act) {
             float m = 0.f;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const int k = op.fmt == Q1 ? kb * 128 + 32 * i + lane : kb * 128 + 4 * lane + i;
+                const int k = op.fmt != Q4K ? kb * 128 + 32 * i + lane : kb * 128 + 4 * lane + i;
                 ss += v[p][i] * v[p][i];
                 if (op.gamma) v[p][i] *= op.gamma[k];
                 m = fmaxf(m, fabsf(v[p][i]));
             }
-            if (op.fmt == Q1) {
+            if (op.fmt == Q1S) {
+                // A scale a 32-value unit: unit i is v[p][i] across the warp.
+                int q[4], sqi[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float mi = fabsf(v[p][i]);
+#pragma unroll
+                    for (int s = 16; s > 0; s >>= 1) mi = fmaxf(mi, __shfl_xor_sync(0xffffffffu, mi, s));
+                    q[i] = __float2int_rn(v[p][i] * (mi > 0.f ? 127.f / mi : 0.f));
+                    sqi[i] = q[i];
+#pragma unroll
+                    for (int s = 16; s > 0; s >>= 1) sqi[i] += __shfl_xor_sync(0xffffffffu, sqi[i], s);
+                    if (lane == 0) ((float2*)(act + MAXK))[kb * 4 + i] = make_float2(mi / 127.f, __int_as_float(-sqi[i]));
+                }
+                u32 mine = 0;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const u32 bal = __ballot_sync(0xffffffffu, (q[i] >> j) & 1);
+                        if (lane == 4 * j + i) mine = bal;
+                    }
+                }
+                ((u32*)act)[((kb >> 3) * 32 + lane) * 8 + (kb & 7)] = mine;
+            } else if (op.fmt == Q1) {
 #pragma unroll
                 for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, s));
                 const float inv = m > 0.f ? 127.f / m : 0.f;
@@ -344,6 +371,43 @@ __device__ __forceinline__ void q1_chunk(const u8* ra, const u8* rb, int a, int 
             const int v0 = cc[0] * wa + cc[1] * wb + sq, v1 = cc[2] * wa + cc[3] * wb + sq;
             acc0 += hw(sa, i) * xs.x * (float)v0;
             acc1 += hw(sb, i) * xs.x * (float)v1;
+        }
+    }
+}
+
+// Q1S: as q1_chunk with a scale a 32-value unit: 4 BMMAs a block, the A words of unit u
+// only (lane t holds k-word t = unit t, so the others pass 0), each sum scaled by d_u.
+__device__ __forceinline__ void q1s_chunk(const u8* ra, const u8* rb, int a, int ng, const u8* act, float& acc0,
+                                          float& acc1) {
+    const int lane = threadIdx.x & 31, t = lane & 3;
+    const int wa = 2 << (2 * t), wb = (2 * t + 1 == 7) ? -256 : (2 << (2 * t + 1));
+    const u32* planes = (const u32*)act;
+    const float2* xd = (const float2*)(act + MAXK);
+    for (int j = 0; j < ng; j++) {
+        const int grp = a + j;
+        const uint4 sa = *(const uint4*)(ra + j * GB), sb = *(const uint4*)(rb + j * GB);
+        const uint4 a0 = *(const uint4*)(ra + j * GB + 16 + 32 * t);
+        const uint4 a1 = *(const uint4*)(ra + j * GB + 32 + 32 * t);
+        const uint4 b0 = *(const uint4*)(rb + j * GB + 16 + 32 * t);
+        const uint4 b1 = *(const uint4*)(rb + j * GB + 32 + 32 * t);
+        const uint4 p0 = *(const uint4*)(planes + (grp * 32 + lane) * 8);
+        const uint4 p1 = *(const uint4*)(planes + (grp * 32 + lane) * 8 + 4);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const u32 wa_i = w4(i < 4 ? a0 : a1, i & 3), wb_i = w4(i < 4 ? b0 : b1, i & 3);
+            const u32 pl = w4(i < 4 ? p0 : p1, i & 3);
+            float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const float2 xs = xd[(grp * 8 + i) * 4 + u];
+                int cc[4] = {0, 0, 0, 0};
+                bmma(cc, t == u ? wa_i : 0u, t == u ? wb_i : 0u, pl);
+                const int sq = t == 0 ? __float_as_int(xs.y) : 0;
+                s0 += xs.x * (float)(cc[0] * wa + cc[1] * wb + sq);
+                s1 += xs.x * (float)(cc[2] * wa + cc[3] * wb + sq);
+            }
+            acc0 += hw(sa, i) * s0;
+            acc1 += hw(sb, i) * s1;
         }
     }
 }
@@ -536,6 +600,7 @@ __global__ void __launch_bounds__(NT, MINB) chain(const Op* __restrict__ ops, in
                         geo.chunk(u, c, a, e);
                         const int st = stride_of(e - a);
                         if (op.fmt == Q1) q1_chunk(slot + g * st, slot + (g + 8) * st, a, e - a, act, acc0, acc1);
+                        else if (op.fmt == Q1S) q1s_chunk(slot + g * st, slot + (g + 8) * st, a, e - a, act, acc0, acc1);
                         else q4k_chunk(slot + g * st, slot + (g + 8) * st, a, e - a, act, acc0, acc1);
                     }
                     // The slot's reads done (and ordered before the next bulk copy into it).
@@ -720,7 +785,7 @@ static Chain build(int layers, int head_rows, bool recurrence, int fmt, int out_
         } else {
             op.W = c.arena + off;
             const i64 rg = (i64)op.rows * (op.K / group_weights(fmt));
-            if (fmt == Q1) fill_w<<<(unsigned)((rg + 255) / 256), 256>>>(c.arena + off, rg, op.K, 1000 + o);
+            if (fmt != Q4K) fill_w<<<(unsigned)((rg + 255) / 256), 256>>>(c.arena + off, rg, op.K, 1000 + o);
             else fill_q4k<<<(unsigned)((rg + 255) / 256), 256>>>(c.arena + off, rg, op.K, 1000 + o);
             off += c.wbytes[o];
             op.gamma = strcmp(c.names[o], "down") == 0 ? nullptr : gamma;  // the GLU output has no norm
@@ -824,20 +889,23 @@ static double check_gemv(const Op& op, i64 wbytes) {
             double a = 0;
             for (int grp = 0; grp < G; grp++) {
                 const u8* blk = row + grp * GB;
-                if (op.fmt == Q1) {
+                if (op.fmt != Q4K) {
                     for (int i = 0; i < 8; i++) {
                         uint16_t hs;
                         memcpy(&hs, blk + 2 * i, 2);
-                        long s = 0;
+                        double sb = 0;
                         for (int tt = 0; tt < 4; tt++) {
                             u32 w;
                             memcpy(&w, blk + 16 + 32 * tt + 4 * i, 4);
+                            long s = 0;
                             for (int p = 0; p < 32; p++) {
                                 const int qq = q[(grp * 8 + i) * 128 + 32 * tt + p];
                                 s += ((w >> p) & 1) ? qq : -qq;
                             }
+                            // The activation's scale: the block's (Q1) or the unit's (Q1S).
+                            sb += (op.fmt == Q1 ? d[grp * 8 + i] : d[(grp * 8 + i) * 4 + tt]) * (double)s;
                         }
-                        a += (double)h2f_host(hs) * d[grp * 8 + i] * (double)s;
+                        a += (double)h2f_host(hs) * sb;
                     }
                 } else {
                     uint16_t hd, hm;
@@ -956,8 +1024,8 @@ int main(int argc, char** argv) {
 
     // 1. Check: 4 layers (3 recurrent) and an 8192-row head, every op against the host, in
     //    one persistent launch and one launch an op (with and without PDL).
-    const char* fmt_name[] = {"Q1_0", "Q4_K"};
-    for (int fmt : {Q1, Q4K}) {
+    const char* fmt_name[] = {"Q1_0", "Q4_K", "Q1_0/32"};
+    for (int fmt : {Q1, Q1S, Q4K}) {
         Chain c = build(4, 8192, true, fmt);
         upload(c);
         for (int mode = 0; mode < 3; mode++) {
@@ -995,7 +1063,7 @@ int main(int argc, char** argv) {
         ms /= N;
         printf("  %-44s %7.3f ms  %5.2f TB/s\n", name, ms, gb / ms);
     };
-    for (int fmt : {Q1, Q4K})
+    for (int fmt : {Q1, Q1S, Q4K})
     for (int rec = 0; rec < 2; rec++) {
         Chain c = build(64, 248320, rec == 1, fmt);
         upload(c);
