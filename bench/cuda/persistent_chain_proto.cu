@@ -466,8 +466,9 @@ __device__ __forceinline__ void q4k_chunk(const u8* ra, const u8* rb, int a, int
     }
 }
 
-// Ops [op0, op1) in one launch; `done[o]` counts the blocks through op o, `epoch` the launch
-// (so the counters need no reset): an op waits for done[dep] = nb·epoch where dep is in
+// Ops [op0, op1) in one launch; `done[o]` counts the blocks through op o, `*epoch` the step
+// (a one-thread kernel bumps it before each step's launches, so the counters need no reset
+// and a replayed graph counts right): an op waits for done[dep] = nb·epoch where dep is in
 // this launch, for the launch before (griddepcontrol) where it is not and PDL is set.
 // Work order, the producer's and the consumers' alike: an op's units in batches of NW (unit
 // ub + w to warp w), a batch's chunks chunk-major (chunk c of every unit of the batch, then
@@ -476,7 +477,7 @@ __device__ __forceinline__ void q4k_chunk(const u8* ra, const u8* rb, int a, int
 // op's blocks can start beside this one's.
 template <int MINB>
 __global__ void __launch_bounds__(NT, MINB) chain(const Op* __restrict__ ops, int op0, int op1, u32* done,
-                                               u32 epoch, int ns, int flags, u64* stamps) {
+                                               const u32* epoch_p, int ns, int flags, u64* stamps) {
     extern __shared__ __align__(128) u8 sm[];
     u8* ring = sm;               // [ns][SLOT]
     u8* act = sm + ns * SLOT;    // [ACT_BYTES]
@@ -540,6 +541,7 @@ __global__ void __launch_bounds__(NT, MINB) chain(const Op* __restrict__ ops, in
 
     // Consumers.
     const int ctid = threadIdx.x;  // 0..NC-1
+    const u32 epoch = *(volatile const u32*)epoch_p;
     const int g = lane >> 2, t = lane & 3;
     u32 base = 0;
     for (int o = op0; o < op1; o++) {
@@ -640,6 +642,8 @@ __global__ void __launch_bounds__(NT, MINB) chain(const Op* __restrict__ ops, in
         }
     }
 }
+
+__global__ void bump(u32* e) { *e += 1; }
 
 // Pure read of n uint4 (the ceiling of one launch): U loads in flight a thread.
 template <int U>
@@ -977,30 +981,33 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&done, 4096 * 4));
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    u32 epoch = 0;
+    u32* epoch;  // the step number, on the device (`chain`'s counters wait for nb·epoch)
+    CK(cudaMalloc(&epoch, 4));
     Op* dops;
     CK(cudaMalloc(&dops, 4096 * sizeof(Op)));
 
-    // The counters start at 0 before a run of persistent launches (a per-op launch bumps
-    // them too, a graph replay without moving `epoch`).
+    // Counters and step number to 0 before a run of launches.
     auto reset = [&] {
         CK(cudaMemsetAsync(done, 0, 4096 * 4, st));
-        epoch = 0;
+        CK(cudaMemsetAsync(epoch, 0, 4, st));
     };
     u64* stamps;
     CK(cudaMalloc(&stamps, 4096 * 8));
     auto persistent = [&](const Chain& c, int ns, int flags, u64* st_ = nullptr) {
-        epoch++;
+        bump<<<1, 1, 0, st>>>(epoch);
         int op0 = 0, op1 = (int)c.ops.size();
-        u32 ep = epoch;
         int nsv = ns, fl = flags;
         const Op* po = dops;
+        const u32* ep = epoch;
         void* args[] = {(void*)&po, &op0, &op1, &done, &ep, &nsv, &fl, &st_};
         CK(cudaLaunchCooperativeKernel((void*)chain<1>, dim3(NB), dim3(NT), args, smem_of(ns), st));
     };
-    auto per_op = [&](const Chain& c, int ns, bool pdl) {
-        epoch++;
-        for (int o = 0; o < (int)c.ops.size(); o++) {
+    // One launch a range of ops [starts[i], starts[i + 1]) (the ops inside a range wait on
+    // the counters, the first on the launch before).
+    auto ranges = [&](const Chain& c, const std::vector<int>& starts, int ns, bool pdl) {
+        bump<<<1, 1, 0, st>>>(epoch);
+        for (size_t i = 0; i < starts.size(); i++) {
+            const int o0 = starts[i], o1 = i + 1 < starts.size() ? starts[i + 1] : (int)c.ops.size();
             cudaLaunchConfig_t cfg = {};
             cfg.gridDim = dim3(NB);
             cfg.blockDim = dim3(NT);
@@ -1011,10 +1018,16 @@ int main(int argc, char** argv) {
             at[0].val.programmaticStreamSerializationAllowed = 1;
             cfg.attrs = at;
             cfg.numAttrs = pdl ? 1 : 0;
-            CK(cudaLaunchKernelEx(&cfg, ns <= 6 ? chain<2> : chain<1>, (const Op*)dops, o, o + 1, done, epoch, ns,
-                                  pdl ? (int)PDL : 0, (u64*)nullptr));
+            CK(cudaLaunchKernelEx(&cfg, ns <= 6 ? chain<2> : chain<1>, (const Op*)dops, o0, o1, (u32*)done,
+                                  (const u32*)epoch, ns, pdl ? (int)PDL : 0, (u64*)nullptr));
         }
     };
+    auto each_op = [](const Chain& c) {
+        std::vector<int> v(c.ops.size());
+        for (size_t o = 0; o < v.size(); o++) v[o] = (int)o;
+        return v;
+    };
+    auto per_op = [&](const Chain& c, int ns, bool pdl) { ranges(c, each_op(c), ns, pdl); };
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -1085,21 +1098,51 @@ int main(int argc, char** argv) {
         for (int ns : {14, 10, 6})
             timeit((std::string("persistent, ring ") + std::to_string(ns)).c_str(), gb, [&] { persistent(c, ns, 0); });
         timeit("persistent, ring 14, no waits (ceiling)", gb, [&] { persistent(c, 14, NODEP); });
-        // One launch an op, replayed as a graph, with and without programmatic dependent launch.
-        for (int v = 0; v < 3; v++) {
-            const int ns = v == 2 ? 6 : 14;
-            const bool pdl = v >= 1;
+        // Launches of op ranges, replayed as a graph: one an op (with and without programmatic
+        // dependent launch), and, with the recurrence, the engine's likely first step — the
+        // delta rule and the attention core as launches of their own, every GEMV between them
+        // in one (a range starts at each "delta", after it, and at each "o") — and the MLP alone
+        // in one launch ([gate+up, down], the rest an op a launch).
+        std::vector<int> mixer_apart, mlp_only;
+        for (int o = 0; o < (int)c.ops.size(); o++) {
+            const std::string n = c.names[o];
+            if (o == 0 || n == "delta" || n == "o" || (o > 0 && std::string(c.names[o - 1]) == "delta"))
+                mixer_apart.push_back(o);
+            if (n != "down") mlp_only.push_back(o);
+        }
+        struct Run { const char* what; const std::vector<int>* starts; int ns; bool pdl; };
+        const std::vector<int> one = each_op(c);
+        std::vector<Run> runs = {{"one launch an op", &one, 14, false},
+                                 {"one launch an op", &one, 14, true},
+                                 {"one launch an op", &one, 6, true}};
+        if (rec) {
+            for (int ns : {14, 6}) runs.push_back({"mixers apart, GEMVs between in one", &mixer_apart, ns, true});
+            runs.push_back({"MLP in one launch, the rest an op a launch", &mlp_only, 6, true});
+        }
+        for (const Run& r : runs) {
             cudaGraph_t gr;
             cudaGraphExec_t ge;
+            reset();
             CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-            per_op(c, ns, pdl);
+            ranges(c, *r.starts, r.ns, r.pdl);
             CK(cudaStreamEndCapture(st, &gr));
             CK(cudaGraphInstantiate(&ge, gr, 0));
-            char name[80];
-            snprintf(name, sizeof name, "one launch an op (graph), ring %d%s", ns, pdl ? ", PDL" : "");
+            char name[120];
+            snprintf(name, sizeof name, "%s (%zu launches, graph), ring %d%s", r.what, r.starts->size(), r.ns,
+                     r.pdl ? ", PDL" : "");
             timeit(name, gb, [&] { CK(cudaGraphLaunch(ge, st)); });
             CK(cudaGraphExecDestroy(ge));
             CK(cudaGraphDestroy(gr));
+        }
+        if (rec) {
+            // The mixers-apart launches at full size against the host, first layer.
+            reset();
+            const auto pre_m = snapshot(c);
+            ranges(c, mixer_apart, 6, true);
+            CK(cudaStreamSynchronize(st));
+            double wm = 0;
+            for (int o = 0; o < 5; o++) wm = fmax(wm, check_op(c, o, pre_m));
+            printf("  check mixers apart (first layer): worst rel %.2e %s\n", wm, wm < 1e-4 ? "ok" : "MISMATCH");
         }
         // A persistent run at full size against the host: the first and last layer (the head
         // is 248320 rows: left out).
