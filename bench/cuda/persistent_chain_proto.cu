@@ -645,6 +645,46 @@ __global__ void __launch_bounds__(NT, MINB) chain(const Op* __restrict__ ops, in
 
 __global__ void bump(u32* e) { *e += 1; }
 
+// The ring alone: each block streams its share of `bytes` (contiguous) through `ns` slots,
+// a slot filled by `per` bulk copies of `copy` bytes (a chunk of 16 row pieces is 16 copies);
+// the consumer warps only wait for each slot and free it. Bandwidth by copy size says
+// whether the copy engine's request rate caps chunks cut into rows (Q4_K's: 16 of ~800 B).
+__global__ void __launch_bounds__(NT, 1) ring_only(const u8* __restrict__ src, i64 bytes, int copy, int per, int ns) {
+    extern __shared__ __align__(128) u8 sm[];
+    __shared__ u64 full[MAXNS], empty[MAXNS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const i64 slot_bytes = (i64)copy * per;
+    const i64 nslots = bytes / slot_bytes;
+    const i64 s0 = nslots * blockIdx.x / gridDim.x, s1 = nslots * (blockIdx.x + 1) / gridDim.x;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < ns; i++) {
+            mbar_init(&full[i], 1);
+            mbar_init(&empty[i], 1);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp == NW) {
+        if (lane != 0) return;
+        for (i64 q = s0; q < s1; q++) {
+            const u32 seq = (u32)(q - s0);
+            const int s = seq % ns;
+            if (seq >= (u32)ns) mbar_wait(&empty[s], ((seq / ns) - 1) & 1);
+            mbar_expect(&full[s], (u32)slot_bytes);
+            for (int r = 0; r < per; r++)
+                bulk_load(sm + s * SLOT + r * copy, src + q * slot_bytes + (i64)r * copy, copy, &full[s]);
+        }
+        return;
+    }
+    for (i64 q = s0 + warp; q < s1; q += NW) {
+        const u32 seq = (u32)(q - s0);
+        const int s = seq % ns;
+        mbar_wait(&full[s], (seq / ns) & 1);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);
+    }
+}
+
 // Pure read of n uint4 (the ceiling of one launch): U loads in flight a thread.
 template <int U>
 __global__ void __launch_bounds__(256) readk(const uint4* __restrict__ p, i64 n, u32* out) {
@@ -1093,6 +1133,17 @@ int main(int argc, char** argv) {
                    [&] { readk<4><<<nsm * 4, 256, 0, st>>>((const uint4*)c.arena, n16, dz); });
             timeit("read (8 loads in flight)", gb,
                    [&] { readk<8><<<nsm * 4, 256, 0, st>>>((const uint4*)c.arena, n16, dz); });
+            if (fmt == Q1) {
+                // The ring alone over the same bytes, by copy size (≤ 13,824 bytes a slot).
+                CK(cudaFuncSetAttribute(ring_only, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_of(14)));
+                const int sizes[][2] = {{576, 16}, {720, 16}, {864, 16}, {1440, 8}, {2880, 4}, {11520, 1}};
+                for (const auto& cp : sizes) {
+                    const int copy = cp[0], per = cp[1];
+                    char name[80];
+                    snprintf(name, sizeof name, "ring alone, 14 slots of %d x %d B", per, copy);
+                    timeit(name, gb, [&] { ring_only<<<NB, NT, smem_of(14), st>>>(c.arena, c.total, copy, per, 14); });
+                }
+            }
         }
         reset();
         for (int ns : {14, 10, 6})
