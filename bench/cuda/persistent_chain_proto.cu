@@ -47,6 +47,7 @@
 // then the 8 blocks' bits word-interleaved — word t of block i at 16 + 32t + 4i, bit p of
 // word t = weight 32t + p of the block (1: +d, 0: −d).
 #include <cuda_fp16.h>
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <cmath>
 #include <cstdint>
@@ -97,7 +98,9 @@ enum Fmt { Q1 = 0, Q4K = 1, Q1S = 2 };
 // o_j = s_j·q. Writes S back and o [48 × 128] to y.
 constexpr int SV_HEADS = 48, SK_HEADS = 16, SD = 128;
 constexpr float S_ALPHA = 0.9f, S_BETA = 0.5f;
-enum Flags { NODEP = 1, PDL = 2 };
+// TMA2D: a chunk by one 2-D tensor copy (a box of ng groups × 16 rows) where the op has a
+// tensor map of that box, instead of 16 row-piece copies (rows then packed at ng·144 bytes).
+enum Flags { NODEP = 1, PDL = 2, TMA2D = 4 };
 
 struct Op {
     const u8* W;          // rows × (K / group weights)·144 bytes (STATE: the state, rows × 512, rewritten)
@@ -107,6 +110,8 @@ struct Op {
     float* zero[2];       // [zero_n] zeroed by this op (later KSPLIT ops' outputs) or null
     int zero_n[2];
     int rows, K, kind, fmt, nkc, dep;
+    const CUtensorMap* maps;  // [2] in global memory: boxes of box_ng[0] and box_ng[1] groups × 16 rows
+    int box_ng[2];            // 0: no map
 };
 
 // ---- PTX helpers (sm_90) ----
@@ -147,6 +152,10 @@ __device__ __forceinline__ void mbar_wait(u64* b, u32 parity) {
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes, u64* bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  ::"r"(smem(dst)), "l"(src), "r"(bytes), "r"(smem(bar)) : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* tm, int x, int y, u64* bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(smem(dst)), "l"(tm), "r"(x), "r"(y), "r"(smem(bar)) : "memory");
 }
 __device__ __forceinline__ void named_sync(int id, int n) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
@@ -528,7 +537,10 @@ __global__ void __launch_bounds__(NT, MINB) chain(const Op* __restrict__ ops, in
                         }
                         const u8* src = op.W + (i64)tile * 16 * row_bytes + (i64)a * GB;
                         mbar_expect(&full[s], 16 * ng * GB);
-                        if (st == row_bytes) {
+                        const int m = !(flags & TMA2D) ? -1 : ng == op.box_ng[0] ? 0 : ng == op.box_ng[1] ? 1 : -1;
+                        if (m >= 0) {
+                            tma_load_2d(dst, op.maps + m, a * (GB / 4), tile * 16, &full[s]);
+                        } else if (st == row_bytes) {
                             bulk_load(dst, src, 16 * st, &full[s]);
                         } else {
                             for (int r = 0; r < 16; r++) bulk_load(dst + r * st, src + r * row_bytes, ng * GB, &full[s]);
@@ -600,7 +612,9 @@ __global__ void __launch_bounds__(NT, MINB) chain(const Op* __restrict__ ops, in
                     } else {
                         int a, e;
                         geo.chunk(u, c, a, e);
-                        const int st = stride_of(e - a);
+                        const int ng = e - a;
+                        const bool box = (flags & TMA2D) && (ng == op.box_ng[0] || ng == op.box_ng[1]);
+                        const int st = box ? ng * GB : stride_of(ng);
                         if (op.fmt == Q1) q1_chunk(slot + g * st, slot + (g + 8) * st, a, e - a, act, acc0, acc1);
                         else if (op.fmt == Q1S) q1s_chunk(slot + g * st, slot + (g + 8) * st, a, e - a, act, acc0, acc1);
                         else q4k_chunk(slot + g * st, slot + (g + 8) * st, a, e - a, act, acc0, acc1);
@@ -849,6 +863,58 @@ static Chain build(int layers, int head_rows, bool recurrence, int fmt, int out_
     return c;
 }
 
+// Each GEMV op's tensor maps: its distinct chunk widths (at most 2), a box of that many
+// groups (u32 elements: 36 a group) × 16 rows each; an op with more widths keeps row copies.
+typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static void make_maps(Chain& c) {
+    static EncodeTiled enc = nullptr;
+    if (!enc) {
+        cudaDriverEntryPointQueryResult q;
+        CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&enc, 12000, cudaEnableDefault, &q));
+        if (q != cudaDriverEntryPointSuccess || !enc) {
+            printf("no cuTensorMapEncodeTiled\n");
+            exit(1);
+        }
+    }
+    std::vector<CUtensorMap> maps(2 * c.ops.size());
+    for (size_t o = 0; o < c.ops.size(); o++) {
+        Op& op = c.ops[o];
+        op.box_ng[0] = op.box_ng[1] = 0;
+        if (op.kind == STATE) continue;
+        const Geo geo(op, 0, 1);
+        std::vector<int> widths;
+        for (int kc = 0; kc < geo.nkc; kc++)
+            for (int ch = 0; ch < geo.nch; ch++) {
+                int a, e;
+                geo.chunk(kc * geo.tiles, ch, a, e);
+                if (e > a && std::find(widths.begin(), widths.end(), e - a) == widths.end()) widths.push_back(e - a);
+            }
+        if (widths.size() > 2) continue;
+        const i64 row_bytes = (i64)geo.G * GB;
+        for (size_t i = 0; i < widths.size(); i++) {
+            const cuuint64_t dims[2] = {(cuuint64_t)(row_bytes / 4), (cuuint64_t)op.rows};
+            const cuuint64_t strides[1] = {(cuuint64_t)row_bytes};
+            const cuuint32_t box[2] = {(cuuint32_t)(widths[i] * GB / 4), 16};
+            const cuuint32_t es[2] = {1, 1};
+            const CUresult r = enc(&maps[2 * o + i], CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, (void*)op.W, dims, strides, box,
+                                   es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+            if (r != CUDA_SUCCESS) {
+                printf("cuTensorMapEncodeTiled: %d (op %zu, box %d groups)\n", (int)r, o, widths[i]);
+                exit(1);
+            }
+            op.box_ng[i] = widths[i];
+        }
+    }
+    CUtensorMap* d;
+    CK(cudaMalloc(&d, maps.size() * sizeof(CUtensorMap)));
+    CK(cudaMemcpy(d, maps.data(), maps.size() * sizeof(CUtensorMap), cudaMemcpyHostToDevice));
+    c.allocs.push_back(d);
+    for (size_t o = 0; o < c.ops.size(); o++) c.ops[o].maps = d + 2 * o;
+}
+
 static float h2f_host(uint16_t h) {
     __half x;
     memcpy(&x, &h, 2);
@@ -1080,13 +1146,15 @@ int main(int argc, char** argv) {
     const char* fmt_name[] = {"Q1_0", "Q4_K", "Q1_0/32"};
     for (int fmt : {Q1, Q1S, Q4K}) {
         Chain c = build(4, 8192, true, fmt);
+        make_maps(c);
         upload(c);
-        for (int mode = 0; mode < 3; mode++) {
+        for (int mode = 0; mode < 4; mode++) {
             reset();
             const auto pre = snapshot(c);
             if (mode == 0) persistent(c, 14, 0);
             else if (mode == 1) per_op(c, 14, false);
-            else per_op(c, 6, true);
+            else if (mode == 2) per_op(c, 6, true);
+            else persistent(c, 14, TMA2D);
             CK(cudaStreamSynchronize(st));
             double worst = 0;
             for (size_t o = 0; o < c.ops.size(); o++) {
@@ -1096,7 +1164,8 @@ int main(int argc, char** argv) {
                     printf("  check %s %-8s %6d x %5d: rel %.2e\n", fmt_name[fmt], c.names[o], c.ops[o].rows, c.ops[o].K, e);
             }
             printf("check %s %s: %zu ops, worst rel %.2e %s\n", fmt_name[fmt],
-                   mode == 0 ? "persistent" : mode == 1 ? "per-op" : "per-op+PDL", c.ops.size(), worst,
+                   mode == 0 ? "persistent" : mode == 1 ? "per-op" : mode == 2 ? "per-op+PDL" : "persistent, 2-D copies",
+                   c.ops.size(), worst,
                    worst < 1e-4 ? "ok" : "MISMATCH");
         }
         c.free_all();
@@ -1119,6 +1188,7 @@ int main(int argc, char** argv) {
     for (int fmt : {Q1, Q1S, Q4K})
     for (int rec = 0; rec < 2; rec++) {
         Chain c = build(64, 248320, rec == 1, fmt);
+        make_maps(c);
         upload(c);
         // Bytes a step: the weights once, a state read and written.
         const double gb = (double)(c.total + 2 * c.state) / 1e9;
@@ -1148,6 +1218,7 @@ int main(int argc, char** argv) {
         reset();
         for (int ns : {14, 10, 6})
             timeit((std::string("persistent, ring ") + std::to_string(ns)).c_str(), gb, [&] { persistent(c, ns, 0); });
+        timeit("persistent, ring 14, 2-D tensor copies", gb, [&] { persistent(c, 14, TMA2D); });
         timeit("persistent, ring 14, no waits (ceiling)", gb, [&] { persistent(c, 14, NODEP); });
         // Launches of op ranges, replayed as a graph: one an op (with and without programmatic
         // dependent launch), and, with the recurrence, the engine's likely first step — the
@@ -1234,6 +1305,7 @@ int main(int argc, char** argv) {
             // The out-proj (ssm_out / o: 320 row tiles, ~2.4 a block) in 4 K parts across
             // blocks (~9.7 units a block), its sums by atomics like the down projection's.
             Chain c4 = build(64, 248320, true, fmt, 4);
+            make_maps(c4);
             upload(c4);
             reset();
             timeit("persistent, ring 14, out-proj K in 4 parts", gb, [&] { persistent(c4, 14, 0); });
