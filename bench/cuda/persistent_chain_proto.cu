@@ -243,6 +243,22 @@ __device__ __forceinline__ void state_unit(const Op& op, int tile, const float* 
     if (lane < 16) op.y[h * SD + j0 + lane] = oj;
 }
 
+// This lane's word of a 128-value block's bit planes (lane L holds values 32i + L, i = 0..3):
+// plane j, word i (values 32i .. 32i+31, bit p = value 32i + p) goes to lane 4j + i, the lane
+// of B's fragment that holds column j, k-word i.
+__device__ __forceinline__ u32 plane_word(const int (&q)[4], int lane) {
+    u32 mine = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const u32 bal = __ballot_sync(0xffffffffu, (q[i] >> j) & 1);
+            if (lane == 4 * j + i) mine = bal;
+        }
+    }
+    return mine;
+}
+
 // The activation blocks [kb0, kb1) of 128 values, made by the consumer warps from x (f32,
 // from L2), times γ where the op has a norm; returns this thread's share of Σx².
 // Q1_0: int8 codes with one scale a block, as 8 bit planes (planes [blk/8][32 lanes][8]:
@@ -294,15 +310,7 @@ __device__ __forceinline__ float prep(const Op& op, int kb0, int kb1, u8* act) {
                     for (int s = 16; s > 0; s >>= 1) sqi[i] += __shfl_xor_sync(0xffffffffu, sqi[i], s);
                     if (lane == 0) ((float2*)(act + MAXK))[kb * 4 + i] = make_float2(mi / 127.f, __int_as_float(-sqi[i]));
                 }
-                u32 mine = 0;
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const u32 bal = __ballot_sync(0xffffffffu, (q[i] >> j) & 1);
-                        if (lane == 4 * j + i) mine = bal;
-                    }
-                }
+                const u32 mine = plane_word(q, lane);
                 ((u32*)act)[((kb >> 3) * 32 + lane) * 8 + (kb & 7)] = mine;
             } else if (op.fmt == Q1) {
 #pragma unroll
@@ -316,15 +324,7 @@ __device__ __forceinline__ float prep(const Op& op, int kb0, int kb1, u8* act) {
                 }
 #pragma unroll
                 for (int s = 16; s > 0; s >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, s);
-                u32 mine = 0;
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const u32 bal = __ballot_sync(0xffffffffu, (q[i] >> j) & 1);
-                        if (lane == 4 * j + i) mine = bal;
-                    }
-                }
+                const u32 mine = plane_word(q, lane);
                 u32* planes = (u32*)act;
                 float2* xd = (float2*)(act + MAXK);
                 planes[((kb >> 3) * 32 + lane) * 8 + (kb & 7)] = mine;
@@ -355,7 +355,10 @@ __device__ __forceinline__ float prep(const Op& op, int kb0, int kb1, u8* act) {
 
 // Q1_0: a chunk's groups [a, a + ng) of rows g, g + 8 (at ra, rb in the slot): one BMMA a
 // 128-weight block and the 8 planes; the plane weights of B's columns 2t, 2t+1 (×2: Σ±x =
-// 2·Σ_{bit set} x − Σx; plane 7 is −128) and −Σq (lanes t = 0) make Σ ±x.
+// 2·Σ_{bit set} x − Σx; plane 7 is −128) and −Σq (lanes t = 0) make Σ ±x. PER32 (Q1S): a
+// scale a 32-value unit, so 4 BMMAs a block, the A words of unit u only (lane t holds
+// k-word t = unit t, so the others pass 0), each sum scaled by d_u.
+template <bool PER32>
 __device__ __forceinline__ void q1_chunk(const u8* ra, const u8* rb, int a, int ng, const u8* act, float& acc0,
                                          float& acc1) {
     const int lane = threadIdx.x & 31, t = lane & 3;
@@ -373,44 +376,16 @@ __device__ __forceinline__ void q1_chunk(const u8* ra, const u8* rb, int a, int 
         const uint4 p1 = *(const uint4*)(planes + (grp * 32 + lane) * 8 + 4);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const float2 xs = xd[grp * 8 + i];
-            int cc[4] = {0, 0, 0, 0};
-            bmma(cc, w4(i < 4 ? a0 : a1, i & 3), w4(i < 4 ? b0 : b1, i & 3), w4(i < 4 ? p0 : p1, i & 3));
-            const int sq = t == 0 ? __float_as_int(xs.y) : 0;
-            const int v0 = cc[0] * wa + cc[1] * wb + sq, v1 = cc[2] * wa + cc[3] * wb + sq;
-            acc0 += hw(sa, i) * xs.x * (float)v0;
-            acc1 += hw(sb, i) * xs.x * (float)v1;
-        }
-    }
-}
-
-// Q1S: as q1_chunk with a scale a 32-value unit: 4 BMMAs a block, the A words of unit u
-// only (lane t holds k-word t = unit t, so the others pass 0), each sum scaled by d_u.
-__device__ __forceinline__ void q1s_chunk(const u8* ra, const u8* rb, int a, int ng, const u8* act, float& acc0,
-                                          float& acc1) {
-    const int lane = threadIdx.x & 31, t = lane & 3;
-    const int wa = 2 << (2 * t), wb = (2 * t + 1 == 7) ? -256 : (2 << (2 * t + 1));
-    const u32* planes = (const u32*)act;
-    const float2* xd = (const float2*)(act + MAXK);
-    for (int j = 0; j < ng; j++) {
-        const int grp = a + j;
-        const uint4 sa = *(const uint4*)(ra + j * GB), sb = *(const uint4*)(rb + j * GB);
-        const uint4 a0 = *(const uint4*)(ra + j * GB + 16 + 32 * t);
-        const uint4 a1 = *(const uint4*)(ra + j * GB + 32 + 32 * t);
-        const uint4 b0 = *(const uint4*)(rb + j * GB + 16 + 32 * t);
-        const uint4 b1 = *(const uint4*)(rb + j * GB + 32 + 32 * t);
-        const uint4 p0 = *(const uint4*)(planes + (grp * 32 + lane) * 8);
-        const uint4 p1 = *(const uint4*)(planes + (grp * 32 + lane) * 8 + 4);
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
             const u32 wa_i = w4(i < 4 ? a0 : a1, i & 3), wb_i = w4(i < 4 ? b0 : b1, i & 3);
             const u32 pl = w4(i < 4 ? p0 : p1, i & 3);
+            constexpr int NU = PER32 ? 4 : 1;
             float s0 = 0.f, s1 = 0.f;
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const float2 xs = xd[(grp * 8 + i) * 4 + u];
+            for (int u = 0; u < NU; u++) {
+                const float2 xs = xd[(grp * 8 + i) * NU + u];
+                const bool on = !PER32 || t == u;
                 int cc[4] = {0, 0, 0, 0};
-                bmma(cc, t == u ? wa_i : 0u, t == u ? wb_i : 0u, pl);
+                bmma(cc, on ? wa_i : 0u, on ? wb_i : 0u, pl);
                 const int sq = t == 0 ? __float_as_int(xs.y) : 0;
                 s0 += xs.x * (float)(cc[0] * wa + cc[1] * wb + sq);
                 s1 += xs.x * (float)(cc[2] * wa + cc[3] * wb + sq);
@@ -615,9 +590,9 @@ __global__ void __launch_bounds__(NT, MINB) chain(const Op* __restrict__ ops, in
                         const int ng = e - a;
                         const bool box = (flags & TMA2D) && (ng == op.box_ng[0] || ng == op.box_ng[1]);
                         const int st = box ? ng * GB : stride_of(ng);
-                        if (op.fmt == Q1) q1_chunk(slot + g * st, slot + (g + 8) * st, a, e - a, act, acc0, acc1);
-                        else if (op.fmt == Q1S) q1s_chunk(slot + g * st, slot + (g + 8) * st, a, e - a, act, acc0, acc1);
-                        else q4k_chunk(slot + g * st, slot + (g + 8) * st, a, e - a, act, acc0, acc1);
+                        if (op.fmt == Q1) q1_chunk<false>(slot + g * st, slot + (g + 8) * st, a, ng, act, acc0, acc1);
+                        else if (op.fmt == Q1S) q1_chunk<true>(slot + g * st, slot + (g + 8) * st, a, ng, act, acc0, acc1);
+                        else q4k_chunk(slot + g * st, slot + (g + 8) * st, a, ng, act, acc0, acc1);
                     }
                     // The slot's reads done (and ordered before the next bulk copy into it).
                     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");

@@ -203,11 +203,7 @@ pub(super) fn compile(name: &str, arch: &str, defines: &str, src: &str) -> Resul
         .as_ref()
         .and_then(|(d, k)| kernel_cache::load(d, name, arch, k))
     {
-        ptx_cache()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, s.clone());
-        return Ok(s);
+        return Ok(remember(key, s));
     }
     compile_notice(disk.as_ref().map(|(d, _)| d.as_path()));
     let opts = CompileOptions {
@@ -220,11 +216,16 @@ pub(super) fn compile(name: &str, arch: &str, defines: &str, src: &str) -> Resul
     if let Some((d, k)) = &disk {
         kernel_cache::store(d, name, arch, k, &s);
     }
+    Ok(remember(key, s))
+}
+
+/// Keeps a module's PTX for the rest of the process.
+fn remember(key: (String, String, String), ptx: String) -> String {
     ptx_cache()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(key, s.clone());
-    Ok(s)
+        .insert(key, ptx.clone());
+    ptx
 }
 
 /// Says once a process, on stderr, that kernels are being compiled: a first run of a build
