@@ -3,7 +3,7 @@
 # target/cuda-stage/bin; bench/cuda/stage.sh makes both): the GPU suites, then `neagari
 # bench` on random-weight files of real shapes (neagari synth), each run's figures as the
 # CLI prints them. Environment (all optional):
-#   TESTS=1            run the five GPU suites first (in parallel; logs in $OUT or /tmp)
+#   TESTS=1            run the six GPU suites first (in parallel; logs in $OUT/suites.log)
 #   OPS_FILTER="a b"   only these cuda_ops tests (ROWS_FILTER: cuda_gemv_rows tests)
 #   TYPES="Q1_0 TQ2_0 Q4_K gemma"   files to bench: 27B shapes of those types, Gemma 3 270M
 #   AB_<TYPE>="def VAR=1,VAR2=x prev"  runs per file, each an env (commas between
@@ -56,20 +56,25 @@ if [ -n "${TESTS:-}" ]; then
     # suites below then read, instead of each compiling the same modules at once.
     (cd crates/backend && timeout 420 "$B/cuda_ops" --exact kernels_compile_with_nvrtc \
         > "$LOG/compile.log" 2>&1; grep -E "^test result" "$LOG/compile.log")
+    # Each suite's log in $W, all of them in $LOG/suites.log at the end (the device tool
+    # brings back only a few files).
     suite() { # dir name [env]
-        (cd "$1" && env ${3:-} timeout 600 "$B/$2" --test-threads 1 ${4:-} > "$LOG/$2.log" 2>&1
-         echo "$2 rc $?" >> "$LOG/$2.log") &
+        (cd "$1" && env ${3:-} timeout 600 "$B/$2" --test-threads 1 ${4:-} > "$W/$2.log" 2>&1
+         echo "$2 rc $?" >> "$W/$2.log") &
     }
     suite crates/backend cuda_ops "" "${OPS_FILTER:-}"
     suite crates/backend cuda_gemv_rows "" "${ROWS_FILTER:-}"
     suite crates/backend cuda_hybrid
+    suite crates/backend cuda_chain
     suite crates/engine cuda_hybrid_models
     synth gemma
     suite crates/engine cuda_models "NEAGARI_GPU_VS_CPU=$(file_of gemma)"
     wait
-    for s in cuda_ops cuda_gemv_rows cuda_hybrid cuda_hybrid_models cuda_models; do
-        grep -E "^test result|rc [0-9]+$|FAILED|panicked" "$LOG/$s.log" | head -6
+    SUITES="cuda_ops cuda_gemv_rows cuda_hybrid cuda_chain cuda_hybrid_models cuda_models"
+    for s in $SUITES; do
+        grep -E "^test result|rc [0-9]+$|FAILED|panicked|^note" "$W/$s.log" | head -8
     done
+    for s in $SUITES; do echo "==== $s"; cat "$W/$s.log"; done > "$LOG/suites.log"
     echo "suites done after $(( $(date +%s) - T0 )) s"
 fi
 wait

@@ -382,6 +382,8 @@ pub struct CudaBackend {
     pdl: bool,
     /// The next GEMV's weights a small kernel asks L2 for (prefetch.rs).
     pf: prefetch::Prefetch,
+    /// The decode chain (chain.rs): with NEAGARI_CUDA_CHAIN=1 on sm_90 and newer.
+    chain: Option<chain::Chain>,
     /// Launches are timed (profile.rs) and recorded steps are not replayed.
     profiling: AtomicBool,
     profile: Mutex<Option<profile::Profile>>,
@@ -430,16 +432,25 @@ macro_rules! launch {
     // Without marking device buffers written (the caller keeps `Scratch::xq_key` right), in
     // thread-block clusters of $c blocks along x (see `launch_raw`).
     (@keep_cluster $c:expr, $be:expr, $f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
-        $be.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if $be.replaying() {
-            // A replayed decode step: the graph launches it at the step's read.
-            Ok(())
-        } else {
-            // One expression: temporaries among the arguments live until the launch returns.
-            // SAFETY: every pointer argument is a live device allocation of the size the
-            // kernel indexes (checked by the caller), and scalars match the kernel's
-            // parameter types.
-            unsafe { $be.launch_raw($f, $cfg, $c, &mut [$( $crate::cuda::karg($a) ),*]) }
+        // What the decode chain holds runs first (chain.rs).
+        match $be.chain_flush() {
+            Err(e) => Err(e),
+            Ok(()) => {
+                $be.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if $be.replaying() {
+                    // A replayed decode step: the graph launches it at the step's read.
+                    Ok(())
+                } else {
+                    // One expression: temporaries among the arguments live until the
+                    // launch returns.
+                    // SAFETY: every pointer argument is a live device allocation of the
+                    // size the kernel indexes (checked by the caller), and scalars match
+                    // the kernel's parameter types.
+                    unsafe {
+                        $be.launch_raw($f, $cfg, $c, &mut [$( $crate::cuda::karg($a) ),*])
+                    }
+                }
+            }
         }
     }};
     (@keep $be:expr, $f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
@@ -463,6 +474,7 @@ fn karg<T: DeviceRepr>(a: &T) -> *mut c_void {
 
 // After `launch!`, which they use (macros are in scope textually).
 mod attention;
+mod chain;
 mod fused;
 mod gemv_rows;
 mod graph;
@@ -559,6 +571,11 @@ impl CudaBackend {
             qk_norm_rope_q8: f("qk_norm_rope_q8")?,
         };
         let hybrid = hybrid::HybridKernels::load(&ctx, &arch)?;
+        let chain = if maj >= 9 && std::env::var("NEAGARI_CUDA_CHAIN").as_deref() == Ok("1") {
+            Some(chain::Chain::new(&ctx, &stream, &arch)?)
+        } else {
+            None
+        };
         // cuBLAS is optional: without it, batches run through the GEMV 8 rows at a time.
         // SAFETY: only checks whether the shared library can be opened.
         let blas = if unsafe { cudarc::cublas::sys::is_culib_present() } {
@@ -659,6 +676,7 @@ impl CudaBackend {
             graphs_on: AtomicBool::new(std::env::var("NEAGARI_CUDA_GRAPH").as_deref() != Ok("0")),
             pdl: maj >= 9 && std::env::var("NEAGARI_CUDA_PDL").as_deref() != Ok("0"),
             pf: prefetch::Prefetch::from_env(),
+            chain,
             profiling: AtomicBool::new(false),
             profile: Mutex::new(None),
         })
@@ -941,6 +959,7 @@ impl Backend for CudaBackend {
                 "cuda graph: a host upload inside a recorded decode step".into(),
             ));
         }
+        self.chain_flush()?;
         self.bump();
         let mut view = dst.data.slice_mut(0..host.len());
         self.stream.memcpy_htod(host, &mut view).map_err(drv)
@@ -983,6 +1002,7 @@ impl Backend for CudaBackend {
             return Err(shape_err("copy_row", format!("row {row} of {}", src.rows)));
         }
         self.reshape(dst, 1, src.cols)?;
+        self.chain_flush()?;
         self.bump();
         self.launches.fetch_add(1, Ordering::Relaxed);
         if self.replaying() {
@@ -998,10 +1018,16 @@ impl Backend for CudaBackend {
     }
 
     fn matmul(&self, w: &CudaMat, x: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
+        if self.chain_matmul(&[w], x, &mut [out])? {
+            return Ok(());
+        }
         self.matmul_op(w, x, out)
     }
 
     fn matmul_multi(&self, ws: &[&CudaMat], x: &CudaBuf, outs: &mut [&mut CudaBuf]) -> Result<()> {
+        if ws.len() == outs.len() && self.chain_matmul(ws, x, outs)? {
+            return Ok(());
+        }
         self.matmul_multi_op(ws, x, outs)
     }
 
@@ -1033,6 +1059,9 @@ impl Backend for CudaBackend {
         eps: f32,
         out: &mut CudaBuf,
     ) -> Result<()> {
+        if x.rows * x.cols == y.rows * y.cols && self.chain_norm(x, Some(y), w, eps, out)? {
+            return Ok(());
+        }
         self.add_rms_norm_op(x, y, w, eps, out)
     }
 
@@ -1049,6 +1078,9 @@ impl Backend for CudaBackend {
     }
 
     fn rms_norm(&self, x: &CudaBuf, w: &CudaVector, eps: f32, out: &mut CudaBuf) -> Result<()> {
+        if self.chain_norm(x, None, w, eps, out)? {
+            return Ok(());
+        }
         self.reshape(out, x.rows, x.cols)?;
         let op = self.dptr(&out.data);
         self.rms_norm_into(x, w, eps, op)
@@ -1065,6 +1097,9 @@ impl Backend for CudaBackend {
                 "add",
                 format!("{}x{} + {}x{}", x.rows, x.cols, y.rows, y.cols),
             ));
+        }
+        if self.chain_add(x, y)? {
+            return Ok(());
         }
         self.elementwise(&self.ops.add, x, Some(y))
     }
@@ -1138,6 +1173,9 @@ impl Backend for CudaBackend {
         g: &mut CudaBuf,
         u: &mut CudaBuf,
     ) -> Result<()> {
+        if self.chain_glu(gate, up, x, act, g, u)? {
+            return Ok(());
+        }
         self.matmul_glu_op(gate, up, x, act, g, u)
     }
 

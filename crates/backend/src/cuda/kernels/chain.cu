@@ -1,0 +1,573 @@
+// The decode chain (cuda/chain.rs): the ops of one activation row between two mixers —
+// GEMVs, the GLU GEMV, the residual norm — in ONE persistent launch, one block an SM. A
+// producer warp streams the block's share of every GEMV's weights, in instruction order,
+// into a ring of shared-memory slots by bulk copies and waits only for free slots, so the
+// loads run on across the ops' boundaries; eight consumer warps wait for each
+// instruction's inputs (a counter a instruction that every taking part block bumps when
+// done), quantize the input row into shared memory (q8_1 codes, a scale a 32-value unit:
+// the engine's numbers) and multiply what the ring holds on tensor cores. Measured design:
+// bench/cuda/persistent_chain_proto.cu (session 31).
+//
+// Instructions (`CIns`, chain.rs `Ins`, the same layout):
+// - GEMV: o0[rows] = W0 · x[K]. A unit is 16 rows × one of nkc K parts; with nkc > 1 the
+//   parts' sums go to `part` and the unit that completes a tile (a counter a tile, reset by
+//   it) adds them in part order: deterministic.
+// - GLU: o0 = act(W0 · x) ⊙ (W1 · x), o1 = W1 · x; a unit is 8 rows of each matrix.
+// - ADD_NORM: x += y; o0 = x · rsqrt(mean(x²) + eps) · γ — block 0 alone (a row of a few
+//   thousand values: one block's work; the others go on).
+// - NORM: o0 = the same norm of x, block 0 alone.
+// - ADD: x += y, a slice a block.
+// An instruction waits for the counters of the earlier ones it reads after or writes over
+// (`deps`, a bit each, the host's address ranges); reads of what earlier kernels wrote come
+// after griddepcontrol.wait. The block that finishes the launch last zeroes the counters.
+//
+// Formats: Q1_0 in repack.rs's layout (groups of 8 blocks: 8 f16 scales, then the 16-byte
+// bodies; weight 4k + j of word w is bit 8j + k) on binary tensor cores — mma m16n8k128
+// .b1 AND+POPC, one a 32-weight unit (the other lanes' A words zero) × the activation's 8
+// bit planes, laid out in the weights' bit order — and Q4_K (ggml's blocks) on IMMA
+// m16n8k32 (gemv_rows.cu's lane layout). Both have 144-byte groups (1024 and 256 weights).
+
+#define CN_W 8                        // consumer warps
+#define CN_C (CN_W * 32)              // consumer threads
+#define CN_T (CN_C + 32)              // + the producer warp
+#define CN_GB 144                     // bytes a group
+#define CN_CH 6                       // groups of a chunk's row at most
+#define CN_SLOT (16 * (CN_CH * CN_GB + 16))
+#define CN_MAXK 17408
+#define CN_ACT (CN_MAXK + CN_MAXK / 32 * 8)
+#define CN_MAXNS 16
+#define CN_MAXI 16
+
+#define CK_GEMV 0
+#define CK_GLU 1
+#define CK_ADD_NORM 2
+#define CK_NORM 3
+#define CK_ADD 4
+#define CF_Q1_0R 0
+#define CF_Q4_K 1
+
+struct CIns {
+    u64 w0, w1;       // weights (GEMV: w0; GLU: w0 gate, w1 up)
+    u64 x, y;         // inputs (GEMV, GLU: x [K]; ADD_NORM, ADD: x [K] in place, y [K]; NORM: x)
+    u64 o0, o1;       // outputs (GEMV: o0 [rows]; GLU: o0 = g, o1 = u [rows]; norms: o0 [K])
+    u64 gamma;        // norm weight [K]
+    u64 part;         // GEMV with nkc > 1: the parts' sums [nkc][rows] f32
+    u32 kind, fmt, rows, K;
+    u32 row_bytes, nkc, deps, tcnt;  // tcnt: the first tile counter (nkc > 1)
+    float eps;
+    u32 act;          // GLU: 0 SiLU, 1 GELU (tanh)
+    u32 reuse;        // the activation the instruction before made is this one's
+    u32 pad;
+};
+
+struct ChainArgs {
+    CIns ins[CN_MAXI];
+    u64 cnt;          // u32 counters: [n] instructions, [1] exit, then tile counters
+    u32 n, ns;
+};
+
+// A wait that never ends is a bug: after ~2 s it traps with a line on stdout, so a broken
+// chain fails its step in seconds instead of hanging.
+__device__ __forceinline__ u64 cn_time() {
+    u64 t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __noinline__ void cn_stuck(const char* what, u32 a, u32 b) {
+    printf("neagari chain: stuck at %s (%u, %u), block %d thread %d\n", what, a, b, blockIdx.x,
+           threadIdx.x);
+    __trap();
+}
+__device__ __forceinline__ void cn_wait_slot(u64* bar, u32 parity) {
+    u32 done, n = 0;
+    u64 t0 = 0;
+    do {
+        asm volatile(
+            "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+            "selp.u32 %0, 1, 0, p;\n\t}"
+            : "=r"(done)
+            : "r"(smem_u32(bar)), "r"(parity)
+            : "memory");
+        if (!done && (++n & 1023) == 0) {
+            if (t0 == 0) t0 = cn_time();
+            else if (cn_time() - t0 > 2000000000ull) cn_stuck("a ring slot", parity, n);
+        }
+    } while (!done);
+}
+__device__ __forceinline__ u32 cn_acquire(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void cn_wait_count(const u32* c, u32 target, int ins) {
+    u32 n = 0;
+    u64 t0 = 0;
+    while (cn_acquire(c) < target)
+        if ((++n & 1023) == 0) {
+            if (t0 == 0) t0 = cn_time();
+            else if (cn_time() - t0 > 2000000000ull) cn_stuck("an instruction's inputs", ins, *c);
+        }
+}
+
+__device__ __forceinline__ void cn_bmma(int (&c)[4], u32 a0, u32 a1, u32 b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k128.row.col.s32.b1.b1.s32.and.popc {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b));
+}
+__device__ __forceinline__ void cn_imma(int (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ u32 cn_w4(const uint4& v, int j) {
+    return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+__device__ __forceinline__ float cn_hw(const uint4& v, int i) {
+    return h2f((u16)(cn_w4(v, i >> 1) >> (16 * (i & 1))));
+}
+
+__device__ __forceinline__ int cn_group_weights(u32 fmt) { return fmt == CF_Q4_K ? 256 : 1024; }
+// A chunk row's stride in its slot: 16 bytes × an odd count, so the 8 rows a warp reads at
+// once fall in different banks.
+__device__ __forceinline__ int cn_stride(int ng) { return ng * CN_GB + ((ng & 1) ? 0 : 16); }
+
+// Block b of nb's share of a GEMV or GLU: units [u0, u1) (K part major: a unit u is tile
+// u % tiles of part u / tiles), each in nch chunks of ≤ CN_CH groups.
+struct CnGeo {
+    int tiles, G, nkc, u0, u1, nch;
+    __device__ CnGeo(const CIns& in, int b, int nb) {
+        tiles = in.kind == CK_GLU ? in.rows / 8 : in.rows / 16;
+        nkc = in.nkc;
+        G = in.K / cn_group_weights(in.fmt);
+        const i64 U = (i64)tiles * nkc;
+        u0 = (int)(U * b / nb);
+        u1 = (int)(U * (b + 1) / nb);
+        const int per = (G + nkc - 1) / nkc;
+        nch = (per + CN_CH - 1) / CN_CH;
+    }
+    __device__ int part(int kc) const { return kc * G / nkc; }
+    // Groups [a, e) of chunk c of unit u.
+    __device__ void chunk(int u, int c, int& a, int& e) const {
+        const int kc = u / tiles, ua = part(kc), n = part(kc + 1) - ua;
+        a = ua + c * n / nch;
+        e = ua + (c + 1) * n / nch;
+    }
+};
+
+// This lane's word of a 128-value block's bit planes (value i of word w at lane i): plane j
+// of word w goes to lane 4j + w, the lane of the BMMA's B fragment holding column j,
+// k-word w.
+__device__ __forceinline__ u32 cn_plane_word(const int (&q)[4], int lane) {
+    u32 mine = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const u32 bal = __ballot_sync(0xffffffffu, (q[w] >> j) & 1);
+            if (lane == 4 * j + w) mine = bal;
+        }
+    }
+    return mine;
+}
+
+// The activation's 128-value blocks [kb0, kb1) from x (f32, through L2), by the consumer
+// warps: q8_1 per 32-value unit (q = rint(v / d), d = max|v| / 127, as gemv_int.cu).
+// Q1_0: 8 bit planes [group][32 lanes][8 blocks] u32 — bit p of a unit's word is value
+// 4(p & 7) + (p >> 3) of the unit, the weights' bit order — and (d, −Σq as int bits) a
+// unit at act + CN_MAXK. Q4_K: int8 codes [K], (d, d·Σq) a unit at act + CN_MAXK.
+__device__ __forceinline__ void cn_prep(const float* __restrict__ x, u32 fmt, int kb0, int kb1,
+                                        u8* act) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // PB blocks a warp at a time, every load out before the first is used.
+    constexpr int PB = 6;
+    const int perm = 4 * (lane & 7) + (lane >> 3);
+    for (int kbb = kb0 + warp; kbb < kb1; kbb += CN_W * PB) {
+        float v[PB][4];
+#pragma unroll
+        for (int p = 0; p < PB; p++) {
+            const int kb = min(kbb + p * CN_W, kb1 - 1);
+            if (fmt == CF_Q1_0R) {
+#pragma unroll
+                for (int w = 0; w < 4; w++) v[p][w] = __ldcg(x + kb * 128 + 32 * w + perm);
+            } else {
+                const float4 f = __ldcg((const float4*)(x + kb * 128) + lane);
+                v[p][0] = f.x, v[p][1] = f.y, v[p][2] = f.z, v[p][3] = f.w;
+            }
+        }
+#pragma unroll
+        for (int p = 0; p < PB; p++) {
+            const int kb = kbb + p * CN_W;
+            if (kb >= kb1) break;
+            if (fmt == CF_Q1_0R) {
+                // Unit w is v[p][w] across the warp.
+                int q[4];
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    const float amax = warp_max(fabsf(v[p][w]));
+                    const float d = amax / 127.f;
+                    q[w] = amax == 0.f ? 0 : (int)rintf(v[p][w] / d);
+                    int s = q[w];
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                    if (lane == 0) ((float2*)(act + CN_MAXK))[kb * 4 + w] = make_float2(d, __int_as_float(-s));
+                }
+                ((u32*)act)[((kb >> 3) * 32 + lane) * 8 + (kb & 7)] = cn_plane_word(q, lane);
+            } else {
+                // Lane L: values 4L .. 4L+3, unit L / 8 (8 lanes a unit).
+                float m = fmaxf(fmaxf(fabsf(v[p][0]), fabsf(v[p][1])), fmaxf(fabsf(v[p][2]), fabsf(v[p][3])));
+#pragma unroll
+                for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                const float d = m / 127.f;
+                int s = 0;
+                u32 word = 0;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int q = m == 0.f ? 0 : (int)rintf(v[p][i] / d);
+                    s += q;
+                    word |= (u32)(q & 0xff) << (8 * i);
+                }
+#pragma unroll
+                for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                ((u32*)act)[kb * 32 + lane] = word;
+                if ((lane & 7) == 0) ((float2*)(act + CN_MAXK))[kb * 4 + lane / 8] = make_float2(d, d * (float)s);
+            }
+        }
+    }
+}
+
+// Q1_0: groups [a, a + ng) of rows g, g + 8 (at ra, rb in the slot). Block i of a group,
+// unit u: one BMMA with only lane t = u's A words (word u of the block: its 32 weights)
+// and the 8 planes of the activation's unit; the planes' weights for B's columns 2t, 2t+1
+// (×2, plane 7 is −128: Σ±x = 2·Σ_{bit set} x − Σx) and −Σq (lane t = 0) make the unit's
+// Σ ±q, scaled by its d; the block's f16 scale then.
+__device__ __forceinline__ void cn_q1(const u8* ra, const u8* rb, int a, int ng, const u8* act,
+                                      float& acc0, float& acc1) {
+    const int lane = threadIdx.x & 31, t = lane & 3;
+    const int wa = 2 << (2 * t), wb = (2 * t + 1 == 7) ? -256 : (2 << (2 * t + 1));
+    const u32* planes = (const u32*)act;
+    const float2* xd = (const float2*)(act + CN_MAXK);
+    for (int j = 0; j < ng; j++) {
+        const int grp = a + j;
+        const u8* ga = ra + j * CN_GB;
+        const u8* gb = rb + j * CN_GB;
+        const uint4 sa = *(const uint4*)ga, sb = *(const uint4*)gb;
+        const uint4 p0 = *(const uint4*)(planes + (grp * 32 + lane) * 8);
+        const uint4 p1 = *(const uint4*)(planes + (grp * 32 + lane) * 8 + 4);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const u32 wa_i = *(const u32*)(ga + 16 + 16 * i + 4 * t);
+            const u32 wb_i = *(const u32*)(gb + 16 + 16 * i + 4 * t);
+            const u32 pl = cn_w4(i < 4 ? p0 : p1, i & 3);
+            float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const float2 xs = xd[(grp * 8 + i) * 4 + u];
+                const bool on = t == u;
+                int cc[4] = {0, 0, 0, 0};
+                cn_bmma(cc, on ? wa_i : 0u, on ? wb_i : 0u, pl);
+                const int sq = t == 0 ? __float_as_int(xs.y) : 0;
+                s0 += xs.x * (float)(cc[0] * wa + cc[1] * wb + sq);
+                s1 += xs.x * (float)(cc[2] * wa + cc[3] * wb + sq);
+            }
+            acc0 += cn_hw(sa, i) * s0;
+            acc1 += cn_hw(sb, i) * s1;
+        }
+    }
+}
+
+// Q4_K's scale and min of sub-block s (dequant.cuh's scale_min_k4 on the words of the
+// block's bytes 4..15), times d and dmin.
+__device__ __forceinline__ float2 cn_q4k_sm(const uint4& h, int s) {
+    const int bb = (s & 3) * 8;
+    const u32 b0 = (h.y >> bb) & 0xFF, b1 = (h.z >> bb) & 0xFF, b2 = (h.w >> bb) & 0xFF;
+    int sc, m;
+    if (s < 4) {
+        sc = b0 & 63;
+        m = b1 & 63;
+    } else {
+        sc = (b2 & 0xF) | ((b0 >> 6) << 4);
+        m = (b2 >> 4) | ((b1 >> 6) << 4);
+    }
+    return make_float2(h2f((u16)(h.x & 0xFFFF)) * (float)sc, h2f((u16)(h.x >> 16)) * (float)m);
+}
+
+// Q4_K: blocks [a, a + ng) of rows g, g + 8: one IMMA m16n8k32 a 32-weight sub-block, the
+// weights as A (k-slots 4t.. and 16 + 4t.. hold bytes 8t .. 8t+7 of the sub-block pair's
+// nibbles, as gemv_rows.cu: A and B agree on where a value sits), the activation as every
+// column of B, so c0 is row g's dot and c2 row g + 8's in each lane. Lane t scales
+// sub-blocks 2t and 2t + 1; the quad's reduction adds them.
+__device__ __forceinline__ void cn_q4k(const u8* ra, const u8* rb, int a, int ng, const u8* act,
+                                       float& acc0, float& acc1) {
+    const int lane = threadIdx.x & 31, t = lane & 3;
+    const float2* ds = (const float2*)(act + CN_MAXK);
+    for (int j = 0; j < ng; j++) {
+        const int blk = a + j;
+        const u8* pa = ra + j * CN_GB;
+        const u8* pb = rb + j * CN_GB;
+        const uint4 ha = *(const uint4*)pa, hb = *(const uint4*)pb;
+        int c_lo0 = 0, c_lo2 = 0, c_hi0 = 0, c_hi2 = 0;
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            const uint2 qa = *(const uint2*)(pa + 16 + 32 * p + 8 * t);
+            const uint2 qb = *(const uint2*)(pb + 16 + 32 * p + 8 * t);
+            const uint2 xl = *(const uint2*)(act + (blk * 8 + 2 * p) * 32 + 8 * t);
+            const uint2 xh = *(const uint2*)(act + (blk * 8 + 2 * p + 1) * 32 + 8 * t);
+            const u32 M = 0x0F0F0F0Fu;
+            int cl[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
+            cn_imma(cl, qa.x & M, qb.x & M, qa.y & M, qb.y & M, xl.x, xl.y);
+            cn_imma(ch, (qa.x >> 4) & M, (qb.x >> 4) & M, (qa.y >> 4) & M, (qb.y >> 4) & M, xh.x, xh.y);
+            if (p == t) {
+                c_lo0 = cl[0], c_lo2 = cl[2], c_hi0 = ch[0], c_hi2 = ch[2];
+            }
+        }
+        const float2 xl = ds[blk * 8 + 2 * t], xh = ds[blk * 8 + 2 * t + 1];
+        const float2 la = cn_q4k_sm(ha, 2 * t), ua = cn_q4k_sm(ha, 2 * t + 1);
+        const float2 lb = cn_q4k_sm(hb, 2 * t), ub = cn_q4k_sm(hb, 2 * t + 1);
+        acc0 += la.x * xl.x * (float)c_lo0 - la.y * xl.y + ua.x * xh.x * (float)c_hi0 - ua.y * xh.y;
+        acc1 += lb.x * xl.x * (float)c_lo2 - lb.y * xl.y + ub.x * xh.x * (float)c_hi2 - ub.y * xh.y;
+    }
+}
+
+__device__ __forceinline__ float cn_act(float v, float u, u32 act) {
+    if (act == 0) return v / (1.0f + expf(-v)) * u;
+    if (v <= -10.0f) return 0.0f;
+    if (v >= 10.0f) return v * u;
+    const float xh = h2f(f2h(v));
+    const float t = tanhf(0.7978846f * xh * (1.0f + 0.044715f * xh * xh));
+    return h2f(f2h(0.5f * xh * (1.0f + t))) * u;
+}
+
+// A tile's 16 sums (lane r < 16 holds row r of the tile: GEMV rows tile·16 + r; GLU gate
+// rows tile·8 + r for r < 8, up rows tile·8 + r − 8) to the outputs.
+__device__ __forceinline__ void cn_store(const CIns& in, int tile, float v) {
+    const int lane = threadIdx.x & 31;
+    if (in.kind == CK_GEMV) {
+        if (lane < 16) ((float*)in.o0)[tile * 16 + lane] = v;
+    } else {
+        const float up = __shfl_down_sync(0xffffffffu, v, 8);
+        if (lane < 8) {
+            ((float*)in.o0)[tile * 8 + lane] = cn_act(v, up, in.act);
+            ((float*)in.o1)[tile * 8 + lane] = up;
+        }
+    }
+}
+
+// The row norm of block 0 (ADD_NORM: x += y first): the engine's add_rms_norm arithmetic
+// (Σx² in double, 1/sqrt(mean + eps) in f32).
+__device__ void cn_norm(const CIns& in, double* red) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float* x = (float*)in.x;
+    const float* y = (const float*)in.y;
+    const int K = in.K;
+    double s = 0.0;
+    for (int i = tid; i < K; i += CN_C) {
+        float v = __ldcg(x + i);
+        if (in.kind == CK_ADD_NORM) {
+            v += __ldcg(y + i);
+            x[i] = v;
+        }
+        s += (double)v * (double)v;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) red[warp] = s;
+    named_sync(1, CN_C);
+    double t = 0.0;
+    for (int w = 0; w < CN_W; w++) t += red[w];
+    const float mean = (float)(t / (double)K);
+    const float scale = 1.0f / sqrtf(mean + in.eps);
+    const float* w = (const float*)in.gamma;
+    float* out = (float*)in.o0;
+    for (int i = tid; i < K; i += CN_C) {
+        const float v = in.kind == CK_ADD_NORM ? x[i] : __ldcg(x + i);
+        out[i] = v * scale * w[i];
+    }
+    named_sync(1, CN_C);
+}
+
+extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constant__ ChainArgs args) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) u8 sm[];
+    const int ns = (int)args.ns;
+    u8* ring = sm;                // [ns][CN_SLOT]
+    u8* act = sm + ns * CN_SLOT;  // [CN_ACT]
+    __shared__ u64 full[CN_MAXNS], empty[CN_MAXNS];
+    __shared__ double red[CN_W];
+    __shared__ int last_sh;
+    const int nb = gridDim.x, b = blockIdx.x;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    u32* cnt = (u32*)args.cnt;
+    const int n = (int)args.n;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < ns; i++) {
+            mbar_init(&full[i]);
+            mbar_init(&empty[i]);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (warp == CN_W) {
+        // Producer: every chunk of every GEMV and GLU in order; waits only for free slots.
+        // The weights do not depend on the kernels before, so no griddepcontrol.wait.
+        if (lane != 0) return;
+        u32 seq = 0;
+        for (int o = 0; o < n; o++) {
+            const CIns& in = args.ins[o];
+            if (in.kind != CK_GEMV && in.kind != CK_GLU) continue;
+            const CnGeo geo(in, b, nb);
+            const i64 rb = in.row_bytes;
+            for (int ub = geo.u0; ub < geo.u1; ub += CN_W) {
+                const int nbw = min(CN_W, geo.u1 - ub);
+                for (int c = 0; c < geo.nch; c++)
+                    for (int w = 0; w < nbw; w++, seq++) {
+                        const int u = ub + w, tile = u % geo.tiles;
+                        const int s = seq % ns;
+                        if (seq >= (u32)ns) cn_wait_slot(&empty[s], ((seq / ns) - 1) & 1);
+                        u8* dst = ring + s * CN_SLOT;
+                        int a, e;
+                        geo.chunk(u, c, a, e);
+                        const int ng = e - a, st = cn_stride(ng);
+                        if (ng == 0) {
+                            mbar_arrive(&full[s]);
+                            continue;
+                        }
+                        mbar_expect(&full[s], 16 * ng * CN_GB);
+                        // Slot rows 0..15: GEMV rows tile·16 + r; GLU gate rows tile·8 + r
+                        // (r < 8), then the same up rows.
+                        const bool glu = in.kind == CK_GLU;
+                        const u8* src0 = (const u8*)in.w0 + (glu ? (i64)tile * 8 : (i64)tile * 16) * rb + (i64)a * CN_GB;
+                        const u8* src1 = glu ? (const u8*)in.w1 + (i64)tile * 8 * rb + (i64)a * CN_GB : src0 + 8 * rb;
+                        if (st == rb) {
+                            bulk_load(dst, src0, 8 * st, &full[s]);
+                            bulk_load(dst + 8 * st, src1, 8 * st, &full[s]);
+                        } else {
+                            for (int r = 0; r < 8; r++) {
+                                bulk_load(dst + r * st, src0 + r * rb, ng * CN_GB, &full[s]);
+                                bulk_load(dst + (r + 8) * st, src1 + r * rb, ng * CN_GB, &full[s]);
+                            }
+                        }
+                    }
+            }
+        }
+        return;
+    }
+
+    // Consumers. Everything they read that a kernel before wrote comes after this.
+    gdc_wait();
+    const int ctid = threadIdx.x;
+    const int g = lane >> 2;
+    u32 base = 0;
+    // The shared activation is the whole input of the instruction before (one K part).
+    bool whole = false;
+    for (int o = 0; o < n; o++) {
+        const CIns& in = args.ins[o];
+        const bool one = in.kind == CK_ADD_NORM || in.kind == CK_NORM;
+        if (one && b != 0) continue;
+        // The instructions this one reads after or writes over.
+        if (ctid == 0) {
+            u32 d = in.deps;
+            while (d) {
+                const int j = __ffs(d) - 1;
+                d &= d - 1;
+                const u32 k = args.ins[j].kind;
+                cn_wait_count(cnt + j, (k == CK_ADD_NORM || k == CK_NORM) ? 1u : (u32)nb, o);
+            }
+        }
+        named_sync(1, CN_C);
+        if (in.kind != CK_GEMV && in.kind != CK_GLU) whole = false;
+        if (one) {
+            cn_norm(in, red);
+        } else if (in.kind == CK_ADD) {
+            const int i0 = (int)((i64)in.K * b / nb), i1 = (int)((i64)in.K * (b + 1) / nb);
+            for (int i = i0 + ctid; i < i1; i += CN_C)
+                ((float*)in.x)[i] = __ldcg((const float*)in.x + i) + __ldcg((const float*)in.y + i);
+        } else {
+            const CnGeo geo(in, b, nb);
+            if (!(in.reuse && whole) && geo.u1 > geo.u0) {
+                // The activation's 128-value blocks this block's K parts read.
+                const int per = cn_group_weights(in.fmt) / 128;
+                const int kb0 = geo.part(geo.u0 / geo.tiles) * per;
+                const int kb1 = geo.part((geo.u1 - 1) / geo.tiles + 1) * per;
+                cn_prep((const float*)in.x, in.fmt, kb0, kb1, act);
+                whole = geo.nkc == 1;
+            } else if (geo.u1 == geo.u0) {
+                whole = whole && in.reuse;
+            }
+            named_sync(1, CN_C);
+            for (int ub = geo.u0; ub < geo.u1; ub += CN_W) {
+                const int nbw = min(CN_W, geo.u1 - ub);
+                if (warp < nbw) {
+                    const int u = ub + warp, tile = u % geo.tiles, kc = u / geo.tiles;
+                    float acc0 = 0.f, acc1 = 0.f;
+                    for (int c = 0; c < geo.nch; c++) {
+                        const u32 seq = base + c * nbw + warp;
+                        const int s = seq % ns;
+                        cn_wait_slot(&full[s], (seq / ns) & 1);
+                        const u8* slot = ring + s * CN_SLOT;
+                        int a, e;
+                        geo.chunk(u, c, a, e);
+                        const int ng = e - a, st = cn_stride(ng);
+                        if (in.fmt == CF_Q1_0R) cn_q1(slot + g * st, slot + (g + 8) * st, a, ng, act, acc0, acc1);
+                        else cn_q4k(slot + g * st, slot + (g + 8) * st, a, ng, act, acc0, acc1);
+                        // The slot's reads done and ordered before the next bulk copy into it.
+                        fence_async_shared();
+                        __syncwarp();
+                        if (lane == 0) mbar_arrive(&empty[s]);
+                    }
+                    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+                    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
+                    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+                    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+                    // Lane r < 16 takes row r of the tile: rows g from lanes 4g, g + 8 from 4g.
+                    const float r0 = __shfl_sync(0xffffffffu, acc0, 4 * (lane & 7));
+                    const float r1 = __shfl_sync(0xffffffffu, acc1, 4 * (lane & 7));
+                    float v = lane < 8 ? r0 : r1;
+                    if (geo.nkc == 1) {
+                        cn_store(in, tile, v);
+                    } else {
+                        float* part = (float*)in.part;
+                        if (lane < 16) part[((i64)kc * geo.tiles + tile) * 16 + lane] = v;
+                        __threadfence();
+                        __syncwarp();
+                        u32 old = 0;
+                        if (lane == 0) old = atomicAdd(cnt + in.tcnt + tile, 1u);
+                        old = __shfl_sync(0xffffffffu, old, 0);
+                        if (old == (u32)geo.nkc - 1) {
+                            // The tile's last part: add them all in part order.
+                            __threadfence();
+                            v = 0.f;
+                            for (int k = 0; k < geo.nkc; k++)
+                                v += lane < 16 ? __ldcg(part + ((i64)k * geo.tiles + tile) * 16 + lane) : 0.f;
+                            cn_store(in, tile, v);
+                            if (lane == 0) cnt[in.tcnt + tile] = 0;
+                        }
+                    }
+                }
+                base += geo.nch * nbw;
+            }
+        }
+        // This block's share done: the instruction's counter (its writes before it).
+        named_sync(1, CN_C);
+        if (ctid == 0) {
+            __threadfence();
+            atomicAdd(cnt + o, 1u);
+        }
+    }
+    // The block that finishes last zeroes the instruction counters for the next launch
+    // (no block reads them any more).
+    if (ctid == 0) {
+        __threadfence();
+        last_sh = atomicAdd(cnt + n, 1u) == (u32)nb - 1;
+    }
+    named_sync(1, CN_C);
+    if (last_sh) {
+        __threadfence();
+        for (int i = ctid; i <= n; i += CN_C) cnt[i] = 0;
+    }
+#endif
+}

@@ -1,0 +1,216 @@
+//! The decode chain (cuda/chain.rs, kernels/chain.cu; NEAGARI_CUDA_CHAIN=1) on the GPU: a
+//! hybrid layer's one-token ops recorded inside a decode step and run as one persistent
+//! launch give what the separate kernels give on the same inputs, in a warm step, the step
+//! captured into a CUDA graph and its replay; its GEMVs hold to the q8_1-rounded product;
+//! an op the chain does not take (a Q8_0 matrix) ends it and reads what it wrote.
+//!
+//! Runs only where a CUDA GPU of sm_90 or newer is usable; elsewhere (CI) it prints why and
+//! passes.
+#![cfg(feature = "cuda")]
+
+mod cuda_common;
+use cuda_common::{check_q8_1, download, gpu, random_mat, randv, rel, rng};
+
+use neagari_backend::cuda::CudaBackend;
+use neagari_backend::{Backend, GluAct, HostTensor, KvShape, KvType};
+use neagari_quant::GgmlType;
+
+fn vector(be: &CudaBackend, v: &[f32]) -> <CudaBackend as Backend>::Vector {
+    let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    be.load_vector(&cuda_common::tensor(
+        "w",
+        GgmlType::F32,
+        vec![v.len()],
+        bytes,
+    ))
+    .unwrap()
+}
+
+/// What one layer's ops leave, read back in this order.
+const NAMES: [&str; 12] = [
+    "x", "xn", "g", "u", "o2", "xn2", "qa", "qb", "qc", "p", "xf", "head",
+];
+
+struct Layer {
+    out: HostTensor,
+    gate: HostTensor,
+    up: HostTensor,
+    down: HostTensor,
+    a: HostTensor,
+    b: HostTensor,
+    c: HostTensor,
+    q8: HostTensor,
+    /// Dequantized `a` (for the q8_1 product).
+    a_deq: Vec<f32>,
+    g1: Vec<f32>,
+    g2: Vec<f32>,
+}
+
+type Mat = <CudaBackend as Backend>::Mat;
+type Buf = <CudaBackend as Backend>::Buf;
+
+/// A layer on one backend: its weights, and the step's input buffers (allocated once, so a
+/// recorded step's addresses stay valid).
+struct Dev {
+    m: [Mat; 8],
+    g1: <CudaBackend as Backend>::Vector,
+    g2: <CudaBackend as Backend>::Vector,
+    x: Buf,
+    core: Buf,
+}
+
+fn dev(be: &CudaBackend, l: &Layer, h: usize, f2: usize) -> Dev {
+    let m = |t: &HostTensor| be.load_mat(t).unwrap();
+    Dev {
+        m: [
+            m(&l.out),
+            m(&l.gate),
+            m(&l.up),
+            m(&l.down),
+            m(&l.a),
+            m(&l.b),
+            m(&l.c),
+            m(&l.q8),
+        ],
+        g1: vector(be, &l.g1),
+        g2: vector(be, &l.g2),
+        x: be.buf(1, h).unwrap(),
+        core: be.buf(1, f2).unwrap(),
+    }
+}
+
+/// A hybrid layer's decode ops (out-proj, norm, GLU, down, norm, the next in-proj), then a
+/// Q8_0 GEMV (not chained) whose output goes back into the chain, a last add and norm and a
+/// GEMV of that. Inside a step when `kv` is given; returns the outputs of `NAMES`.
+fn run(
+    be: &CudaBackend,
+    d: &mut Dev,
+    x0: &[f32],
+    core: &[f32],
+    kv: Option<&<CudaBackend as Backend>::Kv>,
+) -> Vec<Vec<f32>> {
+    let h = x0.len();
+    be.write(&mut d.x, x0, 1, h).unwrap();
+    be.write(&mut d.core, core, 1, core.len()).unwrap();
+    if let Some(kv) = kv {
+        be.step_begin(kv, &[1]).unwrap();
+    }
+    let [wo, wg, wu, wd, wa, wb, wc, wq] = &d.m;
+    let x = &mut d.x;
+    let b = |n: usize| be.buf(1, n).unwrap();
+    let (mut o, mut xn, mut g, mut u, mut o2, mut xn2) = (b(h), b(h), b(1), b(1), b(h), b(h));
+    let (mut qa, mut qb, mut qc, mut p, mut xf, mut head) = (b(1), b(1), b(1), b(h), b(h), b(1));
+    be.matmul(wo, &d.core, &mut o).unwrap();
+    be.add_rms_norm(x, &o, &d.g1, 1e-6, &mut xn).unwrap();
+    be.matmul_glu(wg, wu, &xn, GluAct::Silu, &mut g, &mut u)
+        .unwrap();
+    be.matmul(wd, &g, &mut o2).unwrap();
+    be.add_rms_norm(x, &o2, &d.g2, 1e-6, &mut xn2).unwrap();
+    be.matmul_multi(&[wa, wb, wc], &xn2, &mut [&mut qa, &mut qb, &mut qc])
+        .unwrap();
+    be.matmul(wq, &xn2, &mut p).unwrap();
+    be.add(x, &p).unwrap();
+    be.rms_norm(x, &d.g1, 1e-6, &mut xf).unwrap();
+    be.matmul(wa, &xf, &mut head).unwrap();
+    let out: Vec<Vec<f32>> = [&*x, &xn, &g, &u, &o2, &xn2, &qa, &qb, &qc, &p, &xf, &head]
+        .iter()
+        .map(|b| download(be, b))
+        .collect();
+    be.step_end();
+    out
+}
+
+/// Per format and shape (a small one with K split in several parts, and the 27B's
+/// 5120 / 17408 / 6144): the chain in a warm, a captured and a replayed step against the
+/// separate kernels on the same inputs (within rel 1e-3: the same q8_1 codes, sums in
+/// another order, and the norm's double sum in another order can move a code at a
+/// rounding edge), and the chain's in-proj GEMV against the q8_1 product of what it read.
+#[test]
+fn chain_equals_separate_kernels() {
+    let Some(plain) = gpu() else { return };
+    std::env::set_var("NEAGARI_CUDA_CHAIN", "1");
+    let ch = CudaBackend::new(0).expect("open GPU 0");
+    std::env::remove_var("NEAGARI_CUDA_CHAIN");
+    let Some(before) = ch.chain_launches() else {
+        eprintln!(
+            "note: skipping the chain test: {} is older than sm_90",
+            ch.arch()
+        );
+        return;
+    };
+    let kv = ch
+        .kv_alloc(&KvShape {
+            n_layers: 1,
+            n_ctx: 64,
+            n_kv_heads: 1,
+            head_dim: 64,
+            ty: KvType::F16,
+        })
+        .unwrap();
+    let mut r = rng();
+    for (ty, h, f, f2) in [
+        (GgmlType::Q1_0, 2048, 3072, 4096),
+        (GgmlType::Q4_K, 1280, 3328, 2304),
+        (GgmlType::Q1_0, 5120, 17408, 6144),
+        (GgmlType::Q4_K, 5120, 17408, 6144),
+    ] {
+        let mut mat = |rows, cols| random_mat(&mut r, ty, rows, cols);
+        let (out, _) = mat(h, f2);
+        let (gate, _) = mat(f, h);
+        let (up, _) = mat(f, h);
+        let (down, _) = mat(h, f);
+        let (a, a_deq) = mat(2 * h, h);
+        let (b, _) = mat(f2, h);
+        let (c, _) = mat(32, h);
+        let (q8, _) = random_mat(&mut r, GgmlType::Q8_0, h, h);
+        let l = Layer {
+            out,
+            gate,
+            up,
+            down,
+            a,
+            b,
+            c,
+            q8,
+            a_deq,
+            g1: randv(&mut r, h, 1.0)
+                .iter()
+                .map(|v| 1.0 + 0.5 * v)
+                .collect(),
+            g2: randv(&mut r, h, 1.0)
+                .iter()
+                .map(|v| 1.0 + 0.5 * v)
+                .collect(),
+        };
+        let (mut dp, mut dc) = (dev(&plain, &l, h, f2), dev(&ch, &l, h, f2));
+        for step in ["warm", "captured", "replayed"] {
+            let x0 = randv(&mut r, h, 1.0);
+            let core = randv(&mut r, f2, 1.0);
+            let want = run(&plain, &mut dp, &x0, &core, None);
+            let got = run(&ch, &mut dc, &x0, &core, Some(&kv));
+            for (k, name) in NAMES.iter().enumerate() {
+                let e = rel(&got[k], &want[k]);
+                assert!(e < 1e-3, "{ty:?} {h}x{f}, {step} step: {name} off by {e}");
+            }
+            // The chain's head GEMV (a · xf, its input read back) against the exact
+            // product of q8_1-rounded xf.
+            check_q8_1(
+                &got[11],
+                &l.a_deq,
+                &got[10],
+                2 * h,
+                h,
+                &format!("{ty:?} chain GEMV"),
+            );
+        }
+    }
+    let (captures, replays) = ch.graph_stats();
+    let launched = ch.chain_launches().unwrap_or(0) - before;
+    eprintln!("note: {launched} chain launches, {captures} captures, {replays} replays");
+    // Two chains a step (before and after the Q8_0 GEMV), three steps a shape.
+    assert_eq!(launched, 4 * 3 * 2, "chain launches");
+    assert!(
+        captures >= 1 && replays >= 1,
+        "graphs: {captures} / {replays}"
+    );
+}
