@@ -128,16 +128,28 @@ fn run(
 #[test]
 fn chain_equals_separate_kernels() {
     let Some(plain) = gpu() else { return };
-    std::env::set_var("NEAGARI_CUDA_CHAIN", "1");
-    let ch = CudaBackend::new(0).expect("open GPU 0");
-    std::env::remove_var("NEAGARI_CUDA_CHAIN");
-    let Some(before) = ch.chain_launches() else {
+    if plain.arch() < "sm_90" {
         eprintln!(
             "note: skipping the chain test: {} is older than sm_90",
-            ch.arch()
+            plain.arch()
         );
         return;
-    };
+    }
+    // The chain with its norms folded into the GEMVs after them (the default) and with
+    // each norm an instruction of its own (NEAGARI_CUDA_CHAIN_FOLD=0).
+    for fold in ["1", "0"] {
+        std::env::set_var("NEAGARI_CUDA_CHAIN", "1");
+        std::env::set_var("NEAGARI_CUDA_CHAIN_FOLD", fold);
+        let ch = CudaBackend::new(0).expect("open GPU 0");
+        std::env::remove_var("NEAGARI_CUDA_CHAIN");
+        std::env::remove_var("NEAGARI_CUDA_CHAIN_FOLD");
+        eprintln!("note: norms folded: {fold}");
+        chain_vs_plain(&plain, &ch);
+    }
+}
+
+fn chain_vs_plain(plain: &CudaBackend, ch: &CudaBackend) {
+    let before = ch.chain_launches().expect("the chain is on");
     let kv = ch
         .kv_alloc(&KvShape {
             n_layers: 1,
@@ -182,12 +194,12 @@ fn chain_equals_separate_kernels() {
                 .map(|v| 1.0 + 0.5 * v)
                 .collect(),
         };
-        let (mut dp, mut dc) = (dev(&plain, &l, h, f2), dev(&ch, &l, h, f2));
+        let (mut dp, mut dc) = (dev(plain, &l, h, f2), dev(ch, &l, h, f2));
         for step in ["warm", "captured", "replayed"] {
             let x0 = randv(&mut r, h, 1.0);
             let core = randv(&mut r, f2, 1.0);
-            let want = run(&plain, &mut dp, &x0, &core, None);
-            let got = run(&ch, &mut dc, &x0, &core, Some(&kv));
+            let want = run(plain, &mut dp, &x0, &core, None);
+            let got = run(ch, &mut dc, &x0, &core, Some(&kv));
             for (k, name) in NAMES.iter().enumerate() {
                 let e = rel(&got[k], &want[k]);
                 assert!(e < 1e-3, "{ty:?} {h}x{f}, {step} step: {name} off by {e}");

@@ -412,7 +412,8 @@ fn graph_replayed_multi_token_steps_equal_eager() {
 /// The decode chain (cuda/chain.rs, NEAGARI_CUDA_CHAIN=1: a step's GEMVs, norms and adds
 /// between two mixers in one persistent launch) on 4 layers of the 27B's shapes (3 Gated
 /// DeltaNet, 1 gated attention; `neagari synth`'s random weights, a 32,768-token
-/// vocabulary), Q1_0 and Q4_K: after the same 8-token prompt, 16 decode steps (warm,
+/// vocabulary), Q1_0 and Q4_K, with its norms folded into the GEMVs (the default) and not
+/// (NEAGARI_CUDA_CHAIN_FOLD=0): after the same 8-token prompt, 16 decode steps (warm,
 /// captured, then replayed from graphs) give the separate kernels' logits within 1% of the
 /// largest (the same q8_1 codes, sums in another order; a broken kernel is off by the
 /// logits' size), and the device's greedy pick is the host's on the chain's own logits.
@@ -424,17 +425,14 @@ fn decode_chain_equals_separate_kernels_on_27b_layers() {
         note(&format!("skipping the decode chain test: {why}"));
         return;
     }
-    std::env::set_var("NEAGARI_CUDA_CHAIN", "1");
-    let ch = CudaBackend::new(0).expect("open GPU 0");
-    std::env::remove_var("NEAGARI_CUDA_CHAIN");
-    let Some(before) = ch.chain_launches() else {
+    let plain = CudaBackend::new(0).expect("open GPU 0");
+    if plain.arch() < "sm_90" {
         note(&format!(
             "skipping the decode chain test: {} is older than sm_90",
-            ch.arch()
+            plain.arch()
         ));
         return;
-    };
-    let plain = CudaBackend::new(0).expect("open GPU 0");
+    }
     let shape = SynthShape {
         n_layers: 4,
         n_vocab: 32_768,
@@ -444,55 +442,65 @@ fn decode_chain_equals_separate_kernels_on_27b_layers() {
         let file = Arc::new(Gguf::open(path).expect("open GGUF"));
         neagari_model::load(be, &GgufSource::new(file)).expect("load model")
     };
+    let prompt: Vec<u32> = (0..8u32).map(|i| (i * 7919 + 13) % 32_768).collect();
     for ty in [GgmlType::Q1_0, GgmlType::Q4_K] {
         let path =
             std::env::temp_dir().join(format!("neagari-chain-{}-{ty:?}.gguf", std::process::id()));
         let f = std::io::BufWriter::new(std::fs::File::create(&path).expect("temp file"));
         write_qwen35(f, &shape, ty, 11).expect("synth");
-        let (mc, mp) = (load(&ch, &path), load(&plain, &path));
-        let _ = std::fs::remove_file(&path);
-        let (mc, mp) = (mc.as_ref(), mp.as_ref());
-        let prompt: Vec<u32> = (0..8u32).map(|i| (i * 7919 + 13) % 32_768).collect();
-        let mut sc = Session::new(mc, &ch, 256, KvType::F16).expect("session");
-        let mut sp = Session::new(mp, &plain, 256, KvType::F16).expect("session");
-        let mut lc = sc
-            .prefill(mc, &ch, &prompt, 512, |_, _| true)
-            .unwrap()
-            .unwrap();
-        let mut lp = sp
-            .prefill(mp, &plain, &prompt, 512, |_, _| true)
-            .unwrap()
-            .unwrap();
-        let mut worst = 0f32;
-        for step in 0..16 {
-            let e = rel_err(&lc, &lp);
-            worst = worst.max(e);
-            assert!(e < 1e-2, "{ty:?} step {step}: chain logits off by {e}");
-            let t = neagari_backend::argmax_host(&lp);
-            lc = sc.decode(mc, &ch, t).unwrap();
-            lp = sp.decode(mp, &plain, t).unwrap();
+        let mp = load(&plain, &path);
+        let mp = mp.as_ref();
+        for fold in ["1", "0"] {
+            std::env::set_var("NEAGARI_CUDA_CHAIN", "1");
+            std::env::set_var("NEAGARI_CUDA_CHAIN_FOLD", fold);
+            let ch = CudaBackend::new(0).expect("open GPU 0");
+            std::env::remove_var("NEAGARI_CUDA_CHAIN");
+            std::env::remove_var("NEAGARI_CUDA_CHAIN_FOLD");
+            let mc = load(&ch, &path);
+            let mc = mc.as_ref();
+            let mut sc = Session::new(mc, &ch, 256, KvType::F16).expect("session");
+            let mut sp = Session::new(mp, &plain, 256, KvType::F16).expect("session");
+            let mut lc = sc
+                .prefill(mc, &ch, &prompt, 512, |_, _| true)
+                .unwrap()
+                .unwrap();
+            let mut lp = sp
+                .prefill(mp, &plain, &prompt, 512, |_, _| true)
+                .unwrap()
+                .unwrap();
+            let mut worst = 0f32;
+            for step in 0..16 {
+                let e = rel_err(&lc, &lp);
+                worst = worst.max(e);
+                assert!(
+                    e < 1e-2,
+                    "{ty:?} fold {fold}, step {step}: chain logits off by {e}"
+                );
+                let t = neagari_backend::argmax_host(&lp);
+                lc = sc.decode(mc, &ch, t).unwrap();
+                lp = sp.decode(mp, &plain, t).unwrap();
+            }
+            let cp = sc.checkpoint(&ch).unwrap();
+            let t = neagari_backend::argmax_host(&lc);
+            let logits = sc.decode(mc, &ch, t).unwrap();
+            sc.restore(&ch, &cp).unwrap();
+            let pick = sc.decode_greedy(mc, &ch, t).unwrap();
+            assert_eq!(
+                pick,
+                neagari_backend::argmax_host(&logits),
+                "{ty:?}: greedy pick"
+            );
+            let launched = ch.chain_launches().unwrap_or(0);
+            let (captures, replays) = ch.graph_stats();
+            note(&format!(
+                "{ty:?} fold {fold}: chain vs separate kernels, worst {worst:.2e}; \
+                 {launched} chain launches, {captures} captures, {replays} replays"
+            ));
+            assert!(
+                launched > 0 && replays > 0,
+                "the chain did not run in replayed steps"
+            );
         }
-        let cp = sc.checkpoint(&ch).unwrap();
-        let t = neagari_backend::argmax_host(&lc);
-        let logits = sc.decode(mc, &ch, t).unwrap();
-        sc.restore(&ch, &cp).unwrap();
-        let pick = sc.decode_greedy(mc, &ch, t).unwrap();
-        assert_eq!(
-            pick,
-            neagari_backend::argmax_host(&logits),
-            "{ty:?}: greedy pick"
-        );
-        note(&format!(
-            "{ty:?}: chain vs separate kernels, worst {worst:.2e}"
-        ));
+        let _ = std::fs::remove_file(&path);
     }
-    let launched = ch.chain_launches().unwrap_or(0) - before;
-    let (captures, replays) = ch.graph_stats();
-    note(&format!(
-        "{launched} chain launches, {captures} captures, {replays} replays"
-    ));
-    assert!(
-        launched > 0 && replays > 0,
-        "the chain did not run in replayed steps"
-    );
 }

@@ -53,6 +53,8 @@ pub(super) struct Ins {
     o1: u64,
     gamma: u64,
     part: u64,
+    nx: u64,
+    ny: u64,
     kind: u32,
     fmt: u32,
     rows: u32,
@@ -64,6 +66,8 @@ pub(super) struct Ins {
     eps: f32,
     act: u32,
     reuse: u32,
+    norm: u32,
+    mat: u32,
     pad: u32,
 }
 
@@ -89,16 +93,212 @@ fn overlaps(a: &[Span], b: &[Span]) -> bool {
         .any(|&(a0, a1)| b.iter().any(|&(b0, b1)| a0 < b1 && b0 < a1))
 }
 
-/// The instructions recorded since the last launch.
+/// The recording: pure host logic (unit-tested on the CPU below). Ops go in as
+/// instructions with the device byte ranges they read and write; complete chains come out
+/// (`Vec<Ins>` each, in launch order) when they fill up or when `flush` is called.
 #[derive(Default)]
-struct Pending {
+struct Recorder {
     ins: Vec<Ins>,
     reads: Vec<Vec<Span>>,
     writes: Vec<Vec<Span>>,
     /// Every instruction each one waits for, directly or through another.
     closure: Vec<u32>,
+    /// f32 values of the K-part sums and tile counters taken by the recorded instructions.
     part_used: usize,
     tiles_used: usize,
+    /// A norm not yet recorded: the GEMVs that read its output right after it take it in.
+    held: Option<Held>,
+    /// Norms are held and folded (else recorded as they come).
+    fold: bool,
+}
+
+struct Held {
+    /// The ADD_NORM or NORM instruction.
+    ins: Ins,
+    /// Its x, y and output rows.
+    x: Span,
+    y: Option<Span>,
+    out: Span,
+    /// A GEMV took it in (and wrote its output).
+    taken: bool,
+}
+
+impl Recorder {
+    fn new(fold: bool) -> Recorder {
+        Recorder {
+            fold,
+            ..Recorder::default()
+        }
+    }
+
+    /// Records an op's instruction. A GEMV or GLU that reads the held norm's output takes
+    /// the norm in (each block normalizes the row itself, so none waits for the norm; the
+    /// first writes the output too); anything else records the norm first.
+    fn push(
+        &mut self,
+        mut ins: Ins,
+        mut reads: Vec<Span>,
+        mut writes: Vec<Span>,
+        done: &mut Vec<Vec<Ins>>,
+    ) {
+        let fold = match self.held.as_mut() {
+            Some(h)
+                if (ins.kind == GEMV || ins.kind == GLU)
+                    && ins.x == h.out.0
+                    && ins.k == h.ins.k
+                    && !overlaps(&writes, &[h.x])
+                    && h.y.is_none_or(|y| !overlaps(&writes, &[y])) =>
+            {
+                ins.norm = if h.ins.kind == ADD_NORM { 2 } else { 1 };
+                ins.nx = h.ins.x;
+                ins.ny = h.ins.y;
+                ins.gamma = h.ins.gamma;
+                ins.eps = h.ins.eps;
+                ins.mat = (!h.taken) as u32;
+                reads = std::iter::once(h.x).chain(h.y).collect();
+                if !h.taken {
+                    writes.push(h.out);
+                }
+                h.taken = true;
+                true
+            }
+            _ => false,
+        };
+        if !fold {
+            self.release(done);
+        }
+        self.record(ins, reads, writes, done);
+    }
+
+    /// A norm (ADD_NORM: x += y first) of x into `out`: held where folding is on and `out`
+    /// is apart from its inputs, else recorded.
+    fn norm(&mut self, ins: Ins, x: Span, y: Option<Span>, out: Span, done: &mut Vec<Vec<Ins>>) {
+        self.release(done);
+        let apart = !overlaps(&[out], &[x]) && y.is_none_or(|y| !overlaps(&[out], &[y]));
+        if self.fold && apart {
+            self.held = Some(Held {
+                ins,
+                x,
+                y,
+                out,
+                taken: false,
+            });
+        } else {
+            let reads = std::iter::once(x).chain(y).collect();
+            let mut writes = vec![out];
+            writes.extend(y.map(|_| x));
+            self.record(ins, reads, writes, done);
+        }
+    }
+
+    /// Records the held norm: as it is where no GEMV took it in, else (ADD_NORM) its
+    /// residual add.
+    fn release(&mut self, done: &mut Vec<Vec<Ins>>) {
+        let Some(h) = self.held.take() else { return };
+        let reads: Vec<Span> = std::iter::once(h.x).chain(h.y).collect();
+        match (h.taken, h.ins.kind) {
+            (false, _) => {
+                let mut writes = vec![h.out];
+                writes.extend(h.y.map(|_| h.x));
+                self.record(h.ins, reads, writes, done);
+            }
+            (true, ADD_NORM) => {
+                let add = Ins {
+                    kind: ADD,
+                    x: h.ins.x,
+                    y: h.ins.y,
+                    k: h.ins.k,
+                    ..Ins::default()
+                };
+                self.record(add, reads, vec![h.x], done);
+            }
+            _ => {}
+        }
+    }
+
+    /// Appends an instruction with the earlier ones it must wait for (it reads what they
+    /// write, or writes what they read or write), ending the chain first where it is full.
+    /// `part` and `tcnt` are offsets (values, counters) the launch adds its bases to.
+    fn record(
+        &mut self,
+        mut ins: Ins,
+        reads: Vec<Span>,
+        writes: Vec<Span>,
+        done: &mut Vec<Vec<Ins>>,
+    ) {
+        let split = ins.nkc > 1;
+        let tiles = if split { ins.rows as usize / 16 } else { 0 };
+        let part = if split {
+            ins.nkc as usize * ins.rows as usize
+        } else {
+            0
+        };
+        if self.ins.len() == MAXI
+            || self.part_used + part > PART
+            || TILE_CNT0 + self.tiles_used + tiles > COUNTERS
+        {
+            self.end(done);
+        }
+        if split {
+            ins.part = self.part_used as u64;
+            ins.tcnt = (TILE_CNT0 + self.tiles_used) as u32;
+            self.part_used += part;
+            self.tiles_used += tiles;
+        }
+        let (mut deps, mut closure) = (0u32, 0u32);
+        for j in 0..self.ins.len() {
+            if overlaps(&self.writes[j], &reads)
+                || overlaps(&self.writes[j], &writes)
+                || overlaps(&self.reads[j], &writes)
+            {
+                deps |= 1 << j;
+                closure |= (1 << j) | self.closure[j];
+            }
+        }
+        // An instruction done means every instruction it waited for is done.
+        let implied = (0..self.ins.len())
+            .filter(|j| deps & (1 << j) != 0)
+            .fold(0u32, |m, j| m | self.closure[j]);
+        ins.deps = deps & !implied;
+        // The activation the instruction before made, where it is this one's.
+        if let Some(prev) = self.ins.last() {
+            let gemv = |i: &Ins| i.kind == GEMV || i.kind == GLU;
+            ins.reuse = (gemv(prev)
+                && gemv(&ins)
+                && prev.x == ins.x
+                && prev.fmt == ins.fmt
+                && prev.k == ins.k
+                && prev.nkc == 1
+                && ins.nkc == 1
+                && prev.norm == ins.norm
+                && prev.nx == ins.nx
+                && prev.ny == ins.ny
+                && deps & (1 << (self.ins.len() - 1)) == 0) as u32;
+        }
+        self.ins.push(ins);
+        self.reads.push(reads);
+        self.writes.push(writes);
+        self.closure.push(closure);
+    }
+
+    /// Ends the chain (the held norm stays held: the GEMV about to take it in goes into the
+    /// next chain).
+    fn end(&mut self, done: &mut Vec<Vec<Ins>>) {
+        if !self.ins.is_empty() {
+            done.push(std::mem::take(&mut self.ins));
+        }
+        self.reads.clear();
+        self.writes.clear();
+        self.closure.clear();
+        self.part_used = 0;
+        self.tiles_used = 0;
+    }
+
+    /// Everything recorded and held, as chains.
+    fn flush(&mut self, done: &mut Vec<Vec<Ins>>) {
+        self.release(done);
+        self.end(done);
+    }
 }
 
 /// The chain's kernel and its device memory.
@@ -106,14 +306,16 @@ pub(super) struct Chain {
     func: CudaFunction,
     cnt: CudaSlice<u32>,
     part: CudaSlice<f32>,
-    pending: Mutex<Pending>,
+    rec: Mutex<Recorder>,
     /// Launches made (or replayed in a graph), for tests.
     launched: AtomicU64,
 }
 
 impl Chain {
     /// Compiles and loads the kernel (sm_90 and newer) and allocates its counters (zero)
-    /// and K-part sums.
+    /// and K-part sums. Norms fold into the GEMVs after them unless
+    /// NEAGARI_CUDA_CHAIN_FOLD=0 (then block 0 of the launch runs each norm while the
+    /// others wait).
     pub(super) fn new(
         ctx: &Arc<CudaContext>,
         stream: &Arc<CudaStream>,
@@ -127,11 +329,12 @@ impl Chain {
         let smem = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
         func.set_attribute(smem, (SLOTS * SLOT + ACT) as i32)
             .map_err(drv)?;
+        let fold = std::env::var("NEAGARI_CUDA_CHAIN_FOLD").as_deref() != Ok("0");
         Ok(Chain {
             func,
             cnt: stream.alloc_zeros::<u32>(COUNTERS).map_err(drv)?,
             part: stream.alloc_zeros::<f32>(PART).map_err(drv)?,
-            pending: Mutex::new(Pending::default()),
+            rec: Mutex::new(Recorder::new(fold)),
             launched: AtomicU64::new(0),
         })
     }
@@ -169,97 +372,46 @@ impl CudaBackend {
         (self.n_sm * 8).div_ceil(tiles).clamp(1, groups.min(8))
     }
 
-    /// Adds an instruction (its deps from the address ranges), launching what is pending
-    /// first where it would not fit.
-    fn chain_push(
+    /// Runs `f` on the recorder, then launches the chains it completed.
+    fn chain_rec(
         &self,
         ch: &Chain,
-        mut ins: Ins,
-        reads: Vec<Span>,
-        writes: Vec<Span>,
+        f: impl FnOnce(&mut Recorder, &mut Vec<Vec<Ins>>),
     ) -> Result<()> {
-        let tiles = if ins.nkc > 1 {
-            ins.rows as usize / 16
-        } else {
-            0
-        };
-        let part = if ins.nkc > 1 {
-            ins.nkc as usize * ins.rows as usize
-        } else {
-            0
-        };
-        let full = {
-            let p = ch.pending.lock().unwrap_or_else(|e| e.into_inner());
-            p.ins.len() == MAXI
-                || p.part_used + part > PART
-                || TILE_CNT0 + p.tiles_used + tiles > COUNTERS
-        };
-        if full {
-            self.chain_flush()?;
-        }
-        let mut p = ch.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if ins.nkc > 1 {
-            ins.part = self.dptr(&ch.part) + 4 * p.part_used as u64;
-            ins.tcnt = (TILE_CNT0 + p.tiles_used) as u32;
-            p.part_used += part;
-            p.tiles_used += tiles;
-        }
-        let mut deps = 0u32;
-        let mut closure = 0u32;
-        for j in 0..p.ins.len() {
-            if overlaps(&p.writes[j], &reads)
-                || overlaps(&p.writes[j], &writes)
-                || overlaps(&p.reads[j], &writes)
-            {
-                deps |= 1 << j;
-                closure |= (1 << j) | p.closure[j];
-            }
-        }
-        // An instruction done means every instruction it waited for is done.
-        let implied = (0..p.ins.len())
-            .filter(|j| deps & (1 << j) != 0)
-            .fold(0u32, |m, j| m | p.closure[j]);
-        ins.deps = deps & !implied;
-        // The activation the instruction before made, where it is this one's.
-        if let Some(prev) = p.ins.last() {
-            let gemv = |i: &Ins| i.kind == GEMV || i.kind == GLU;
-            ins.reuse = (gemv(prev)
-                && gemv(&ins)
-                && prev.x == ins.x
-                && prev.fmt == ins.fmt
-                && prev.k == ins.k
-                && prev.nkc == 1
-                && ins.nkc == 1
-                && deps & (1 << (p.ins.len() - 1)) == 0) as u32;
-        }
-        p.ins.push(ins);
-        p.reads.push(reads);
-        p.writes.push(writes);
-        p.closure.push(closure);
-        drop(p);
-        // What the instruction writes is written as far as `Scratch::xq_key` knows.
+        let mut done = Vec::new();
+        f(
+            &mut ch.rec.lock().unwrap_or_else(|e| e.into_inner()),
+            &mut done,
+        );
+        // What the instructions write is written as far as `Scratch::xq_key` knows.
         self.bump();
-        Ok(())
+        done.into_iter()
+            .try_for_each(|ins| self.chain_launch(ch, ins))
     }
 
-    /// Launches what is pending as one chain (a no-op when nothing is).
+    /// Launches what is recorded and held (a no-op when nothing is).
     pub(super) fn chain_flush(&self) -> Result<()> {
-        let Some(ch) = self.chain.as_ref() else {
-            return Ok(());
-        };
-        let mut p = ch.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if p.ins.is_empty() {
-            return Ok(());
+        match self.chain.as_ref() {
+            Some(ch) => self.chain_rec(ch, |r, done| r.flush(done)),
+            None => Ok(()),
         }
+    }
+
+    /// One chain: the instructions' offsets made addresses, one launch of a block an SM.
+    fn chain_launch(&self, ch: &Chain, ins: Vec<Ins>) -> Result<()> {
         let mut args = Args {
             ins: [Ins::default(); MAXI],
             cnt: self.dptr(&ch.cnt),
-            n: p.ins.len() as u32,
+            n: ins.len() as u32,
             ns: SLOTS as u32,
         };
-        args.ins[..p.ins.len()].copy_from_slice(&p.ins);
-        *p = Pending::default();
-        drop(p);
+        let part = self.dptr(&ch.part);
+        for (a, i) in args.ins.iter_mut().zip(ins) {
+            *a = i;
+            if a.nkc > 1 {
+                a.part = part + 4 * a.part;
+            }
+        }
         let cfg = LaunchConfig {
             grid_dim: (self.n_sm as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
@@ -286,7 +438,8 @@ impl CudaBackend {
     /// Drops what is pending (a step that ended without its read: its work is lost).
     pub(super) fn chain_discard(&self) {
         if let Some(ch) = self.chain.as_ref() {
-            *ch.pending.lock().unwrap_or_else(|e| e.into_inner()) = Pending::default();
+            let mut r = ch.rec.lock().unwrap_or_else(|e| e.into_inner());
+            *r = Recorder::new(r.fold);
         }
     }
 
@@ -321,7 +474,7 @@ impl CudaBackend {
                 ..Ins::default()
             };
             let (r, o) = (self.span(x), self.span(outs[i]));
-            self.chain_push(ch, ins, vec![r], vec![o])?;
+            self.chain_rec(ch, |rec, done| rec.push(ins, vec![r], vec![o], done))?;
         }
         Ok(true)
     }
@@ -372,7 +525,7 @@ impl CudaBackend {
             ..Ins::default()
         };
         let (r, wg, wu) = (self.span(x), self.span(g), self.span(u));
-        self.chain_push(ch, ins, vec![r], vec![wg, wu])?;
+        self.chain_rec(ch, |rec, done| rec.push(ins, vec![r], vec![wg, wu], done))?;
         Ok(true)
     }
 
@@ -402,13 +555,8 @@ impl CudaBackend {
             eps,
             ..Ins::default()
         };
-        let mut reads = vec![self.span(x)];
-        reads.extend(y.map(|y| self.span(y)));
-        let mut writes = vec![self.span(out)];
-        if y.is_some() {
-            writes.push(self.span(x));
-        }
-        self.chain_push(ch, ins, reads, writes)?;
+        let (sx, sy, so) = (self.span(x), y.map(|y| self.span(y)), self.span(out));
+        self.chain_rec(ch, |rec, done| rec.norm(ins, sx, sy, so, done))?;
         Ok(true)
     }
 
@@ -428,7 +576,7 @@ impl CudaBackend {
             ..Ins::default()
         };
         let (sx, sy) = (self.span(x), self.span(y));
-        self.chain_push(ch, ins, vec![sx, sy], vec![sx])?;
+        self.chain_rec(ch, |rec, done| rec.push(ins, vec![sx, sy], vec![sx], done))?;
         Ok(true)
     }
 }
@@ -439,9 +587,9 @@ mod tests {
 
     #[test]
     fn layout_is_the_kernels() {
-        // chain.cu: 8 u64, 12 u32 an instruction; MAXI of them, a u64 and two u32.
-        assert_eq!(std::mem::size_of::<Ins>(), 112);
-        assert_eq!(std::mem::size_of::<Args>(), 112 * MAXI + 16);
+        // chain.cu: 10 u64, 14 u32 an instruction; MAXI of them, a u64 and two u32.
+        assert_eq!(std::mem::size_of::<Ins>(), 136);
+        assert_eq!(std::mem::size_of::<Args>(), 136 * MAXI + 16);
     }
 
     #[test]
@@ -449,5 +597,333 @@ mod tests {
         assert!(overlaps(&[(0, 8)], &[(4, 12)]));
         assert!(!overlaps(&[(0, 8)], &[(8, 12)]));
         assert!(!overlaps(&[], &[(0, 1)]));
+    }
+
+    /// f32 buffers at fake device addresses (4 bytes a value from 4096), dense matrices by
+    /// address, and the ops' and instructions' arithmetic on them (the kernel's q8_1 and
+    /// tensor cores aside: exact f32 here, the same in the reference and the chains).
+    #[derive(Clone, Default)]
+    struct Mem {
+        v: Vec<f32>,
+        mats: std::collections::HashMap<u64, (usize, usize, Vec<f32>)>,
+    }
+
+    impl Mem {
+        fn buf(&mut self, n: usize, seed: u64) -> Span {
+            let a = 4096 + 4 * self.v.len() as u64;
+            self.v
+                .extend((0..n).map(|i| ((i as u64 * 7 + seed * 13) % 17) as f32 / 8.0 - 1.0));
+            (a, a + 4 * n as u64)
+        }
+        fn mat(&mut self, rows: usize, k: usize, seed: u64) -> u64 {
+            let a = (1 << 40) + ((self.mats.len() as u64) << 32);
+            let w = (0..rows * k)
+                .map(|i| ((i as u64 * 31 + seed * 7) % 13) as f32 / 16.0 - 0.4)
+                .collect();
+            self.mats.insert(a, (rows, k, w));
+            a
+        }
+        fn at(&self, p: u64) -> usize {
+            ((p - 4096) / 4) as usize
+        }
+        fn get(&self, p: u64, n: usize) -> Vec<f32> {
+            let i = self.at(p);
+            self.v[i..i + n].to_vec()
+        }
+        fn set(&mut self, p: u64, v: &[f32]) {
+            let i = self.at(p);
+            self.v[i..i + v.len()].copy_from_slice(v);
+        }
+        fn gemv(&self, w: u64, x: &[f32]) -> Vec<f32> {
+            let (rows, k, m) = &self.mats[&w];
+            (0..*rows)
+                .map(|r| (0..*k).map(|c| m[r * k + c] * x[c]).sum())
+                .collect()
+        }
+    }
+
+    fn norm(x: &[f32], y: Option<&[f32]>, g: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
+        let s: Vec<f32> = match y {
+            Some(y) => x.iter().zip(y).map(|(a, b)| a + b).collect(),
+            None => x.to_vec(),
+        };
+        let t: f64 = s.iter().map(|&v| v as f64 * v as f64).sum();
+        let scale = 1.0 / ((t / s.len() as f64) as f32 + eps).sqrt();
+        let out = s.iter().zip(g).map(|(v, w)| v * scale * w).collect();
+        (s, out)
+    }
+
+    fn silu_mul(v: f32, u: f32) -> f32 {
+        v / (1.0 + (-v).exp()) * u
+    }
+
+    /// An instruction's reads (what it computes from) and writes, as the kernel does its
+    /// block `b` of `nb`'s share: rows (GEMV, GLU), a slice (ADD, the norm's output), all
+    /// (block 0's norms). Returns the writes (address, values).
+    fn step(m: &Mem, i: &Ins, b: usize, nb: usize) -> Vec<(u64, Vec<f32>)> {
+        let k = i.k as usize;
+        let slice = |n: usize| (n * b / nb, n * (b + 1) / nb);
+        let mut w = Vec::new();
+        match i.kind {
+            GEMV | GLU => {
+                let input = if i.norm > 0 {
+                    let ny = (i.norm == 2).then(|| m.get(i.ny, k));
+                    let (_, o) = norm(&m.get(i.nx, k), ny.as_deref(), &m.get(i.gamma, k), i.eps);
+                    if i.mat == 1 {
+                        let (a, e) = slice(k);
+                        w.push((i.x + 4 * a as u64, o[a..e].to_vec()));
+                    }
+                    o
+                } else {
+                    m.get(i.x, k)
+                };
+                let rows = i.rows as usize;
+                let (a, e) = slice(rows);
+                if i.kind == GEMV {
+                    w.push((i.o0 + 4 * a as u64, m.gemv(i.w0, &input)[a..e].to_vec()));
+                } else {
+                    let (g, u) = (m.gemv(i.w0, &input), m.gemv(i.w1, &input));
+                    let gg = (a..e).map(|r| silu_mul(g[r], u[r])).collect();
+                    w.push((i.o0 + 4 * a as u64, gg));
+                    w.push((i.o1 + 4 * a as u64, u[a..e].to_vec()));
+                }
+            }
+            ADD => {
+                let (a, e) = slice(k);
+                let (x, y) = (m.get(i.x, k), m.get(i.y, k));
+                w.push((i.x + 4 * a as u64, (a..e).map(|j| x[j] + y[j]).collect()));
+            }
+            ADD_NORM | NORM if b == 0 => {
+                let y = (i.kind == ADD_NORM).then(|| m.get(i.y, k));
+                let (s, o) = norm(&m.get(i.x, k), y.as_deref(), &m.get(i.gamma, k), i.eps);
+                if i.kind == ADD_NORM {
+                    w.push((i.x, s));
+                }
+                w.push((i.o0, o));
+            }
+            _ => {}
+        }
+        w
+    }
+
+    /// Runs chains as `nb` blocks would, in a random order that only the deps constrain:
+    /// each block takes the instructions in order; one reads its inputs once the counters of
+    /// its deps are full, and writes later, at a moment of its own.
+    fn run_blocks(m: &mut Mem, chains: &[Vec<Ins>], nb: usize, seed: u64) {
+        let mut rng = seed.max(1);
+        let mut rand = |n: usize| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % n as u64) as usize
+        };
+        for ins in chains {
+            let single = |i: &Ins| i.kind == ADD_NORM || i.kind == NORM;
+            let mut cnt = vec![0usize; ins.len()];
+            // Per block: the next instruction, and the writes it computed (read done).
+            let mut next = vec![0usize; nb];
+            let mut pending: Vec<Option<Vec<(u64, Vec<f32>)>>> = vec![None; nb];
+            while next.iter().any(|&n| n < ins.len()) {
+                let b = rand(nb);
+                let o = next[b];
+                if o == ins.len() {
+                    continue;
+                }
+                let i = &ins[o];
+                if single(i) && b != 0 {
+                    next[b] += 1;
+                    continue;
+                }
+                match pending[b].take() {
+                    None => {
+                        let ready = (0..o)
+                            .filter(|j| i.deps & (1 << j) != 0)
+                            .all(|j| cnt[j] == if single(&ins[j]) { 1 } else { nb });
+                        if ready {
+                            pending[b] = Some(step(m, i, b, nb));
+                        }
+                    }
+                    Some(w) => {
+                        for (p, v) in w {
+                            m.set(p, &v);
+                        }
+                        cnt[o] += 1;
+                        next[b] += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A hybrid layer's ops as the model calls them, then a GEMV the chain does not take
+    /// (ends it), an add, a norm and a GEMV of that: recorded (norms folded or not), the
+    /// chains run in one order and in many random orders of 5 blocks give the ops' results
+    /// run one by one, exactly.
+    #[test]
+    fn recorded_chains_equal_the_ops_in_any_block_order() {
+        let (h, f, f2) = (24, 40, 32);
+        let mut m = Mem::default();
+        let x = m.buf(h, 1);
+        let core = m.buf(f2, 2);
+        let g1 = m.buf(h, 3);
+        let g2 = m.buf(h, 4);
+        let (o, xn, g, u, o2, xn2, qa, qb, p, xf, head) = (
+            m.buf(h, 0),
+            m.buf(h, 0),
+            m.buf(f, 0),
+            m.buf(f, 0),
+            m.buf(h, 0),
+            m.buf(h, 0),
+            m.buf(2 * h, 0),
+            m.buf(16, 0),
+            m.buf(h, 0),
+            m.buf(h, 0),
+            m.buf(2 * h, 0),
+        );
+        let (wo, wg, wu, wd, wa, wb, wq) = (
+            m.mat(h, f2, 1),
+            m.mat(f, h, 2),
+            m.mat(f, h, 3),
+            m.mat(h, f, 4),
+            m.mat(2 * h, h, 5),
+            m.mat(16, h, 6),
+            m.mat(h, h, 7),
+        );
+        let gemv = |w: u64, x: Span, o: Span, rows: usize, k: usize, nkc: u32| Ins {
+            kind: GEMV,
+            w0: w,
+            x: x.0,
+            o0: o.0,
+            rows: rows as u32,
+            k: k as u32,
+            nkc,
+            ..Ins::default()
+        };
+        let nrm = |kind: u32, x: Span, y: Option<Span>, gm: Span, out: Span| Ins {
+            kind,
+            x: x.0,
+            y: y.map_or(0, |y| y.0),
+            o0: out.0,
+            gamma: gm.0,
+            k: h as u32,
+            eps: 1e-6,
+            ..Ins::default()
+        };
+        // The ops one by one.
+        let mut want = m.clone();
+        let mv = |m: &mut Mem, w: u64, x: Span, o: Span, k: usize| {
+            let r = m.gemv(w, &m.get(x.0, k));
+            m.set(o.0, &r);
+        };
+        let add_norm = |m: &mut Mem, x: Span, y: Option<Span>, gm: Span, out: Span| {
+            let yv = y.map(|y| m.get(y.0, h));
+            let (s, n) = norm(&m.get(x.0, h), yv.as_deref(), &m.get(gm.0, h), 1e-6);
+            if y.is_some() {
+                m.set(x.0, &s);
+            }
+            m.set(out.0, &n);
+        };
+        {
+            let w = &mut want;
+            mv(w, wo, core, o, f2);
+            add_norm(w, x, Some(o), g1, xn);
+            let xs = w.get(xn.0, h);
+            let (gv, uv) = (w.gemv(wg, &xs), w.gemv(wu, &xs));
+            let gg: Vec<f32> = gv.iter().zip(&uv).map(|(a, b)| silu_mul(*a, *b)).collect();
+            w.set(g.0, &gg);
+            w.set(u.0, &uv);
+            mv(w, wd, g, o2, f);
+            add_norm(w, x, Some(o2), g2, xn2);
+            mv(w, wa, xn2, qa, h);
+            mv(w, wb, xn2, qb, h);
+            mv(w, wq, xn2, p, h);
+            let (xv, pv) = (w.get(x.0, h), w.get(p.0, h));
+            w.set(
+                x.0,
+                &xv.iter().zip(&pv).map(|(a, b)| a + b).collect::<Vec<_>>(),
+            );
+            add_norm(w, x, None, g1, xf);
+            mv(w, wa, xf, head, h);
+        }
+        for fold in [true, false] {
+            // Recorded as the backend does; the Q8_0-like GEMV (wq) runs between chains.
+            let mut r = Recorder::new(fold);
+            let mut done = Vec::new();
+            let d = &mut done;
+            r.push(gemv(wo, core, o, h, f2, 3), vec![core], vec![o], d);
+            r.norm(nrm(ADD_NORM, x, Some(o), g1, xn), x, Some(o), xn, d);
+            let glu = Ins {
+                kind: GLU,
+                w0: wg,
+                w1: wu,
+                x: xn.0,
+                o0: g.0,
+                o1: u.0,
+                rows: f as u32,
+                k: h as u32,
+                nkc: 1,
+                ..Ins::default()
+            };
+            r.push(glu, vec![xn], vec![g, u], d);
+            r.push(gemv(wd, g, o2, h, f, 2), vec![g], vec![o2], d);
+            r.norm(nrm(ADD_NORM, x, Some(o2), g2, xn2), x, Some(o2), xn2, d);
+            r.push(gemv(wa, xn2, qa, 2 * h, h, 1), vec![xn2], vec![qa], d);
+            r.push(gemv(wb, xn2, qb, 16, h, 1), vec![xn2], vec![qb], d);
+            r.flush(d);
+            let first = d.len();
+            let add = Ins {
+                kind: ADD,
+                x: x.0,
+                y: p.0,
+                k: h as u32,
+                ..Ins::default()
+            };
+            r.push(add, vec![x, p], vec![x], d);
+            r.norm(nrm(NORM, x, None, g1, xf), x, None, xf, d);
+            r.push(gemv(wa, xf, head, 2 * h, h, 1), vec![xf], vec![head], d);
+            r.flush(d);
+            assert_eq!((first, done.len()), (1, 2), "fold {fold}: chains");
+            if fold {
+                // Both norms taken in: no norm instruction, the residual adds after.
+                let kinds: Vec<u32> = done[0].iter().map(|i| i.kind).collect();
+                assert_eq!(
+                    kinds,
+                    [GEMV, GLU, ADD, GEMV, GEMV, GEMV, ADD],
+                    "fold: first chain"
+                );
+                assert_eq!((done[0][1].norm, done[0][1].mat), (2, 1));
+                assert_eq!((done[0][4].norm, done[0][4].mat, done[0][5].mat), (2, 1, 0));
+                assert_eq!(
+                    done[0][5].reuse, 1,
+                    "the second in-proj reuses the activation"
+                );
+            }
+            for seed in 0..200u64 {
+                let mut got = m.clone();
+                let run =
+                    |mem: &mut Mem, ins: &[Vec<Ins>]| run_blocks(mem, ins, 5, seed * 7919 + 1);
+                run(&mut got, &done[..1]);
+                mv(&mut got, wq, xn2, p, h);
+                run(&mut got, &done[1..]);
+                for (name, s) in [("x", x), ("xn", xn), ("g", g), ("u", u), ("o2", o2)]
+                    .into_iter()
+                    .chain([
+                        ("xn2", xn2),
+                        ("qa", qa),
+                        ("qb", qb),
+                        ("p", p),
+                        ("xf", xf),
+                        ("head", head),
+                    ])
+                {
+                    let n = ((s.1 - s.0) / 4) as usize;
+                    assert_eq!(
+                        got.get(s.0, n),
+                        want.get(s.0, n),
+                        "fold {fold}, order {seed}: {name}"
+                    );
+                }
+            }
+        }
     }
 }

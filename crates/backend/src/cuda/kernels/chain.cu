@@ -17,6 +17,10 @@
 //   thousand values: one block's work; the others go on).
 // - NORM: o0 = the same norm of x, block 0 alone.
 // - ADD: x += y, a slice a block.
+// A GEMV or GLU may take its input as the norm of another row (`norm`, chain.rs folds a
+// norm into the GEMVs after it): every block sums the row's squares itself and quantizes
+// its part of the normalized row, so no instruction waits for the norm; one of them also
+// writes the norm's output (`mat`), and an ADD after them does the norm's residual add.
 // An instruction waits for the counters of the earlier ones it reads after or writes over
 // (`deps`, a bit each, the host's address ranges); reads of what earlier kernels wrote come
 // after griddepcontrol.wait. The block that finishes the launch last zeroes the counters.
@@ -52,11 +56,14 @@ struct CIns {
     u64 o0, o1;       // outputs (GEMV: o0 [rows]; GLU: o0 = g, o1 = u [rows]; norms: o0 [K])
     u64 gamma;        // norm weight [K]
     u64 part;         // GEMV with nkc > 1: the parts' sums [nkc][rows] f32
+    u64 nx, ny;       // GEMV, GLU with a norm: its input row (x = the norm's output)
     u32 kind, fmt, rows, K;
     u32 row_bytes, nkc, deps, tcnt;  // tcnt: the first tile counter (nkc > 1)
     float eps;
     u32 act;          // GLU: 0 SiLU, 1 GELU (tanh)
     u32 reuse;        // the activation the instruction before made is this one's
+    u32 norm;         // GEMV, GLU: 0 x as it is; 1 x = norm(nx)·γ; 2 x = norm(nx + ny)·γ
+    u32 mat;          // … and this instruction writes x (a slice a block)
     u32 pad;
 };
 
@@ -179,8 +186,11 @@ __device__ __forceinline__ u32 cn_plane_word(const int (&q)[4], int lane) {
 // Q1_0: 8 bit planes [group][32 lanes][8 blocks] u32 — bit p of a unit's word is value
 // 4(p & 7) + (p >> 3) of the unit, the weights' bit order — and (d, −Σq as int bits) a
 // unit at act + CN_MAXK. Q4_K: int8 codes [K], (d, d·Σq) a unit at act + CN_MAXK.
-__device__ __forceinline__ void cn_prep(const float* __restrict__ x, u32 fmt, int kb0, int kb1,
-                                        u8* act) {
+// With a norm (`gamma`): each value is (x + y)·scale·γ (y may be null), the engine's norm
+// arithmetic, so the codes are those of its written output.
+__device__ __forceinline__ void cn_prep(const float* __restrict__ x, const float* __restrict__ y,
+                                        const float* __restrict__ gamma, float scale, u32 fmt,
+                                        int kb0, int kb1, u8* act) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     // PB blocks a warp at a time, every load out before the first is used.
     constexpr int PB = 6;
@@ -190,12 +200,12 @@ __device__ __forceinline__ void cn_prep(const float* __restrict__ x, u32 fmt, in
 #pragma unroll
         for (int p = 0; p < PB; p++) {
             const int kb = min(kbb + p * CN_W, kb1 - 1);
-            if (fmt == CF_Q1_0R) {
 #pragma unroll
-                for (int w = 0; w < 4; w++) v[p][w] = __ldcg(x + kb * 128 + 32 * w + perm);
-            } else {
-                const float4 f = __ldcg((const float4*)(x + kb * 128) + lane);
-                v[p][0] = f.x, v[p][1] = f.y, v[p][2] = f.z, v[p][3] = f.w;
+            for (int w = 0; w < 4; w++) {
+                const int i = kb * 128 + (fmt == CF_Q1_0R ? 32 * w + perm : 4 * lane + w);
+                v[p][w] = __ldcg(x + i);
+                if (y) v[p][w] += __ldcg(y + i);
+                if (gamma) v[p][w] = v[p][w] * scale * __ldg(gamma + i);
             }
         }
 #pragma unroll
@@ -237,6 +247,32 @@ __device__ __forceinline__ void cn_prep(const float* __restrict__ x, u32 fmt, in
             }
         }
     }
+}
+
+// 1 / rms of the row nx (+ ny) (norm 2) over K, by every consumer thread of the block: Σ
+// in double as the engine's norm, then 1/sqrt(mean + eps) in f32.
+__device__ float cn_row_scale(const CIns& in, double* red) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const float* x = (const float*)in.nx;
+    const float* y = in.norm == 2 ? (const float*)in.ny : nullptr;
+    double s = 0.0;
+    for (int i = 4 * tid; i < (int)in.K; i += 4 * CN_C) {
+        float4 v = __ldcg((const float4*)(x + i));
+        if (y) {
+            const float4 u = __ldcg((const float4*)(y + i));
+            v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
+        }
+        s += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) red[warp] = s;
+    named_sync(1, CN_C);
+    double t = 0.0;
+    for (int w = 0; w < CN_W; w++) t += red[w];
+    named_sync(1, CN_C);  // red is free again
+    const float mean = (float)(t / (double)in.K);
+    return 1.0f / sqrtf(mean + in.eps);
 }
 
 // Q1_0: groups [a, a + ng) of rows g, g + 8 (at ra, rb in the slot). Block i of a group,
@@ -488,12 +524,31 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                 ((float*)in.x)[i] = __ldcg((const float*)in.x + i) + __ldcg((const float*)in.y + i);
         } else {
             const CnGeo geo(in, b, nb);
-            if (!(in.reuse && whole) && geo.u1 > geo.u0) {
+            const bool prep = !(in.reuse && whole) && geo.u1 > geo.u0;
+            float scale = 1.f;
+            if (in.norm && (prep || in.mat)) scale = cn_row_scale(in, red);
+            if (in.mat) {
+                // The norm's output, this block's slice.
+                const float* nx = (const float*)in.nx;
+                const float* ny = (const float*)in.ny;
+                const float* gw = (const float*)in.gamma;
+                const int i0 = (int)((i64)in.K * b / nb), i1 = (int)((i64)in.K * (b + 1) / nb);
+                for (int i = i0 + ctid; i < i1; i += CN_C) {
+                    float v = __ldcg(nx + i);
+                    if (in.norm == 2) v += __ldcg(ny + i);
+                    ((float*)in.x)[i] = v * scale * gw[i];
+                }
+            }
+            if (prep) {
                 // The activation's 128-value blocks this block's K parts read.
                 const int per = cn_group_weights(in.fmt) / 128;
                 const int kb0 = geo.part(geo.u0 / geo.tiles) * per;
                 const int kb1 = geo.part((geo.u1 - 1) / geo.tiles + 1) * per;
-                cn_prep((const float*)in.x, in.fmt, kb0, kb1, act);
+                if (in.norm)
+                    cn_prep((const float*)in.nx, in.norm == 2 ? (const float*)in.ny : nullptr,
+                            (const float*)in.gamma, scale, in.fmt, kb0, kb1, act);
+                else
+                    cn_prep((const float*)in.x, nullptr, nullptr, 1.f, in.fmt, kb0, kb1, act);
                 whole = geo.nkc == 1;
             } else if (geo.u1 == geo.u0) {
                 whole = whole && in.reuse;
