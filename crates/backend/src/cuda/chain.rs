@@ -657,10 +657,13 @@ mod tests {
         v / (1.0 + (-v).exp()) * u
     }
 
+    /// Values to write at an address.
+    type Writes = Vec<(u64, Vec<f32>)>;
+
     /// An instruction's reads (what it computes from) and writes, as the kernel does its
     /// block `b` of `nb`'s share: rows (GEMV, GLU), a slice (ADD, the norm's output), all
     /// (block 0's norms). Returns the writes (address, values).
-    fn step(m: &Mem, i: &Ins, b: usize, nb: usize) -> Vec<(u64, Vec<f32>)> {
+    fn step(m: &Mem, i: &Ins, b: usize, nb: usize) -> Writes {
         let k = i.k as usize;
         let slice = |n: usize| (n * b / nb, n * (b + 1) / nb);
         let mut w = Vec::new();
@@ -722,7 +725,7 @@ mod tests {
             let mut cnt = vec![0usize; ins.len()];
             // Per block: the next instruction, and the writes it computed (read done).
             let mut next = vec![0usize; nb];
-            let mut pending: Vec<Option<Vec<(u64, Vec<f32>)>>> = vec![None; nb];
+            let mut pending: Vec<Option<Writes>> = vec![None; nb];
             while next.iter().any(|&n| n < ins.len()) {
                 let b = rand(nb);
                 let o = next[b];
