@@ -93,6 +93,19 @@ fn overlaps(a: &[Span], b: &[Span]) -> bool {
         .any(|&(a0, a1)| b.iter().any(|&(b0, b1)| a0 < b1 && b0 < a1))
 }
 
+/// See [`CudaBackend::chain_parts`]: 1..=8 parts (at most `groups`), the fewest rounds of
+/// 8 units a block per part; one where a block has over two rounds anyway.
+fn chain_parts(n_sm: usize, tiles: usize, groups: usize) -> usize {
+    let rounds = |nkc: usize| (tiles * nkc).div_ceil(n_sm.max(1)).div_ceil(8);
+    if rounds(1) > 2 {
+        // Enough rounds that the last one's idle warps matter little.
+        return 1;
+    }
+    (1..=groups.clamp(1, 8))
+        .min_by(|&a, &b| (rounds(a) * b).cmp(&(rounds(b) * a)).then(a.cmp(&b)))
+        .unwrap_or(1)
+}
+
 /// The recording: pure host logic (unit-tested on the CPU below). Ops go in as
 /// instructions with the device byte ranges they read and write; complete chains come out
 /// (`Vec<Ins>` each, in launch order) when they fill up or when `flush` is called.
@@ -226,13 +239,15 @@ impl Recorder {
         writes: Vec<Span>,
         done: &mut Vec<Vec<Ins>>,
     ) {
+        // K-split sums: 16 a tile (16 GEMV rows, or 8 rows of each GLU matrix).
         let split = ins.nkc > 1;
-        let tiles = if split { ins.rows as usize / 16 } else { 0 };
-        let part = if split {
-            ins.nkc as usize * ins.rows as usize
+        let tile_rows = if ins.kind == GLU { 8 } else { 16 };
+        let tiles = if split {
+            ins.rows as usize / tile_rows
         } else {
             0
         };
+        let part = tiles * 16 * ins.nkc as usize;
         if self.ins.len() == MAXI
             || self.part_used + part > PART
             || TILE_CNT0 + self.tiles_used + tiles > COUNTERS
@@ -517,7 +532,10 @@ impl CudaBackend {
             rows: gate.rows as u32,
             k: gate.cols as u32,
             row_bytes: gate.row_bytes as u32,
-            nkc: 1,
+            nkc: self.chain_parts(
+                gate.rows / 8,
+                gate.cols / if fmt == Q1_0R { 1024 } else { 256 },
+            ) as u32,
             act: match act {
                 GluAct::Silu => 0,
                 GluAct::GeluTanh => 1,
@@ -590,6 +608,16 @@ mod tests {
         // chain.cu: 10 u64, 14 u32 an instruction; MAXI of them, a u64 and two u32.
         assert_eq!(std::mem::size_of::<Ins>(), 136);
         assert_eq!(std::mem::size_of::<Args>(), 136 * MAXI + 16);
+    }
+
+    #[test]
+    fn parts_fill_the_warps_rounds() {
+        // 27B on 132 SMs: out-proj and down (320 tiles) 3 parts (7.3 units a block, one
+        // round), qkv (640) 3, the head (15,520) 1, a part at least a group.
+        assert_eq!(chain_parts(132, 320, 6), 3);
+        assert_eq!(chain_parts(132, 640, 5), 3);
+        assert_eq!(chain_parts(132, 15_520, 5), 1);
+        assert_eq!(chain_parts(132, 6, 1), 1);
     }
 
     #[test]
