@@ -381,10 +381,11 @@ impl CudaBackend {
         (p, p + 4 * (b.rows * b.cols) as u64)
     }
 
-    /// K parts of a GEMV of `tiles` tiles over `groups` groups: enough units for every
-    /// consumer warp of the grid (8 an SM), each part at least one group.
+    /// K parts of a GEMV of `tiles` tiles over `groups` groups: a block's 8 consumer warps
+    /// take its units 8 at a time, so the count that spends the fewest rounds of 8 per
+    /// row's worth of work (a part is 1/nkc of a row), the fewer parts at a tie.
     fn chain_parts(&self, tiles: usize, groups: usize) -> usize {
-        (self.n_sm * 8).div_ceil(tiles).clamp(1, groups.min(8))
+        chain_parts(self.n_sm, tiles, groups)
     }
 
     /// Runs `f` on the recorder, then launches the chains it completed.
