@@ -309,6 +309,10 @@ impl Recorder {
         self.tiles_used = 0;
     }
 
+    fn is_empty(&self) -> bool {
+        self.ins.is_empty() && self.held.is_none()
+    }
+
     /// Everything recorded and held, as chains.
     fn flush(&mut self, done: &mut Vec<Vec<Ins>>) {
         self.release(done);
@@ -405,11 +409,14 @@ impl CudaBackend {
             .try_for_each(|ins| self.chain_launch(ch, ins))
     }
 
-    /// Launches what is recorded and held (a no-op when nothing is).
+    /// Launches what is recorded and held (a no-op when nothing is: every launch and copy
+    /// calls it, and the quantized-input cache must survive those).
     pub(super) fn chain_flush(&self) -> Result<()> {
         match self.chain.as_ref() {
-            Some(ch) => self.chain_rec(ch, |r, done| r.flush(done)),
-            None => Ok(()),
+            Some(ch) if !ch.rec.lock().unwrap_or_else(|e| e.into_inner()).is_empty() => {
+                self.chain_rec(ch, |r, done| r.flush(done))
+            }
+            _ => Ok(()),
         }
     }
 
