@@ -412,7 +412,8 @@ fn graph_replayed_multi_token_steps_equal_eager() {
 /// The decode chain (cuda/chain.rs, NEAGARI_CUDA_CHAIN=1: a step's GEMVs, norms and adds
 /// between two mixers in one persistent launch) on 4 layers of the 27B's shapes (3 Gated
 /// DeltaNet, 1 gated attention; `neagari synth`'s random weights, a 32,768-token
-/// vocabulary), Q1_0 and Q4_K, with its norms folded into the GEMVs (the default) and not
+/// vocabulary), Q1_0, Q4_K and TQ2_0, with its norms folded into the GEMVs (the default)
+/// and not
 /// (NEAGARI_CUDA_CHAIN_FOLD=0): after the same 8-token prompt, 16 decode steps (warm,
 /// captured, then replayed from graphs) give the separate kernels' logits within 1% of the
 /// largest (the same q8_1 codes, sums in another order; a broken kernel is off by the
@@ -443,7 +444,7 @@ fn decode_chain_equals_separate_kernels_on_27b_layers() {
         neagari_model::load(be, &GgufSource::new(file)).expect("load model")
     };
     let prompt: Vec<u32> = (0..8u32).map(|i| (i * 7919 + 13) % 32_768).collect();
-    for ty in [GgmlType::Q1_0, GgmlType::Q4_K] {
+    for ty in [GgmlType::Q1_0, GgmlType::Q4_K, GgmlType::TQ2_0] {
         let path =
             std::env::temp_dir().join(format!("neagari-chain-{}-{ty:?}.gguf", std::process::id()));
         let f = std::io::BufWriter::new(std::fs::File::create(&path).expect("temp file"));

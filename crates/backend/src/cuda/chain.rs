@@ -6,8 +6,8 @@
 //! shared memory, so the memory does not idle at each GEMV's boundary (session 31's
 //! prototype, bench/cuda/persistent_chain_proto.cu, measures the idea alone).
 //!
-//! What it takes: one activation row; Q1_0 (repacked, rows of whole 1024-weight groups)
-//! and Q4_K weights, K ≤ 17,408, rows a multiple of 16 (8 for the GLU); anything else runs
+//! What it takes: one activation row; Q1_0 (repacked, rows of whole 1024-weight groups),
+//! Q4_K and TQ2_0 (repacked) weights, K ≤ 17,408, rows a multiple of 16 (8 for the GLU); anything else runs
 //! as before and ends the chain. Only inside a step (the arena's buffers live to its end,
 //! so a recorded instruction's buffers cannot be freed under it); graphs capture the launch
 //! like any other. An instruction waits for the earlier ones whose outputs it reads or
@@ -40,6 +40,16 @@ const NORM: u32 = 3;
 const ADD: u32 = 4;
 const Q1_0R: u32 = 0;
 const Q4_K: u32 = 1;
+const TQ2_0R: u32 = 2;
+
+/// Weights of a format's group (chain.cu `cn_group_weights`).
+fn group_weights(fmt: u32) -> usize {
+    match fmt {
+        Q1_0R => 1024,
+        Q4_K => 256,
+        _ => 2048,
+    }
+}
 
 /// One instruction (chain.cu `CIns`, the same layout).
 #[repr(C)]
@@ -365,18 +375,25 @@ impl CudaBackend {
         self.chain.as_ref().filter(|_| on)
     }
 
-    /// The chain's format code of `w` as a GEMV of `rows_mult`-row tiles, if it takes it.
+    /// The chain's format code of `w` as a GEMV of `rows_mult`-row tiles, if it takes it:
+    /// Q1_0 (repacked, whole groups), Q4_K, TQ2_0 (repacked; a row's last group may be
+    /// short).
     fn chain_fmt(&self, w: &CudaMat, rows_mult: usize) -> Option<u32> {
-        let fmt = match w.ty {
-            GgmlType::Q1_0 if self.repack && w.cols.is_multiple_of(1024) => Q1_0R,
-            GgmlType::Q4_K if w.cols.is_multiple_of(256) => Q4_K,
+        let nb = w.cols / 256;
+        let (fmt, row_bytes) = match w.ty {
+            GgmlType::Q1_0 if self.repack && w.cols.is_multiple_of(1024) => {
+                (Q1_0R, w.cols / 1024 * 144)
+            }
+            GgmlType::Q4_K if w.cols.is_multiple_of(256) => (Q4_K, nb * 144),
+            GgmlType::TQ2_0 if self.repack && w.cols.is_multiple_of(256) => {
+                (TQ2_0R, 16 * nb.div_ceil(8) + 64 * nb)
+            }
             _ => return None,
         };
-        let group = if fmt == Q1_0R { 1024 } else { 256 };
         (w.cols <= MAXK
             && w.rows > 0
             && w.rows.is_multiple_of(rows_mult)
-            && w.row_bytes == w.cols / group * 144)
+            && w.row_bytes == row_bytes)
             .then_some(fmt)
     }
 
@@ -483,7 +500,7 @@ impl CudaBackend {
         for (i, w) in ws.iter().enumerate() {
             self.reshape(outs[i], 1, w.rows)?;
             let fmt = fmts[i].unwrap_or(Q4_K);
-            let groups = w.cols / if fmt == Q1_0R { 1024 } else { 256 };
+            let groups = w.cols.div_ceil(group_weights(fmt));
             let ins = Ins {
                 kind: GEMV,
                 fmt,
@@ -540,10 +557,7 @@ impl CudaBackend {
             rows: gate.rows as u32,
             k: gate.cols as u32,
             row_bytes: gate.row_bytes as u32,
-            nkc: self.chain_parts(
-                gate.rows / 8,
-                gate.cols / if fmt == Q1_0R { 1024 } else { 256 },
-            ) as u32,
+            nkc: self.chain_parts(gate.rows / 8, gate.cols.div_ceil(group_weights(fmt))) as u32,
             act: match act {
                 GluAct::Silu => 0,
                 GluAct::GeluTanh => 1,

@@ -25,7 +25,7 @@
 // (`deps`, a bit each, the host's address ranges); reads of what earlier kernels wrote come
 // after griddepcontrol.wait. The block that finishes the launch last zeroes the counters.
 //
-// Formats: Q1_0 in repack.rs's layout (groups of 8 blocks: 8 f16 scales, then the 16-byte
+// Formats (TQ2_0 too, repacked, on IMMA like Q4_K): Q1_0 in repack.rs's layout (groups of 8 blocks: 8 f16 scales, then the 16-byte
 // bodies; weight 4k + j of word w is bit 8j + k) on binary tensor cores — mma m16n8k128
 // .b1 AND+POPC, one a 32-weight unit (the other lanes' A words zero) × the activation's 8
 // bit planes, laid out in the weights' bit order — and Q4_K (ggml's blocks) on IMMA
@@ -49,6 +49,7 @@
 #define CK_ADD 4
 #define CF_Q1_0R 0
 #define CF_Q4_K 1
+#define CF_TQ2_0R 2
 
 struct CIns {
     u64 w0, w1;       // weights (GEMV: w0; GLU: w0 gate, w1 up)
@@ -137,10 +138,16 @@ __device__ __forceinline__ float cn_hw(const uint4& v, int i) {
     return h2f((u16)(cn_w4(v, i >> 1) >> (16 * (i & 1))));
 }
 
-__device__ __forceinline__ int cn_group_weights(u32 fmt) { return fmt == CF_Q4_K ? 256 : 1024; }
+// A format's group: weights, bytes (TQ2_0's last group of a row may hold fewer than its 8
+// blocks: then fewer bytes), groups a chunk's row takes at most.
+__device__ __forceinline__ int cn_group_weights(u32 fmt) {
+    return fmt == CF_Q4_K ? 256 : fmt == CF_Q1_0R ? 1024 : 2048;
+}
+__device__ __forceinline__ int cn_group_bytes(u32 fmt) { return fmt == CF_TQ2_0R ? 528 : CN_GB; }
+__device__ __forceinline__ int cn_chunk_groups(u32 fmt) { return fmt == CF_TQ2_0R ? 1 : CN_CH; }
 // A chunk row's stride in its slot: 16 bytes × an odd count, so the 8 rows a warp reads at
 // once fall in different banks.
-__device__ __forceinline__ int cn_stride(int ng) { return ng * CN_GB + ((ng & 1) ? 0 : 16); }
+__device__ __forceinline__ int cn_stride(int bytes) { return bytes + (((bytes >> 4) & 1) ? 0 : 16); }
 
 // Block b of nb's share of a GEMV or GLU: units [u0, u1) (K part major: a unit u is tile
 // u % tiles of part u / tiles), each in nch chunks of ≤ CN_CH groups.
@@ -149,12 +156,18 @@ struct CnGeo {
     __device__ CnGeo(const CIns& in, int b, int nb) {
         tiles = in.kind == CK_GLU ? in.rows / 8 : in.rows / 16;
         nkc = in.nkc;
-        G = in.K / cn_group_weights(in.fmt);
+        const int gw = cn_group_weights(in.fmt), ch = cn_chunk_groups(in.fmt);
+        G = ((int)in.K + gw - 1) / gw;
         const i64 U = (i64)tiles * nkc;
         u0 = (int)(U * b / nb);
         u1 = (int)(U * (b + 1) / nb);
         const int per = (G + nkc - 1) / nkc;
-        nch = (per + CN_CH - 1) / CN_CH;
+        nch = (per + ch - 1) / ch;
+    }
+    // The bytes of groups [a, e) of a row of rb bytes.
+    __device__ int bytes(const CIns& in, int a, int e) const {
+        const int gb = cn_group_bytes(in.fmt);
+        return min(e * gb, (int)in.row_bytes) - a * gb;
     }
     __device__ int part(int kc) const { return kc * G / nkc; }
     // Groups [a, e) of chunk c of unit u.
@@ -368,6 +381,51 @@ __device__ __forceinline__ void cn_q4k(const u8* ra, const u8* rb, int a, int ng
     }
 }
 
+// TQ2_0 (repack.rs: groups of 8 blocks of 256 weights, 8 f16 scales then 64-byte bodies;
+// unit u of a block is bytes 32·(u / 4) .. + 31 of its body, bits 2·(u % 4), code c for
+// weight (c − 1)·d): groups [a, a + ng) of rows g, g + 8, the row's `nbk` blocks in all
+// (its last group may be short). One IMMA m16n8k32 a unit, the codes as A in the same
+// k-slots as Q4_K's nibbles; lane t scales units 2t and 2t + 1; −Σq makes the −1.
+__device__ __forceinline__ void cn_tq2(const u8* ra, const u8* rb, int a, int ng, int nbk,
+                                       const u8* act, float& acc0, float& acc1) {
+    const int lane = threadIdx.x & 31, t = lane & 3;
+    const float2* ds = (const float2*)(act + CN_MAXK);
+    for (int j = 0; j < ng; j++) {
+        const int grp = a + j;
+        const u8* ga = ra + j * 528;
+        const u8* gb = rb + j * 528;
+        const uint4 sa = *(const uint4*)ga, sb = *(const uint4*)gb;
+        const int nblk = min(8, nbk - 8 * grp);
+        for (int i = 0; i < nblk; i++) {
+            const int blk = grp * 8 + i;
+            // Bytes 8t .. 8t+7 of the body's two 32-byte halves, rows g and g + 8.
+            const uint2 qa0 = *(const uint2*)(ga + 16 + 64 * i + 8 * t);
+            const uint2 qa1 = *(const uint2*)(ga + 16 + 64 * i + 32 + 8 * t);
+            const uint2 qb0 = *(const uint2*)(gb + 16 + 64 * i + 8 * t);
+            const uint2 qb1 = *(const uint2*)(gb + 16 + 64 * i + 32 + 8 * t);
+            int c_lo0 = 0, c_lo2 = 0, c_hi0 = 0, c_hi2 = 0;
+#pragma unroll
+            for (int p = 0; p < 4; p++) {
+                const uint2 qa = p < 2 ? qa0 : qa1, qb = p < 2 ? qb0 : qb1;
+                const u32 M = 0x03030303u;
+                const int sl = 2 * ((2 * p) & 3), sh = 2 * ((2 * p + 1) & 3);
+                const uint2 xl = *(const uint2*)(act + (blk * 8 + 2 * p) * 32 + 8 * t);
+                const uint2 xh = *(const uint2*)(act + (blk * 8 + 2 * p + 1) * 32 + 8 * t);
+                int cl[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
+                cn_imma(cl, (qa.x >> sl) & M, (qb.x >> sl) & M, (qa.y >> sl) & M, (qb.y >> sl) & M, xl.x, xl.y);
+                cn_imma(ch, (qa.x >> sh) & M, (qb.x >> sh) & M, (qa.y >> sh) & M, (qb.y >> sh) & M, xh.x, xh.y);
+                if (p == t) {
+                    c_lo0 = cl[0], c_lo2 = cl[2], c_hi0 = ch[0], c_hi2 = ch[2];
+                }
+            }
+            const float2 xl = ds[blk * 8 + 2 * t], xh = ds[blk * 8 + 2 * t + 1];
+            const float da = cn_hw(sa, i), db = cn_hw(sb, i);
+            acc0 += da * (xl.x * (float)c_lo0 - xl.y + xh.x * (float)c_hi0 - xh.y);
+            acc1 += db * (xl.x * (float)c_lo2 - xl.y + xh.x * (float)c_hi2 - xh.y);
+        }
+    }
+}
+
 __device__ __forceinline__ float cn_act(float v, float u, u32 act) {
     if (act == 0) return v / (1.0f + expf(-v)) * u;
     if (v <= -10.0f) return 0.0f;
@@ -467,24 +525,25 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                         u8* dst = ring + s * CN_SLOT;
                         int a, e;
                         geo.chunk(u, c, a, e);
-                        const int ng = e - a, st = cn_stride(ng);
-                        if (ng == 0) {
+                        if (e == a) {
                             mbar_arrive(&full[s]);
                             continue;
                         }
-                        mbar_expect(&full[s], 16 * ng * CN_GB);
+                        const int nby = geo.bytes(in, a, e), st = cn_stride(nby);
+                        mbar_expect(&full[s], 16 * nby);
                         // Slot rows 0..15: GEMV rows tile·16 + r; GLU gate rows tile·8 + r
                         // (r < 8), then the same up rows.
                         const bool glu = in.kind == CK_GLU;
-                        const u8* src0 = (const u8*)in.w0 + (glu ? (i64)tile * 8 : (i64)tile * 16) * rb + (i64)a * CN_GB;
-                        const u8* src1 = glu ? (const u8*)in.w1 + (i64)tile * 8 * rb + (i64)a * CN_GB : src0 + 8 * rb;
+                        const i64 off = (i64)a * cn_group_bytes(in.fmt);
+                        const u8* src0 = (const u8*)in.w0 + (glu ? (i64)tile * 8 : (i64)tile * 16) * rb + off;
+                        const u8* src1 = glu ? (const u8*)in.w1 + (i64)tile * 8 * rb + off : src0 + 8 * rb;
                         if (st == rb) {
                             bulk_load(dst, src0, 8 * st, &full[s]);
                             bulk_load(dst + 8 * st, src1, 8 * st, &full[s]);
                         } else {
                             for (int r = 0; r < 8; r++) {
-                                bulk_load(dst + r * st, src0 + r * rb, ng * CN_GB, &full[s]);
-                                bulk_load(dst + (r + 8) * st, src1 + r * rb, ng * CN_GB, &full[s]);
+                                bulk_load(dst + r * st, src0 + r * rb, nby, &full[s]);
+                                bulk_load(dst + (r + 8) * st, src1 + r * rb, nby, &full[s]);
                             }
                         }
                     }
@@ -541,9 +600,9 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
             }
             if (prep) {
                 // The activation's 128-value blocks this block's K parts read.
-                const int per = cn_group_weights(in.fmt) / 128;
+                const int per = cn_group_weights(in.fmt) / 128, nkb = (int)in.K / 128;
                 const int kb0 = geo.part(geo.u0 / geo.tiles) * per;
-                const int kb1 = geo.part((geo.u1 - 1) / geo.tiles + 1) * per;
+                const int kb1 = min(geo.part((geo.u1 - 1) / geo.tiles + 1) * per, nkb);
                 if (in.norm)
                     cn_prep((const float*)in.nx, in.norm == 2 ? (const float*)in.ny : nullptr,
                             (const float*)in.gamma, scale, in.fmt, kb0, kb1, act);
@@ -566,9 +625,12 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                         const u8* slot = ring + s * CN_SLOT;
                         int a, e;
                         geo.chunk(u, c, a, e);
-                        const int ng = e - a, st = cn_stride(ng);
-                        if (in.fmt == CF_Q1_0R) cn_q1(slot + g * st, slot + (g + 8) * st, a, ng, act, acc0, acc1);
-                        else cn_q4k(slot + g * st, slot + (g + 8) * st, a, ng, act, acc0, acc1);
+                        const int ng = e - a, st = cn_stride(geo.bytes(in, a, e));
+                        const u8* ra = slot + g * st;
+                        const u8* rb = slot + (g + 8) * st;
+                        if (in.fmt == CF_Q1_0R) cn_q1(ra, rb, a, ng, act, acc0, acc1);
+                        else if (in.fmt == CF_Q4_K) cn_q4k(ra, rb, a, ng, act, acc0, acc1);
+                        else cn_tq2(ra, rb, a, ng, (int)in.K / 256, act, acc0, acc1);
                         // The slot's reads done and ordered before the next bulk copy into it.
                         fence_async_shared();
                         __syncwarp();
