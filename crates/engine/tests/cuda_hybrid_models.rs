@@ -412,9 +412,9 @@ fn graph_replayed_multi_token_steps_equal_eager() {
 /// The decode chain (cuda/chain.rs, NEAGARI_CUDA_CHAIN=1: a step's GEMVs, norms and adds
 /// between two mixers in one persistent launch) on 4 layers of the 27B's shapes (3 Gated
 /// DeltaNet, 1 gated attention; `neagari synth`'s random weights, a 32,768-token
-/// vocabulary), Q1_0, Q4_K and TQ2_0, with its norms folded into the GEMVs (the default)
-/// and not
-/// (NEAGARI_CUDA_CHAIN_FOLD=0): after the same 8-token prompt, 16 decode steps (warm,
+/// vocabulary), Q1_0, Q4_K and TQ2_0, with its norms folded into the GEMVs and the
+/// DeltaNet layers inside it (the defaults) and each of those off
+/// (NEAGARI_CUDA_CHAIN_FOLD=0, NEAGARI_CUDA_CHAIN_DELTA=0): after the same 8-token prompt, 16 decode steps (warm,
 /// captured, then replayed from graphs) give the separate kernels' logits within 1% of the
 /// largest (the same q8_1 codes, sums in another order; a broken kernel is off by the
 /// logits' size), and the device's greedy pick is the host's on the chain's own logits.
@@ -451,12 +451,15 @@ fn decode_chain_equals_separate_kernels_on_27b_layers() {
         write_qwen35(f, &shape, ty, 11).expect("synth");
         let mp = load(&plain, &path);
         let mp = mp.as_ref();
-        for fold in ["1", "0"] {
+        // Norms folded and DeltaNet layers in the chain (the defaults), then each off.
+        for (fold, delta) in [("1", "1"), ("0", "1"), ("1", "0")] {
             std::env::set_var("NEAGARI_CUDA_CHAIN", "1");
             std::env::set_var("NEAGARI_CUDA_CHAIN_FOLD", fold);
+            std::env::set_var("NEAGARI_CUDA_CHAIN_DELTA", delta);
             let ch = CudaBackend::new(0).expect("open GPU 0");
             std::env::remove_var("NEAGARI_CUDA_CHAIN");
             std::env::remove_var("NEAGARI_CUDA_CHAIN_FOLD");
+            std::env::remove_var("NEAGARI_CUDA_CHAIN_DELTA");
             let mc = load(&ch, &path);
             let mc = mc.as_ref();
             let mut sc = Session::new(mc, &ch, 256, KvType::F16).expect("session");
@@ -475,7 +478,7 @@ fn decode_chain_equals_separate_kernels_on_27b_layers() {
                 worst = worst.max(e);
                 assert!(
                     e < 1e-2,
-                    "{ty:?} fold {fold}, step {step}: chain logits off by {e}"
+                    "{ty:?} fold {fold} delta {delta}, step {step}: chain logits off by {e}"
                 );
                 let t = neagari_backend::argmax_host(&lp);
                 lc = sc.decode(mc, &ch, t).unwrap();
@@ -494,7 +497,7 @@ fn decode_chain_equals_separate_kernels_on_27b_layers() {
             let launched = ch.chain_launches().unwrap_or(0);
             let (captures, replays) = ch.graph_stats();
             note(&format!(
-                "{ty:?} fold {fold}: chain vs separate kernels, worst {worst:.2e}; \
+                "{ty:?} fold {fold} delta {delta}: chain vs separate kernels, worst {worst:.2e}; \
                  {launched} chain launches, {captures} captures, {replays} replays"
             ));
             assert!(

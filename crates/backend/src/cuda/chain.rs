@@ -18,7 +18,7 @@ use super::*;
 pub(super) const CHAIN: &str = include_str!("kernels/chain.cu");
 
 /// chain.cu's CN_MAXI, CN_MAXNS, CN_SLOT, CN_MAXK, CN_ACT, CN_T.
-const MAXI: usize = 16;
+const MAXI: usize = 28;
 const MAXNS: usize = 16;
 const SLOT: usize = 16 * (6 * 144 + 16);
 const MAXK: usize = 17408;
@@ -38,6 +38,7 @@ const GLU: u32 = 1;
 const ADD_NORM: u32 = 2;
 const NORM: u32 = 3;
 const ADD: u32 = 4;
+const DELTA: u32 = 5;
 const Q1_0R: u32 = 0;
 const Q4_K: u32 = 1;
 const TQ2_0R: u32 = 2;
@@ -65,6 +66,7 @@ pub(super) struct Ins {
     part: u64,
     nx: u64,
     ny: u64,
+    aux: u64,
     kind: u32,
     fmt: u32,
     rows: u32,
@@ -249,15 +251,20 @@ impl Recorder {
         writes: Vec<Span>,
         done: &mut Vec<Vec<Ins>>,
     ) {
-        // K-split sums: 16 a tile (16 GEMV rows, or 8 rows of each GLU matrix).
-        let split = ins.nkc > 1;
+        // K-split sums: 16 a tile (16 GEMV rows, or 8 rows of each GLU matrix); DELTA: a
+        // counter a key head.
+        let split = ins.nkc > 1 && (ins.kind == GEMV || ins.kind == GLU);
         let tile_rows = if ins.kind == GLU { 8 } else { 16 };
-        let tiles = if split {
-            ins.rows as usize / tile_rows
+        let tiles = match (split, ins.kind) {
+            (true, _) => ins.rows as usize / tile_rows,
+            (false, DELTA) => ins.k as usize,
+            _ => 0,
+        };
+        let part = if split {
+            tiles * 16 * ins.nkc as usize
         } else {
             0
         };
-        let part = tiles * 16 * ins.nkc as usize;
         if self.ins.len() == MAXI
             || self.part_used + part > PART
             || TILE_CNT0 + self.tiles_used + tiles > COUNTERS
@@ -266,8 +273,10 @@ impl Recorder {
         }
         if split {
             ins.part = self.part_used as u64;
-            ins.tcnt = (TILE_CNT0 + self.tiles_used) as u32;
             self.part_used += part;
+        }
+        if tiles > 0 {
+            ins.tcnt = (TILE_CNT0 + self.tiles_used) as u32;
             self.tiles_used += tiles;
         }
         let (mut deps, mut closure) = (0u32, 0u32);
@@ -338,6 +347,8 @@ pub(super) struct Chain {
     rec: Mutex<Recorder>,
     /// Launches made (or replayed in a graph), for tests.
     launched: AtomicU64,
+    /// DeltaNet layers go into the chain, unless NEAGARI_CUDA_CHAIN_DELTA=0.
+    delta: bool,
 }
 
 impl Chain {
@@ -365,6 +376,7 @@ impl Chain {
             part: stream.alloc_zeros::<f32>(PART).map_err(drv)?,
             rec: Mutex::new(Recorder::new(fold)),
             launched: AtomicU64::new(0),
+            delta: std::env::var("NEAGARI_CUDA_CHAIN_DELTA").as_deref() != Ok("0"),
         })
     }
 }
@@ -448,7 +460,8 @@ impl CudaBackend {
         let part = self.dptr(&ch.part);
         for (a, i) in args.ins.iter_mut().zip(ins) {
             *a = i;
-            if a.nkc > 1 {
+            // (DELTA's `part` is its β row.)
+            if a.nkc > 1 && (a.kind == GEMV || a.kind == GLU) {
                 a.part = part + 4 * a.part;
             }
         }
@@ -600,6 +613,88 @@ impl CudaBackend {
         Ok(true)
     }
 
+    /// `delta_net` of one token into the chain (NEAGARI_CUDA_CHAIN_DELTA=0: never), where
+    /// its shape is the kernel's: d_k = d_v = 128, a conv of 2 to 4 taps.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn chain_delta(
+        &self,
+        kv: &CudaKv,
+        layer: usize,
+        qkv: &CudaBuf,
+        conv: &CudaVector,
+        alpha: &CudaBuf,
+        beta: &CudaBuf,
+        a_neg: &CudaVector,
+        dt_bias: &CudaVector,
+        net: &DeltaNet,
+        norm: &CudaVector,
+        z: &CudaBuf,
+        eps: f32,
+        out: &mut CudaBuf,
+    ) -> Result<bool> {
+        let Some(ch) = self.chain_of(qkv.rows).filter(|c| c.delta) else {
+            return Ok(false);
+        };
+        let (nk, nv, dk, dv) = (net.n_k_heads, net.n_v_heads, net.d_k, net.d_v);
+        let Some((win, wl, st, sl, shape)) = self.rec_layer(kv, layer) else {
+            return Ok(false);
+        };
+        let kc = shape.conv_kernel;
+        let fits = dk == 128
+            && dv == 128
+            && nk > 0
+            && nv.is_multiple_of(nk)
+            && (2..=4).contains(&kc)
+            && shape.n_v_heads == nv
+            && shape.d_k == dk
+            && shape.d_v == dv
+            && shape.conv_channels == qkv.cols
+            && qkv.cols == 2 * nk * dk + nv * dv
+            && conv.len == qkv.cols * kc
+            && alpha.rows * alpha.cols == nv
+            && beta.rows * beta.cols == nv
+            && a_neg.len == nv
+            && dt_bias.len == nv
+            && norm.len == dv
+            && z.rows * z.cols == nv * dv;
+        if !fits {
+            return Ok(false);
+        }
+        self.reshape(out, 1, nv * dv)?;
+        let ins = Ins {
+            kind: DELTA,
+            w0: st,
+            w1: win,
+            x: self.dptr(&qkv.data),
+            y: self.dptr(&z.data),
+            o0: self.dptr(&out.data),
+            o1: self.dptr(&alpha.data),
+            part: self.dptr(&beta.data),
+            nx: self.dptr(&conv.data),
+            ny: self.dptr(&a_neg.data),
+            aux: self.dptr(&dt_bias.data),
+            gamma: self.dptr(&norm.data),
+            rows: nv as u32,
+            k: nk as u32,
+            fmt: kc as u32,
+            act: (net.map == crate::HeadMap::Tiled) as u32,
+            eps,
+            ..Ins::default()
+        };
+        let (sw, ss) = ((win, win + 4 * wl as u64), (st, st + 4 * sl as u64));
+        let reads = vec![
+            self.span(qkv),
+            self.span(z),
+            self.span(alpha),
+            self.span(beta),
+            sw,
+            ss,
+        ];
+        let writes = vec![self.span(out), sw, ss];
+        self.chain_rec(ch, |rec, done| rec.push(ins, reads, writes, done))?;
+        Ok(true)
+    }
+
     /// `add` (x += y) of one row into the chain.
     pub(super) fn chain_add(&self, x: &CudaBuf, y: &CudaBuf) -> Result<bool> {
         let Some(ch) = self.chain_of(x.rows) else {
@@ -627,9 +722,11 @@ mod tests {
 
     #[test]
     fn layout_is_the_kernels() {
-        // chain.cu: 10 u64, 14 u32 an instruction; MAXI of them, a u64 and two u32.
-        assert_eq!(std::mem::size_of::<Ins>(), 136);
-        assert_eq!(std::mem::size_of::<Args>(), 136 * MAXI + 16);
+        // chain.cu: 11 u64, 14 u32 an instruction; MAXI of them, a u64 and two u32, within
+        // the 4 KB of parameters every driver takes.
+        assert_eq!(std::mem::size_of::<Ins>(), 144);
+        assert_eq!(std::mem::size_of::<Args>(), 144 * MAXI + 16);
+        assert!(std::mem::size_of::<Args>() <= 4096);
     }
 
     #[test]

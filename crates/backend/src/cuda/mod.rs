@@ -1379,6 +1379,11 @@ impl Backend for CudaBackend {
         eps: f32,
         out: &mut CudaBuf,
     ) -> Result<()> {
+        if self.chain_delta(
+            kv, layer, qkv, conv, alpha, beta, a_neg, dt_bias, net, norm, z, eps, out,
+        )? {
+            return Ok(());
+        }
         self.hy_delta_net(
             kv, layer, qkv, conv, alpha, beta, a_neg, dt_bias, net, norm, z, eps, out,
         )

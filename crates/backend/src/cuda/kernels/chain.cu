@@ -17,6 +17,14 @@
 //   thousand values: one block's work; the others go on).
 // - NORM: o0 = the same norm of x, block 0 alone.
 // - ADD: x += y, a slice a block.
+// - DELTA: a Gated DeltaNet layer's one token (hybrid.cu's delta_rows arithmetic): a block a
+//   value head (d_k = d_v = 128, conv ≤ 4 taps): the conv of its key head's q, k and its v
+//   channels, q and k L2-normalized, the delta rule on the head's state, the gated RMS norm.
+//   Fields: w0 the layer's state [nv][d_v][d_k], w1 its conv window [kc − 1][cols], x qkv
+//   [cols], y z [nv·d_v], o0 out [nv·d_v], o1 alpha [nv], part beta [nv], nx the conv taps
+//   [cols][kc], ny a_neg [nv], aux dt_bias [nv], gamma the norm weight [d_v]; rows = nv,
+//   K = nk, fmt = kc, act = the tiled head map; tcnt: nk counters (the last of a key head's
+//   value heads to have read its q, k windows writes them).
 // A GEMV or GLU may take its input as the norm of another row (`norm`, chain.rs folds a
 // norm into the GEMVs after it): every block sums the row's squares itself and quantizes
 // its part of the normalized row, so no instruction waits for the norm; one of them also
@@ -40,13 +48,14 @@
 #define CN_MAXK 17408
 #define CN_ACT (CN_MAXK + CN_MAXK / 32 * 8)
 #define CN_MAXNS 16
-#define CN_MAXI 16
+#define CN_MAXI 28
 
 #define CK_GEMV 0
 #define CK_GLU 1
 #define CK_ADD_NORM 2
 #define CK_NORM 3
 #define CK_ADD 4
+#define CK_DELTA 5
 #define CF_Q1_0R 0
 #define CF_Q4_K 1
 #define CF_TQ2_0R 2
@@ -58,6 +67,7 @@ struct CIns {
     u64 gamma;        // norm weight [K]
     u64 part;         // GEMV with nkc > 1: the parts' sums [nkc][rows] f32
     u64 nx, ny;       // GEMV, GLU with a norm: its input row (x = the norm's output)
+    u64 aux;          // DELTA: dt_bias
     u32 kind, fmt, rows, K;
     u32 row_bytes, nkc, deps, tcnt;  // tcnt: the first tile counter (nkc > 1)
     float eps;
@@ -483,6 +493,134 @@ __device__ void cn_norm(const CIns& in, double* red) {
     named_sync(1, CN_C);
 }
 
+__device__ __forceinline__ float cn_silu(float x) { return x / (1.0f + expf(-x)); }
+
+// One DELTA instruction's heads on this block (see the top). `sm`: 1,300 floats of scratch.
+__device__ void cn_delta(const CIns& in, u32* cnt, int b, int nb, float* sm) {
+    constexpr int DK = 128, DV = 128;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nv = (int)in.rows, nk = (int)in.K, kc = (int)in.fmt, pad = 4 - kc;
+    const int key_dim = nk * DK, cols = 2 * key_dim + nv * DV;
+    const float* qkv = (const float*)in.x;
+    float* win = (float*)in.w1;
+    const float* cw = (const float*)in.nx;
+    float* xs = sm;               // [384] the convolved q, k, v channels
+    float* qkw = sm + 384;        // [3][256] the key head's q, k windows after this token
+    float* os = sm + 384 + 768;   // [128] the head's outputs
+    float* gd = os + 128;         // decay, β
+    int* last = (int*)(gd + 2);
+    for (int h = b; h < nv; h += nb) {
+        const int kh = in.act ? h % nk : h / (nv / nk);
+        // The conv, right-aligned as delta_rows: the window then the input, taps before
+        // the kernel's start 0.
+        for (int lc = tid; lc < 2 * DK + DV; lc += CN_C) {
+            const int c = lc < DK ? kh * DK + lc
+                          : lc < 2 * DK ? key_dim + kh * DK + lc - DK
+                                        : 2 * key_dim + h * DV + lc - 2 * DK;
+            float e[4];
+#pragma unroll
+            for (int m = 0; m < 3; m++) e[m] = m >= pad ? __ldcg(win + (i64)(m - pad) * cols + c) : 0.f;
+            e[3] = __ldcg(qkv + c);
+            float acc = 0.f;
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (u >= pad) acc += e[u] * __ldg(cw + (i64)c * kc + u - pad);
+            xs[lc] = cn_silu(acc);
+            // The window after the input: its last kc − 1 values.
+#pragma unroll
+            for (int m = 0; m < 3; m++) {
+                if (m >= kc - 1) break;
+                // e[pad + m + 1], picked so that e stays in registers.
+                const int i = pad + m + 1;
+                const float v = i == 1 ? e[1] : i == 2 ? e[2] : e[3];
+                if (lc < 2 * DK) qkw[m * 2 * DK + lc] = v;
+                else win[(i64)m * cols + c] = v;
+            }
+        }
+        if (tid == 0) {
+            const float a = __ldcg((const float*)in.o1 + h) + __ldg((const float*)in.aux + h);
+            const float sp = a > 20.0f ? a : log1pf(expf(a));
+            gd[0] = expf(__ldg((const float*)in.ny + h) * sp);
+            gd[1] = 1.0f / (1.0f + expf(-__ldcg((const float*)in.part + h)));
+        }
+        named_sync(1, CN_C);
+        // The key head's windows: written by the last of its value heads to have read them.
+        if (tid == 0) {
+            __threadfence();
+            *last = atomicAdd(cnt + in.tcnt + kh, 1u) == (u32)(nv / nk) - 1;
+        }
+        // q (also by 1/√d_k) and k L2-normalized, a warp each (l2_norm_qk's order).
+        if (warp < 2) {
+            float v[4], ss = 0.f;
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                v[r] = xs[warp * DK + lane + 32 * r];
+                ss += v[r] * v[r];
+            }
+            ss = warp_sum(ss);
+            const float inv = warp == 0 ? (1.0f / sqrtf((float)DK)) / sqrtf(ss + 1e-6f)
+                                        : 1.0f / sqrtf(ss + 1e-6f);
+#pragma unroll
+            for (int r = 0; r < 4; r++) xs[warp * DK + lane + 32 * r] = v[r] * inv;
+        }
+        named_sync(1, CN_C);
+        if (*last) {
+            __threadfence();
+            for (int lc = tid; lc < 2 * DK; lc += CN_C) {
+                const int c = lc < DK ? kh * DK + lc : key_dim + kh * DK + lc - DK;
+                for (int m = 0; m < kc - 1; m++) win[(i64)m * cols + c] = qkw[m * 2 * DK + lc];
+            }
+            if (tid == 0) cnt[in.tcnt + kh] = 0;
+        }
+        // The delta rule: p = Σ_i k_i s_i, δ = β (v − decay·p), s ← decay·s + k δ,
+        // o = Σ_i q_i s_i. Warp w: columns 16w .. 16w + 15, 8 at a time; lane l: rows 4l ..
+        // 4l + 3.
+        const float decay = gd[0], bt = gd[1];
+        const float4 q4 = *(const float4*)(xs + 4 * lane);
+        const float4 k4 = *(const float4*)(xs + DK + 4 * lane);
+        float* S = (float*)in.w0 + (i64)h * DV * DK;
+#pragma unroll 1
+        for (int half = 0; half < 2; half++) {
+            const int j0 = 16 * warp + 8 * half;
+            float4 st[8];
+#pragma unroll
+            for (int c = 0; c < 8; c++) st[c] = __ldcg((const float4*)(S + (i64)(j0 + c) * DK) + lane);
+#pragma unroll
+            for (int c = 0; c < 8; c++) {
+                float4& sv = st[c];
+                const float p = warp_sum(k4.x * sv.x + k4.y * sv.y + k4.z * sv.z + k4.w * sv.w);
+                const float d = bt * (xs[2 * DK + j0 + c] - decay * p);
+                sv.x = decay * sv.x + k4.x * d;
+                sv.y = decay * sv.y + k4.y * d;
+                sv.z = decay * sv.z + k4.z * d;
+                sv.w = decay * sv.w + k4.w * d;
+                const float o = warp_sum(q4.x * sv.x + q4.y * sv.y + q4.z * sv.z + q4.w * sv.w);
+                if (lane == 0) os[j0 + c] = o;
+                *((float4*)(S + (i64)(j0 + c) * DK) + lane) = sv;
+            }
+        }
+        named_sync(1, CN_C);
+        // The gated RMS norm over the head (rms_norm_gated's arithmetic), warp 0.
+        if (warp == 0) {
+            float o[4], ss = 0.f;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                o[e] = os[4 * lane + e];
+                ss += o[e] * o[e];
+            }
+            ss = warp_sum(ss);
+            const float inv = 1.0f / sqrtf(ss / (float)DV + in.eps);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = 4 * lane + e;
+                const float zv = __ldcg((const float*)in.y + (i64)h * DV + j);
+                ((float*)in.o0)[(i64)h * DV + j] = o[e] * inv * __ldg((const float*)in.gamma + j) * cn_silu(zv);
+            }
+        }
+        named_sync(1, CN_C);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constant__ ChainArgs args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
@@ -577,6 +715,8 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
         if (in.kind != CK_GEMV && in.kind != CK_GLU) whole = false;
         if (one) {
             cn_norm(in, red);
+        } else if (in.kind == CK_DELTA) {
+            cn_delta(in, cnt, b, nb, (float*)act);
         } else if (in.kind == CK_ADD) {
             const int i0 = (int)((i64)in.K * b / nb), i1 = (int)((i64)in.K * (b + 1) / nb);
             for (int i = i0 + ctid; i < i1; i += CN_C)
