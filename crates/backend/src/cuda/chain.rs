@@ -118,6 +118,52 @@ fn chain_parts(n_sm: usize, tiles: usize, groups: usize) -> usize {
         .unwrap_or(1)
 }
 
+/// A chain in a line: `kind[rows×K fmt /parts, norm, reuse] <deps`, e.g.
+/// `0:GEMV 5120x6144 Q1_0/3 | 1:GLU 17408x5120 Q1_0 norm+ <0`.
+fn trace(ins: &[Ins]) -> String {
+    let fmt = |f: u32| {
+        ["Q1_0", "Q4_K", "TQ2_0"]
+            .get(f as usize)
+            .copied()
+            .unwrap_or("?")
+    };
+    ins.iter()
+        .enumerate()
+        .map(|(o, i)| {
+            let mut w = match i.kind {
+                GEMV | GLU => format!(
+                    "{o}:{} {}x{} {}{}{}{}",
+                    if i.kind == GEMV { "GEMV" } else { "GLU" },
+                    i.rows,
+                    i.k,
+                    fmt(i.fmt),
+                    if i.nkc > 1 {
+                        format!("/{}", i.nkc)
+                    } else {
+                        String::new()
+                    },
+                    ["", " norm", " addnorm"][i.norm.min(2) as usize],
+                    if i.reuse == 1 { " reuse" } else { "" },
+                ),
+                ADD_NORM => format!("{o}:ADD_NORM {}", i.k),
+                NORM => format!("{o}:NORM {}", i.k),
+                ADD => format!("{o}:ADD {}", i.k),
+                DELTA => format!("{o}:DELTA {}x128", i.rows),
+                _ => format!("{o}:?"),
+            };
+            let deps: Vec<String> = (0..32)
+                .filter(|j| i.deps & (1 << j) != 0)
+                .map(|j| j.to_string())
+                .collect();
+            if !deps.is_empty() {
+                w += &format!(" <{}", deps.join(","));
+            }
+            w
+        })
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
 /// The recording: pure host logic (unit-tested on the CPU below). Ops go in as
 /// instructions with the device byte ranges they read and write; complete chains come out
 /// (`Vec<Ins>` each, in launch order) when they fill up or when `flush` is called.
@@ -349,6 +395,9 @@ pub(super) struct Chain {
     launched: AtomicU64,
     /// DeltaNet layers go into the chain, unless NEAGARI_CUDA_CHAIN_DELTA=0.
     delta: bool,
+    /// NEAGARI_CUDA_CHAIN_TRACE=1: each chain of a warm step (the one before its capture)
+    /// on stderr, an instruction a word.
+    trace: bool,
 }
 
 impl Chain {
@@ -377,6 +426,7 @@ impl Chain {
             rec: Mutex::new(Recorder::new(fold)),
             launched: AtomicU64::new(0),
             delta: std::env::var("NEAGARI_CUDA_CHAIN_DELTA").as_deref() != Ok("0"),
+            trace: std::env::var("NEAGARI_CUDA_CHAIN_TRACE").as_deref() == Ok("1"),
         })
     }
 }
@@ -451,6 +501,9 @@ impl CudaBackend {
 
     /// One chain: the instructions' offsets made addresses, one launch of a block an SM.
     fn chain_launch(&self, ch: &Chain, ins: Vec<Ins>) -> Result<()> {
+        if ch.trace && self.step_mode() == graph::WARM {
+            eprintln!("neagari chain: {}", trace(&ins));
+        }
         let mut args = Args {
             ins: [Ins::default(); MAXI],
             cnt: self.dptr(&ch.cnt),
@@ -1033,6 +1086,7 @@ mod tests {
             r.push(gemv(wa, xf, head, 2 * h, h, 1), vec![xf], vec![head], d);
             r.flush(d);
             assert_eq!((first, done.len()), (1, 2), "fold {fold}: chains");
+            eprintln!("fold {fold}: {}", trace(&done[0]));
             if fold {
                 // Both norms taken in: no norm instruction, the residual adds after.
                 let kinds: Vec<u32> = done[0].iter().map(|i| i.kind).collect();
