@@ -272,10 +272,24 @@ __device__ __forceinline__ void cn_prep(const float* __restrict__ x, const float
     }
 }
 
+// The block's consumer threads' Σ (each thread's s), in warp then warp-index order; every
+// consumer thread gets it. `red` is free again on return.
+__device__ __forceinline__ double cn_block_sum(double s, double* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) red[warp] = s;
+    named_sync(1, CN_C);
+    double t = 0.0;
+    for (int w = 0; w < CN_W; w++) t += red[w];
+    named_sync(1, CN_C);
+    return t;
+}
+
 // 1 / rms of the row nx (+ ny) (norm 2) over K, by every consumer thread of the block: Σ
 // in double as the engine's norm, then 1/sqrt(mean + eps) in f32.
 __device__ float cn_row_scale(const CIns& in, double* red) {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x;
     const float* x = (const float*)in.nx;
     const float* y = in.norm == 2 ? (const float*)in.ny : nullptr;
     double s = 0.0;
@@ -287,14 +301,7 @@ __device__ float cn_row_scale(const CIns& in, double* red) {
         }
         s += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) red[warp] = s;
-    named_sync(1, CN_C);
-    double t = 0.0;
-    for (int w = 0; w < CN_W; w++) t += red[w];
-    named_sync(1, CN_C);  // red is free again
-    const float mean = (float)(t / (double)in.K);
+    const float mean = (float)(cn_block_sum(s, red) / (double)in.K);
     return 1.0f / sqrtf(mean + in.eps);
 }
 
@@ -338,19 +345,10 @@ __device__ __forceinline__ void cn_q1(const u8* ra, const u8* rb, int a, int ng,
     }
 }
 
-// Q4_K's scale and min of sub-block s (dequant.cuh's scale_min_k4 on the words of the
-// block's bytes 4..15), times d and dmin.
+// Q4_K's scale and min of sub-block s, times d and dmin (h: the block's first 16 bytes).
 __device__ __forceinline__ float2 cn_q4k_sm(const uint4& h, int s) {
-    const int bb = (s & 3) * 8;
-    const u32 b0 = (h.y >> bb) & 0xFF, b1 = (h.z >> bb) & 0xFF, b2 = (h.w >> bb) & 0xFF;
     int sc, m;
-    if (s < 4) {
-        sc = b0 & 63;
-        m = b1 & 63;
-    } else {
-        sc = (b2 & 0xF) | ((b0 >> 6) << 4);
-        m = (b2 >> 4) | ((b1 >> 6) << 4);
-    }
+    k4_scale_min(h.y, h.z, h.w, s, sc, m);
     return make_float2(h2f((u16)(h.x & 0xFFFF)) * (float)sc, h2f((u16)(h.x >> 16)) * (float)m);
 }
 
@@ -436,15 +434,6 @@ __device__ __forceinline__ void cn_tq2(const u8* ra, const u8* rb, int a, int ng
     }
 }
 
-__device__ __forceinline__ float cn_act(float v, float u, u32 act) {
-    if (act == 0) return v / (1.0f + expf(-v)) * u;
-    if (v <= -10.0f) return 0.0f;
-    if (v >= 10.0f) return v * u;
-    const float xh = h2f(f2h(v));
-    const float t = tanhf(0.7978846f * xh * (1.0f + 0.044715f * xh * xh));
-    return h2f(f2h(0.5f * xh * (1.0f + t))) * u;
-}
-
 // A tile's 16 sums (lane r < 16 holds row r of the tile: GEMV rows tile·16 + r; GLU gate
 // rows tile·8 + r for r < 8, up rows tile·8 + r − 8) to the outputs.
 __device__ __forceinline__ void cn_store(const CIns& in, int tile, float v) {
@@ -454,7 +443,7 @@ __device__ __forceinline__ void cn_store(const CIns& in, int tile, float v) {
     } else {
         const float up = __shfl_down_sync(0xffffffffu, v, 8);
         if (lane < 8) {
-            ((float*)in.o0)[tile * 8 + lane] = cn_act(v, up, in.act);
+            ((float*)in.o0)[tile * 8 + lane] = glu_act_mul(v, up, (int)in.act);
             ((float*)in.o1)[tile * 8 + lane] = up;
         }
     }
@@ -463,7 +452,7 @@ __device__ __forceinline__ void cn_store(const CIns& in, int tile, float v) {
 // The row norm of block 0 (ADD_NORM: x += y first): the engine's add_rms_norm arithmetic
 // (Σx² in double, 1/sqrt(mean + eps) in f32).
 __device__ void cn_norm(const CIns& in, double* red) {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x;
     float* x = (float*)in.x;
     const float* y = (const float*)in.y;
     const int K = in.K;
@@ -476,13 +465,7 @@ __device__ void cn_norm(const CIns& in, double* red) {
         }
         s += (double)v * (double)v;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) red[warp] = s;
-    named_sync(1, CN_C);
-    double t = 0.0;
-    for (int w = 0; w < CN_W; w++) t += red[w];
-    const float mean = (float)(t / (double)K);
+    const float mean = (float)(cn_block_sum(s, red) / (double)K);
     const float scale = 1.0f / sqrtf(mean + in.eps);
     const float* w = (const float*)in.gamma;
     float* out = (float*)in.o0;
@@ -490,10 +473,7 @@ __device__ void cn_norm(const CIns& in, double* red) {
         const float v = in.kind == CK_ADD_NORM ? x[i] : __ldcg(x + i);
         out[i] = v * scale * w[i];
     }
-    named_sync(1, CN_C);
 }
-
-__device__ __forceinline__ float cn_silu(float x) { return x / (1.0f + expf(-x)); }
 
 // One DELTA instruction's heads on this block (see the top). `sm`: 1,300 floats of scratch.
 __device__ void cn_delta(const CIns& in, u32* cnt, int b, int nb, float* sm) {
@@ -525,7 +505,7 @@ __device__ void cn_delta(const CIns& in, u32* cnt, int b, int nb, float* sm) {
 #pragma unroll
             for (int u = 0; u < 4; u++)
                 if (u >= pad) acc += e[u] * __ldg(cw + (i64)c * kc + u - pad);
-            xs[lc] = cn_silu(acc);
+            xs[lc] = silu_f(acc);
             // The window after the input: its last kc − 1 values.
 #pragma unroll
             for (int m = 0; m < 3; m++) {
@@ -539,9 +519,8 @@ __device__ void cn_delta(const CIns& in, u32* cnt, int b, int nb, float* sm) {
         }
         if (tid == 0) {
             const float a = __ldcg((const float*)in.o1 + h) + __ldg((const float*)in.aux + h);
-            const float sp = a > 20.0f ? a : log1pf(expf(a));
-            gd[0] = expf(__ldg((const float*)in.ny + h) * sp);
-            gd[1] = 1.0f / (1.0f + expf(-__ldcg((const float*)in.part + h)));
+            gd[0] = expf(__ldg((const float*)in.ny + h) * softplus_f(a));
+            gd[1] = sigmoid_f(__ldcg((const float*)in.part + h));
         }
         named_sync(1, CN_C);
         // The key head's windows: written by the last of its value heads to have read them.
@@ -614,7 +593,7 @@ __device__ void cn_delta(const CIns& in, u32* cnt, int b, int nb, float* sm) {
             for (int e = 0; e < 4; e++) {
                 const int j = 4 * lane + e;
                 const float zv = __ldcg((const float*)in.y + (i64)h * DV + j);
-                ((float*)in.o0)[(i64)h * DV + j] = o[e] * inv * __ldg((const float*)in.gamma + j) * cn_silu(zv);
+                ((float*)in.o0)[(i64)h * DV + j] = o[e] * inv * __ldg((const float*)in.gamma + j) * silu_f(zv);
             }
         }
         named_sync(1, CN_C);

@@ -297,3 +297,33 @@ __device__ __forceinline__ double ld_cluster(const double* v, int rank) {
     return b;
 }
 
+// Activations of the hybrid and GLU kernels (the CPU backend's arithmetic).
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+// torch's softplus (beta 1, threshold 20), as the CPU's.
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// act(g)·u of the GLU kernels in ops.cu (the same arithmetic, so the same bits): act 0 is
+// SiLU, 1 GELU (tanh form) of the f16-rounded gate, rounded to f16.
+__device__ __forceinline__ float glu_act_mul(float v, float u, int act) {
+    if (act == 0) return v / (1.0f + expf(-v)) * u;
+    if (v <= -10.0f) return 0.0f;
+    if (v >= 10.0f) return v * u;
+    const float xh = h2f(f2h(v));
+    const float t = tanhf(0.7978846f * xh * (1.0f + 0.044715f * xh * xh));
+    return h2f(f2h(0.5f * xh * (1.0f + t))) * u;
+}
+
+// Q4_K's 6-bit scale and min of sub-block s (dequant.cuh's scale_min_k4) from the words of
+// the block's scale bytes 4..7 (w0), 8..11 (w1) and 12..15 (w2), without indexing registers.
+__device__ __forceinline__ void k4_scale_min(u32 w0, u32 w1, u32 w2, int s, int& sc, int& m) {
+    const int bb = (s & 3) * 8;
+    const u32 b0 = (w0 >> bb) & 0xFF, b1 = (w1 >> bb) & 0xFF, b2 = (w2 >> bb) & 0xFF;
+    if (s < 4) {
+        sc = b0 & 63;
+        m = b1 & 63;
+    } else {
+        sc = (b2 & 0xF) | ((b0 >> 6) << 4);
+        m = (b2 >> 4) | ((b1 >> 6) << 4);
+    }
+}

@@ -294,16 +294,7 @@ MVQM(mvqm4, 4, 1)
 MVQM(mvqm8, 8, 1)
 #endif
 
-// act(g)·u of the GLU kernels in ops.cu (the same arithmetic, so the same bits): act 0 is
-// SiLU, 1 GELU (tanh form) of the f16-rounded gate, rounded to f16.
-__device__ __forceinline__ float glu_act_mul(float v, float u, int act) {
-    if (act == 0) return v / (1.0f + expf(-v)) * u;
-    if (v <= -10.0f) return 0.0f;
-    if (v >= 10.0f) return v * u;
-    const float xh = h2f(f2h(v));
-    const float t = tanhf(0.7978846f * xh * (1.0f + 0.044715f * xh * xh));
-    return h2f(f2h(0.5f * xh * (1.0f + t))) * u;
-}
+// glu_act_mul (act(g)·u of the GLU kernels): common.cuh.
 
 // q8_1 of one 32-value unit by one thread: q8_1_warp's values (max, rounding and integer
 // sum do not depend on the order), for blocks whose threads do not make whole warps.

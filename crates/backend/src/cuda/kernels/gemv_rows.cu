@@ -90,18 +90,9 @@ struct R_Q4_K {
         const int sh = (s & 1) * 4;
         w0 = (r.q.x >> sh) & 0x0F0F0F0F;
         w1 = (r.q.y >> sh) & 0x0F0F0F0F;
-        // dequant.cuh's scale_min_k4 on the scale bytes held in s0 (0..3), s1 (4..7),
-        // s2 (8..11), without indexing registers.
-        const int bb = (s & 3) * 8;
-        const u32 b0 = (r.s0 >> bb) & 0xFF, b1 = (r.s1 >> bb) & 0xFF, b2 = (r.s2 >> bb) & 0xFF;
+        // The scale bytes held in s0 (0..3), s1 (4..7), s2 (8..11).
         int sc, m;
-        if (s < 4) {
-            sc = b0 & 63;
-            m = b1 & 63;
-        } else {
-            sc = (b2 & 0xF) | ((b0 >> 6) << 4);
-            m = (b2 >> 4) | ((b1 >> 6) << 4);
-        }
+        k4_scale_min(r.s0, r.s1, r.s2, s, sc, m);
         return make_float2(h2f((u16)r.dm) * (float)sc, -h2f((u16)(r.dm >> 16)) * (float)m);
     }
 };

@@ -4,10 +4,7 @@
 // strided column copies and the row gather / scatter-add around MoE experts.
 // The numerics follow the CPU backend (cpu/gated_delta.rs).
 
-__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
-__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
-// torch's softplus (beta 1, threshold 20), as the CPU's.
-__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+// silu_f, sigmoid_f, softplus_f: common.cuh.
 
 #define CONV_MAXK 16
 
