@@ -518,14 +518,17 @@ impl CudaBackend {
             )
             .map_err(drv)? as usize;
         let name = ctx.name().map_err(drv)?;
-        // The two modules every model needs, compiled side by side where not cached.
-        modules::compile_parallel(
-            &arch,
-            vec![
-                ("ops".into(), String::new(), OPS.into()),
-                ("hybrid".into(), String::new(), hybrid::HYBRID.into()),
-            ],
-        )?;
+        // The two modules every model needs (and the decode chain's, where it is on),
+        // compiled side by side where not cached.
+        let chain_on = maj >= 9 && std::env::var("NEAGARI_CUDA_CHAIN").as_deref() == Ok("1");
+        let mut first = vec![
+            ("ops".into(), String::new(), OPS.into()),
+            ("hybrid".into(), String::new(), hybrid::HYBRID.into()),
+        ];
+        if chain_on {
+            first.push(("chain".into(), String::new(), chain::CHAIN.into()));
+        }
+        modules::compile_parallel(&arch, first)?;
         let ptx = compile("ops", &arch, "", OPS)?;
         let m = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
@@ -571,7 +574,7 @@ impl CudaBackend {
             qk_norm_rope_q8: f("qk_norm_rope_q8")?,
         };
         let hybrid = hybrid::HybridKernels::load(&ctx, &arch)?;
-        let chain = if maj >= 9 && std::env::var("NEAGARI_CUDA_CHAIN").as_deref() == Ok("1") {
+        let chain = if chain_on {
             Some(chain::Chain::new(&ctx, &stream, &arch)?)
         } else {
             None

@@ -14,7 +14,8 @@
 //   it) adds them in part order: deterministic.
 // - GLU: o0 = act(W0 · x) ⊙ (W1 · x), o1 = W1 · x; a unit is 8 rows of each matrix.
 // - ADD_NORM: x += y; o0 = x · rsqrt(mean(x²) + eps) · γ — block 0 alone (a row of a few
-//   thousand values: one block's work; the others go on).
+//   thousand values: one block's work; the others go on). Only where no GEMV takes the
+//   norm in (below).
 // - NORM: o0 = the same norm of x, block 0 alone.
 // - ADD: x += y, a slice a block.
 // - DELTA: a Gated DeltaNet layer's one token (hybrid.cu's delta_rows arithmetic): a block a
@@ -33,11 +34,13 @@
 // (`deps`, a bit each, the host's address ranges); reads of what earlier kernels wrote come
 // after griddepcontrol.wait. The block that finishes the launch last zeroes the counters.
 //
-// Formats (TQ2_0 too, repacked, on IMMA like Q4_K): Q1_0 in repack.rs's layout (groups of 8 blocks: 8 f16 scales, then the 16-byte
+// Formats: Q1_0 in repack.rs's layout (groups of 8 blocks: 8 f16 scales, then the 16-byte
 // bodies; weight 4k + j of word w is bit 8j + k) on binary tensor cores — mma m16n8k128
 // .b1 AND+POPC, one a 32-weight unit (the other lanes' A words zero) × the activation's 8
-// bit planes, laid out in the weights' bit order — and Q4_K (ggml's blocks) on IMMA
-// m16n8k32 (gemv_rows.cu's lane layout). Both have 144-byte groups (1024 and 256 weights).
+// bit planes, laid out in the weights' bit order; Q4_K (ggml's blocks) and TQ2_0
+// (repacked: groups of 8 blocks of 2-bit codes, a row's last group may be short) on IMMA
+// m16n8k32 (gemv_rows.cu's lane layout). Groups of 144 bytes (1024 and 256 weights) and
+// 528 (TQ2_0's 2048).
 
 #define CN_W 8                        // consumer warps
 #define CN_C (CN_W * 32)              // consumer threads
