@@ -10,8 +10,9 @@
 //! Q4_K and TQ2_0 (repacked) weights, K ≤ 17,408, rows a multiple of 16 (8 for the GLU); anything else runs
 //! as before and ends the chain. Only inside a step (the arena's buffers live to its end,
 //! so a recorded instruction's buffers cannot be freed under it); graphs capture the launch
-//! like any other. An instruction waits for the earlier ones whose outputs it reads or
-//! whose inputs it overwrites (device address ranges), transitively reduced.
+//! like any other; off while `--profile` times kernels one by one. An instruction waits for
+//! the earlier ones whose outputs it reads or whose inputs it overwrites (device address
+//! ranges), transitively reduced.
 
 use super::*;
 
