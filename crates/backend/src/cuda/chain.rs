@@ -144,7 +144,7 @@ fn trace(ins: &[Ins]) -> String {
                         String::new()
                     },
                     ["", " norm", " addnorm"][i.norm.min(2) as usize],
-                    if i.reuse == 1 { " reuse" } else { "" },
+                    ["", " reuse", " scale", " reuse"][i.reuse.min(3) as usize],
                 ),
                 ADD_NORM => format!("{o}:ADD_NORM {}", i.k),
                 NORM => format!("{o}:NORM {}", i.k),
@@ -341,10 +341,20 @@ impl Recorder {
             .filter(|j| deps & (1 << j) != 0)
             .fold(0u32, |m, j| m | self.closure[j]);
         ins.deps = deps & !implied;
-        // The activation the instruction before made, where it is this one's.
+        // The activation (bit 0) or the norm scale (bit 1) the instruction before made,
+        // where it is this one's: the two read the same input, nothing ran between them.
         if let Some(prev) = self.ins.last() {
             let gemv = |i: &Ins| i.kind == GEMV || i.kind == GLU;
-            ins.reuse = (gemv(prev)
+            let same_norm = gemv(prev)
+                && gemv(&ins)
+                && ins.norm > 0
+                && prev.norm == ins.norm
+                && prev.nx == ins.nx
+                && prev.ny == ins.ny
+                && prev.gamma == ins.gamma
+                && prev.eps == ins.eps
+                && prev.k == ins.k;
+            let same_act = gemv(prev)
                 && gemv(&ins)
                 && prev.x == ins.x
                 && prev.fmt == ins.fmt
@@ -354,7 +364,8 @@ impl Recorder {
                 && prev.norm == ins.norm
                 && prev.nx == ins.nx
                 && prev.ny == ins.ny
-                && deps & (1 << (self.ins.len() - 1)) == 0) as u32;
+                && deps & (1 << (self.ins.len() - 1)) == 0;
+            ins.reuse = same_act as u32 | (same_norm as u32) << 1;
         }
         self.ins.push(ins);
         self.reads.push(reads);
@@ -1099,7 +1110,7 @@ mod tests {
                 assert_eq!((done[0][1].norm, done[0][1].mat), (2, 1));
                 assert_eq!((done[0][4].norm, done[0][4].mat, done[0][5].mat), (2, 1, 0));
                 assert_eq!(
-                    done[0][5].reuse, 1,
+                    done[0][5].reuse, 3,
                     "the second in-proj reuses the activation"
                 );
             }

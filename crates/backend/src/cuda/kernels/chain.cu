@@ -75,7 +75,8 @@ struct CIns {
     u32 row_bytes, nkc, deps, tcnt;  // tcnt: the first tile counter (nkc > 1)
     float eps;
     u32 act;          // GLU: 0 SiLU, 1 GELU (tanh)
-    u32 reuse;        // the activation the instruction before made is this one's
+    u32 reuse;        // bit 0: the activation the instruction before made is this one's;
+                      // bit 1: so is the norm scale it computed (the same norm's input)
     u32 norm;         // GEMV, GLU: 0 x as it is; 1 x = norm(nx)·γ; 2 x = norm(nx + ny)·γ
     u32 mat;          // … and this instruction writes x (a slice a block)
     u32 pad;
@@ -677,8 +678,10 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
     const int ctid = threadIdx.x;
     const int g = lane >> 2;
     u32 base = 0;
-    // The shared activation is the whole input of the instruction before (one K part).
-    bool whole = false;
+    // The shared activation is the whole input of the instruction before (one K part); the
+    // norm scale the block computed last.
+    bool whole = false, have_scale = false;
+    float last_scale = 1.f;
     for (int o = 0; o < n; o++) {
         const CIns& in = args.ins[o];
         const bool one = in.kind == CK_ADD_NORM || in.kind == CK_NORM;
@@ -694,7 +697,7 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
             }
         }
         named_sync(1, CN_C);
-        if (in.kind != CK_GEMV && in.kind != CK_GLU) whole = false;
+        if (in.kind != CK_GEMV && in.kind != CK_GLU) whole = have_scale = false;
         if (one) {
             cn_norm(in, red);
         } else if (in.kind == CK_DELTA) {
@@ -705,9 +708,15 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                 ((float*)in.x)[i] = __ldcg((const float*)in.x + i) + __ldcg((const float*)in.y + i);
         } else {
             const CnGeo geo(in, b, nb);
-            const bool prep = !(in.reuse && whole) && geo.u1 > geo.u0;
+            const bool prep = !((in.reuse & 1) && whole) && geo.u1 > geo.u0;
             float scale = 1.f;
-            if (in.norm && (prep || in.mat)) scale = cn_row_scale(in, red);
+            if (in.norm && (prep || in.mat)) {
+                scale = (in.reuse & 2) && have_scale ? last_scale : cn_row_scale(in, red);
+                last_scale = scale;
+                have_scale = true;
+            } else {
+                have_scale = have_scale && (in.reuse & 2);
+            }
             if (in.mat) {
                 // The norm's output, this block's slice.
                 const float* nx = (const float*)in.nx;
@@ -732,7 +741,7 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                     cn_prep((const float*)in.x, nullptr, nullptr, 1.f, in.fmt, kb0, kb1, act);
                 whole = geo.nkc == 1;
             } else if (geo.u1 == geo.u0) {
-                whole = whole && in.reuse;
+                whole = whole && (in.reuse & 1);
             }
             named_sync(1, CN_C);
             for (int ub = geo.u0; ub < geo.u1; ub += CN_W) {
