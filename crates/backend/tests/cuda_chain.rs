@@ -206,8 +206,16 @@ fn chain_vs_plain(plain: &CudaBackend, ch: &CudaBackend) {
             let core = randv(&mut r, f2, 1.0);
             let want = run(plain, &mut dp, &x0, &core, None);
             let got = run(ch, &mut dc, &x0, &core, Some(&kv));
-            for (k, name) in NAMES.iter().enumerate() {
-                let e = rel(&got[k], &want[k]);
+            let errs: Vec<(&str, f64)> = NAMES
+                .iter()
+                .enumerate()
+                .map(|(k, name)| (*name, rel(&got[k], &want[k])))
+                .collect();
+            if std::env::var("NEAGARI_CHAIN_TEST_ALL").is_ok() {
+                eprintln!("{ty:?} {h}x{f} step {step}: {errs:?}");
+                continue;
+            }
+            for (name, e) in errs {
                 assert!(e < 1e-3, "{ty:?} {h}x{f}, step {step}: {name} off by {e}");
             }
             // The chain's head GEMV (a · xf, its input read back) against the exact
