@@ -121,14 +121,19 @@ __device__ __forceinline__ u32 cn_acquire(const u32* p) {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
+// Polls back off (32 → 256 ns): 132 blocks spinning on one counter's line slow the very
+// increments they wait for.
 __device__ __forceinline__ void cn_wait_count(const u32* c, u32 target, int ins) {
-    u32 n = 0;
+    u32 n = 0, sleep = 32;
     u64 t0 = 0;
-    while (cn_acquire(c) < target)
-        if ((++n & 1023) == 0) {
+    while (cn_acquire(c) < target) {
+        __nanosleep(sleep);
+        if (sleep < 256) sleep <<= 1;
+        if ((++n & 255) == 0) {
             if (t0 == 0) t0 = cn_time();
             else if (cn_time() - t0 > 2000000000ull) cn_stuck("an instruction's inputs", ins, *c);
         }
+    }
 }
 
 __device__ __forceinline__ void cn_bmma(int (&c)[4], u32 a0, u32 a1, u32 b) {
