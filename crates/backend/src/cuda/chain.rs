@@ -92,6 +92,7 @@ struct Args {
     cnt: u64,
     n: u32,
     ns: u32,
+    prof: u64,
 }
 
 // SAFETY: plain data in the layout of chain.cu's `ChainArgs` (u64 and u32 fields, no
@@ -117,6 +118,70 @@ fn chain_parts(n_sm: usize, tiles: usize, groups: usize) -> usize {
     (1..=groups.clamp(1, 8))
         .min_by(|&a, &b| (rounds(a) * b).cmp(&(rounds(b) * a)).then(a.cmp(&b)))
         .unwrap_or(1)
+}
+
+/// A profiled chain (`Chain::prof`) summed up, an instruction a line: when its blocks
+/// began waiting, started and ended (µs from the launch's first wait; medians over the
+/// blocks that took part, then the last end), what the median and the slowest block spent
+/// on it, the weight bytes a ns over its span (GB/s), when the producers began and ended
+/// its loads, and the median stalls of the producer (slots not yet free) and of consumer
+/// warp 0 (data not yet in).
+fn prof_report(ins: &[Ins], t: &[u64], nb: usize) -> String {
+    let at = |o: usize, b: usize, f: usize| t[(o * nb + b) * PROF + f];
+    let t0 = (0..ins.len() * nb)
+        .map(|ob| at(ob / nb, ob % nb, P_WAIT))
+        .filter(|&v| v > 0)
+        .min()
+        .unwrap_or(0);
+    let us = |v: u64| v.saturating_sub(t0) as f64 / 1e3;
+    let med = |mut v: Vec<u64>| -> u64 {
+        v.sort_unstable();
+        v.get(v.len() / 2).copied().unwrap_or(0)
+    };
+    let words = trace(ins);
+    let mut out = String::new();
+    let mut last = 0u64;
+    for (o, (i, w)) in ins.iter().zip(words.split(" | ")).enumerate() {
+        let on: Vec<usize> = (0..nb).filter(|&b| at(o, b, P_END) > 0).collect();
+        let col = |f: usize| on.iter().map(|&b| at(o, b, f)).collect::<Vec<u64>>();
+        let (start, end) = (col(P_START), col(P_END));
+        let (Some(&first), Some(&end_max)) = (start.iter().min(), end.iter().max()) else {
+            continue;
+        };
+        last = last.max(end_max);
+        let busy: Vec<u64> = on
+            .iter()
+            .map(|&b| at(o, b, P_END).saturating_sub(at(o, b, P_START)))
+            .collect();
+        let busy_max = busy.iter().copied().max().unwrap_or(0);
+        let bytes = match i.kind {
+            GEMV => i.rows as u64 * i.row_bytes as u64,
+            GLU => 2 * i.rows as u64 * i.row_bytes as u64,
+            _ => 0,
+        };
+        let rate = match end_max.saturating_sub(first) {
+            0 => 0.0,
+            span => bytes as f64 / span as f64,
+        };
+        out += &format!(
+            "  {w:<40} wait {:7.1} start {:7.1} end {:7.1} last {:7.1} busy {:6.1}/{:6.1} {rate:5.0} GB/s loads {:7.1}-{:7.1} stall p {:5.1} c {:5.1}\n",
+            us(med(col(P_WAIT))),
+            us(med(start)),
+            us(med(end)),
+            us(end_max),
+            med(busy) as f64 / 1e3,
+            busy_max as f64 / 1e3,
+            us(med(col(P_P0))),
+            us(med(col(P_P1))),
+            med(col(P_PSTALL)) as f64 / 1e3,
+            med(col(P_CSTALL)) as f64 / 1e3,
+        );
+    }
+    format!(
+        "neagari chain prof: {} instructions, {:.1} µs\n{out}",
+        ins.len(),
+        us(last)
+    )
 }
 
 /// A chain in a line: `kind[rows×K fmt /parts, norm, reuse] <deps`, e.g.
@@ -182,6 +247,9 @@ struct Recorder {
     held: Option<Held>,
     /// Norms are held and folded (else recorded as they come).
     fold: bool,
+    /// Every instruction waits for the one before (NEAGARI_CUDA_CHAIN_SERIAL=1: a race
+    /// that the waits let through goes away).
+    serial: bool,
 }
 
 struct Held {
@@ -341,6 +409,10 @@ impl Recorder {
             .filter(|j| deps & (1 << j) != 0)
             .fold(0u32, |m, j| m | self.closure[j]);
         ins.deps = deps & !implied;
+        if self.serial && !self.ins.is_empty() {
+            ins.deps = 1 << (self.ins.len() - 1);
+            closure = (1 << (self.ins.len() - 1)) | self.closure[self.ins.len() - 1];
+        }
         // The activation (bit 0) or the norm scale (bit 1) the instruction before made,
         // where it is this one's: the two read the same input, nothing ran between them.
         if let Some(prev) = self.ins.last() {
@@ -410,7 +482,22 @@ pub(super) struct Chain {
     /// NEAGARI_CUDA_CHAIN_TRACE=1: each chain of a warm step (the one before its capture)
     /// on stderr, an instruction a word.
     trace: bool,
+    /// GEMVs split K in parts (NEAGARI_CUDA_CHAIN_SPLIT=0: never).
+    split: bool,
+    /// NEAGARI_CUDA_CHAIN_PROF=1: each chain of a warm step is timed per instruction and
+    /// block (chain.cu's CN_PROF fields) and summed up on stderr; [MAXI][n_sm][PROF].
+    prof: Option<CudaSlice<u64>>,
 }
+
+/// chain.cu's CN_PROF and its fields.
+const PROF: usize = 8;
+const P_WAIT: usize = 0;
+const P_START: usize = 1;
+const P_END: usize = 2;
+const P_P0: usize = 3;
+const P_P1: usize = 4;
+const P_PSTALL: usize = 5;
+const P_CSTALL: usize = 6;
 
 impl Chain {
     /// Compiles and loads the kernel (sm_90 and newer) and allocates its counters (zero)
@@ -421,6 +508,7 @@ impl Chain {
         ctx: &Arc<CudaContext>,
         stream: &Arc<CudaStream>,
         arch: &str,
+        n_sm: usize,
     ) -> Result<Chain> {
         let ptx = compile("chain", arch, "", CHAIN)?;
         let m = ctx
@@ -430,12 +518,22 @@ impl Chain {
         let smem = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
         func.set_attribute(smem, (SLOTS * SLOT + ACT) as i32)
             .map_err(drv)?;
-        let fold = std::env::var("NEAGARI_CUDA_CHAIN_FOLD").as_deref() != Ok("0");
+        let env = |k: &str| std::env::var(k).ok();
+        let fold = env("NEAGARI_CUDA_CHAIN_FOLD").as_deref() != Some("0");
+        let prof = match env("NEAGARI_CUDA_CHAIN_PROF").as_deref() {
+            Some("1") => Some(stream.alloc_zeros::<u64>(MAXI * n_sm * PROF).map_err(drv)?),
+            _ => None,
+        };
         Ok(Chain {
             func,
             cnt: stream.alloc_zeros::<u32>(COUNTERS).map_err(drv)?,
             part: stream.alloc_zeros::<f32>(PART).map_err(drv)?,
-            rec: Mutex::new(Recorder::new(fold)),
+            rec: Mutex::new(Recorder {
+                serial: env("NEAGARI_CUDA_CHAIN_SERIAL").as_deref() == Some("1"),
+                ..Recorder::new(fold)
+            }),
+            split: env("NEAGARI_CUDA_CHAIN_SPLIT").as_deref() != Some("0"),
+            prof,
             launched: AtomicU64::new(0),
             delta: std::env::var("NEAGARI_CUDA_CHAIN_DELTA").as_deref() != Ok("0"),
             trace: std::env::var("NEAGARI_CUDA_CHAIN_TRACE").as_deref() == Ok("1"),
@@ -479,8 +577,12 @@ impl CudaBackend {
     /// K parts of a GEMV of `tiles` tiles over `groups` groups: a block's 8 consumer warps
     /// take its units 8 at a time, so the count that spends the fewest rounds of 8 per
     /// row's worth of work (a part is 1/nkc of a row), the fewer parts at a tie.
-    fn chain_parts(&self, tiles: usize, groups: usize) -> usize {
-        chain_parts(self.n_sm, tiles, groups)
+    fn chain_parts(&self, ch: &Chain, tiles: usize, groups: usize) -> usize {
+        if ch.split {
+            chain_parts(self.n_sm, tiles, groups)
+        } else {
+            1
+        }
     }
 
     /// Runs `f` on the recorder, then launches the chains it completed.
@@ -513,15 +615,19 @@ impl CudaBackend {
 
     /// One chain: the instructions' offsets made addresses, one launch of a block an SM.
     fn chain_launch(&self, ch: &Chain, ins: Vec<Ins>) -> Result<()> {
-        if ch.trace && self.step_mode() == graph::WARM {
+        let warm = self.step_mode() == graph::WARM;
+        if ch.trace && warm {
             eprintln!("neagari chain: {}", trace(&ins));
         }
+        let prof = ch.prof.as_ref().filter(|_| warm);
         let mut args = Args {
             ins: [Ins::default(); MAXI],
             cnt: self.dptr(&ch.cnt),
             n: ins.len() as u32,
             ns: SLOTS as u32,
+            prof: prof.map_or(0, |p| self.dptr(p)),
         };
+        let recorded = prof.map(|_| ins.clone());
         let part = self.dptr(&ch.part);
         for (a, i) in args.ins.iter_mut().zip(ins) {
             *a = i;
@@ -541,9 +647,16 @@ impl CudaBackend {
             return Ok(());
         }
         // SAFETY: every address in `args` is a live device allocation for the step (arena
-        // buffers, weights, the chain's counters and sums), of the sizes the instructions
-        // say; the kernel takes one `ChainArgs` by value.
-        unsafe { self.launch_raw(&ch.func, cfg, 1, &mut [karg(&args)]) }
+        // buffers, weights, the chain's counters and sums, the profile), of the sizes the
+        // instructions say; the kernel takes one `ChainArgs` by value.
+        unsafe { self.launch_raw(&ch.func, cfg, 1, &mut [karg(&args)]) }?;
+        if let (Some(p), Some(ins)) = (prof, recorded) {
+            let mut t = vec![0u64; MAXI * self.n_sm * PROF];
+            self.stream.memcpy_dtoh(p, &mut t).map_err(drv)?;
+            self.synchronize()?;
+            eprint!("{}", prof_report(&ins, &t, self.n_sm));
+        }
+        Ok(())
     }
 
     /// Chain launches so far (replayed ones too), or `None` where the chain is off.
@@ -557,7 +670,10 @@ impl CudaBackend {
     pub(super) fn chain_discard(&self) {
         if let Some(ch) = self.chain.as_ref() {
             let mut r = ch.rec.lock().unwrap_or_else(|e| e.into_inner());
-            *r = Recorder::new(r.fold);
+            *r = Recorder {
+                serial: r.serial,
+                ..Recorder::new(r.fold)
+            };
         }
     }
 
@@ -588,7 +704,7 @@ impl CudaBackend {
                 rows: w.rows as u32,
                 k: w.cols as u32,
                 row_bytes: w.row_bytes as u32,
-                nkc: self.chain_parts(w.rows / 16, groups) as u32,
+                nkc: self.chain_parts(ch, w.rows / 16, groups) as u32,
                 ..Ins::default()
             };
             let (r, o) = (self.span(x), self.span(outs[i]));
@@ -635,7 +751,7 @@ impl CudaBackend {
             rows: gate.rows as u32,
             k: gate.cols as u32,
             row_bytes: gate.row_bytes as u32,
-            nkc: self.chain_parts(gate.rows / 8, gate.cols.div_ceil(group_weights(fmt))) as u32,
+            nkc: self.chain_parts(ch, gate.rows / 8, gate.cols.div_ceil(group_weights(fmt))) as u32,
             act: match act {
                 GluAct::Silu => 0,
                 GluAct::GeluTanh => 1,
@@ -787,10 +903,10 @@ mod tests {
 
     #[test]
     fn layout_is_the_kernels() {
-        // chain.cu: 11 u64, 14 u32 an instruction; MAXI of them, a u64 and two u32, within
+        // chain.cu: 11 u64, 14 u32 an instruction; MAXI of them, two u64 and two u32, within
         // the 4 KB of parameters every driver takes.
         assert_eq!(std::mem::size_of::<Ins>(), 144);
-        assert_eq!(std::mem::size_of::<Args>(), 144 * MAXI + 16);
+        assert_eq!(std::mem::size_of::<Args>(), 144 * MAXI + 24);
         assert!(std::mem::size_of::<Args>() <= 4096);
     }
 

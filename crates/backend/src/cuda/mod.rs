@@ -575,7 +575,7 @@ impl CudaBackend {
         };
         let hybrid = hybrid::HybridKernels::load(&ctx, &arch)?;
         let chain = if chain_on {
-            Some(chain::Chain::new(&ctx, &stream, &arch)?)
+            Some(chain::Chain::new(&ctx, &stream, &arch, n_sm)?)
         } else {
             None
         };

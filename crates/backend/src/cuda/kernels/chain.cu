@@ -86,7 +86,20 @@ struct ChainArgs {
     CIns ins[CN_MAXI];
     u64 cnt;          // u32 counters: [n] instructions, [1] exit, then tile counters
     u32 n, ns;
+    u64 prof;         // 0, or (NEAGARI_CUDA_CHAIN_PROF=1) u64 [n][blocks][CN_PROF] (below)
 };
+
+// Profile fields an instruction a block (%globaltimer ns; stalls summed): the consumers'
+// wait for the deps began, the deps were met, the block's share was done; the producer
+// began, ended its loads, stalled on full slots; consumer warp 0 stalled on empty ones.
+#define CN_PROF 8
+#define CP_WAIT 0
+#define CP_START 1
+#define CP_END 2
+#define CP_P0 3
+#define CP_P1 4
+#define CP_PSTALL 5
+#define CP_CSTALL 6
 
 // A wait that never ends is a bug: after ~2 s it traps with a line on stdout, so a broken
 // chain fails its step in seconds instead of hanging.
@@ -621,6 +634,7 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
     const int nb = gridDim.x, b = blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     u32* cnt = (u32*)args.cnt;
+    u64* prof = (u64*)args.prof;
     const int n = (int)args.n;
     if (threadIdx.x == 0) {
         for (int i = 0; i < ns; i++) {
@@ -641,13 +655,20 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
             if (in.kind != CK_GEMV && in.kind != CK_GLU) continue;
             const CnGeo geo(in, b, nb);
             const i64 rb = in.row_bytes;
+            u64* pf = prof ? prof + ((i64)o * nb + b) * CN_PROF : nullptr;
+            u64 stall = 0;
+            if (pf) pf[CP_P0] = cn_time();
             for (int ub = geo.u0; ub < geo.u1; ub += CN_W) {
                 const int nbw = min(CN_W, geo.u1 - ub);
                 for (int c = 0; c < geo.nch; c++)
                     for (int w = 0; w < nbw; w++, seq++) {
                         const int u = ub + w, tile = u % geo.tiles;
                         const int s = seq % ns;
-                        if (seq >= (u32)ns) cn_wait_slot(&empty[s], ((seq / ns) - 1) & 1);
+                        if (seq >= (u32)ns) {
+                            const u64 t = pf ? cn_time() : 0;
+                            cn_wait_slot(&empty[s], ((seq / ns) - 1) & 1);
+                            if (pf) stall += cn_time() - t;
+                        }
                         u8* dst = ring + s * CN_SLOT;
                         int a, e;
                         geo.chunk(u, c, a, e);
@@ -674,6 +695,10 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                         }
                     }
             }
+            if (pf) {
+                pf[CP_P1] = cn_time();
+                pf[CP_PSTALL] = stall;
+            }
         }
         return;
     }
@@ -690,7 +715,13 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
     for (int o = 0; o < n; o++) {
         const CIns& in = args.ins[o];
         const bool one = in.kind == CK_ADD_NORM || in.kind == CK_NORM;
-        if (one && b != 0) continue;
+        if (one && b != 0) {
+            if (prof && ctid == 0) prof[((i64)o * nb + b) * CN_PROF + CP_END] = 0;
+            continue;
+        }
+        u64* pf = prof ? prof + ((i64)o * nb + b) * CN_PROF : nullptr;
+        u64 cstall = 0;
+        if (pf && ctid == 0) pf[CP_WAIT] = cn_time();
         // The instructions this one reads after or writes over.
         if (ctid == 0) {
             u32 d = in.deps;
@@ -700,6 +731,7 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                 const u32 k = args.ins[j].kind;
                 cn_wait_count(cnt + j, (k == CK_ADD_NORM || k == CK_NORM) ? 1u : (u32)nb, o);
             }
+            if (pf) pf[CP_START] = cn_time();
         }
         named_sync(1, CN_C);
         if (in.kind != CK_GEMV && in.kind != CK_GLU) whole = have_scale = false;
@@ -757,7 +789,9 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                     for (int c = 0; c < geo.nch; c++) {
                         const u32 seq = base + c * nbw + warp;
                         const int s = seq % ns;
+                        const u64 t = pf ? cn_time() : 0;
                         cn_wait_slot(&full[s], (seq / ns) & 1);
+                        if (pf) cstall += cn_time() - t;
                         const u8* slot = ring + s * CN_SLOT;
                         int a, e;
                         geo.chunk(u, c, a, e);
@@ -809,6 +843,10 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
         if (ctid == 0) {
             __threadfence();
             atomicAdd(cnt + o, 1u);
+            if (pf) {
+                pf[CP_END] = cn_time();
+                pf[CP_CSTALL] = cstall;
+            }
         }
     }
     // The block that finishes last zeroes the instruction counters for the next launch
