@@ -19,7 +19,7 @@ use super::*;
 pub(super) const CHAIN: &str = include_str!("kernels/chain.cu");
 
 /// chain.cu's CN_MAXI, CN_MAXNS, CN_SLOT, CN_MAXK, CN_ACT, CN_T.
-const MAXI: usize = 28;
+const MAXI: usize = 25;
 const MAXNS: usize = 16;
 const SLOT: usize = 16 * (6 * 144 + 16);
 const MAXK: usize = 17408;
@@ -82,6 +82,8 @@ pub(super) struct Ins {
     norm: u32,
     mat: u32,
     pad: u32,
+    map0: u64,
+    map1: u64,
 }
 
 /// The kernel's parameter (chain.cu `ChainArgs`), passed by value.
@@ -569,6 +571,25 @@ impl CudaBackend {
             .then_some(fmt)
     }
 
+    /// The tensor maps the chain's producer copies `w`'s chunks by (chain.cu `map0`):
+    /// boxes of one group × 16 rows (GEMV) and × 8 rows (GLU), made as the matrix loads
+    /// where the chain is on and takes its format; `None` elsewhere.
+    pub(super) fn chain_maps(&self, w: &CudaMat) -> Result<Option<CudaSlice<gemv_rows::TMap>>> {
+        if self.chain.is_none() {
+            return Ok(None);
+        }
+        let Some(fmt) = self.chain_fmt(w, 8) else {
+            return Ok(None);
+        };
+        let gb = if fmt == TQ2_0R { 528 } else { 144 };
+        let p = self.dptr(&w.data);
+        let maps = [
+            self.tmap(p, w.rows, w.row_bytes, gb, 16)?,
+            self.tmap(p, w.rows, w.row_bytes, gb, 8)?,
+        ];
+        Ok(Some(self.stream.clone_htod(&maps).map_err(drv)?))
+    }
+
     fn span(&self, b: &CudaBuf) -> Span {
         let p = self.dptr(&b.data);
         (p, p + 4 * (b.rows * b.cols) as u64)
@@ -688,7 +709,11 @@ impl CudaBackend {
             return Ok(false);
         };
         let fmts: Vec<Option<u32>> = ws.iter().map(|w| self.chain_fmt(w, 16)).collect();
-        if ws.iter().any(|w| w.cols != x.cols) || fmts.iter().any(Option::is_none) {
+        if ws
+            .iter()
+            .any(|w| w.cols != x.cols || w.chain_maps.is_none())
+            || fmts.iter().any(Option::is_none)
+        {
             return Ok(false);
         }
         for (i, w) in ws.iter().enumerate() {
@@ -699,6 +724,7 @@ impl CudaBackend {
                 kind: GEMV,
                 fmt,
                 w0: self.dptr(&w.data),
+                map0: w.chain_maps.as_ref().map_or(0, |m| self.dptr(m)),
                 x: self.dptr(&x.data),
                 o0: self.dptr(&outs[i].data),
                 rows: w.rows as u32,
@@ -731,6 +757,8 @@ impl CudaBackend {
             return Ok(false);
         };
         if fmt != fu
+            || gate.chain_maps.is_none()
+            || up.chain_maps.is_none()
             || gate.rows != up.rows
             || gate.cols != x.cols
             || up.cols != x.cols
@@ -745,6 +773,8 @@ impl CudaBackend {
             fmt,
             w0: self.dptr(&gate.data),
             w1: self.dptr(&up.data),
+            map0: gate.chain_maps.as_ref().map_or(0, |m| self.dptr(m)),
+            map1: up.chain_maps.as_ref().map_or(0, |m| self.dptr(m)),
             x: self.dptr(&x.data),
             o0: self.dptr(&g.data),
             o1: self.dptr(&u.data),
@@ -903,10 +933,10 @@ mod tests {
 
     #[test]
     fn layout_is_the_kernels() {
-        // chain.cu: 11 u64, 14 u32 an instruction; MAXI of them, two u64 and two u32, within
-        // the 4 KB of parameters every driver takes.
-        assert_eq!(std::mem::size_of::<Ins>(), 144);
-        assert_eq!(std::mem::size_of::<Args>(), 144 * MAXI + 24);
+        // chain.cu: 11 u64, 14 u32, 2 u64 an instruction; MAXI of them, two u64 and two
+        // u32, within the 4 KB of parameters every driver takes.
+        assert_eq!(std::mem::size_of::<Ins>(), 160);
+        assert_eq!(std::mem::size_of::<Args>(), 160 * MAXI + 24);
         assert!(std::mem::size_of::<Args>() <= 4096);
     }
 

@@ -449,6 +449,7 @@ impl CudaBackend {
             row_bytes: w.row_bytes,
             data,
             k: w.k.clone(),
+            chain_maps: None,
         };
         self.matmul(&m, x, out)
     }

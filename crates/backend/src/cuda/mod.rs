@@ -407,6 +407,8 @@ pub struct CudaMat {
     row_bytes: usize,
     data: CudaSlice<u8>,
     k: Arc<FmtKernels>,
+    /// The decode chain's tensor maps of the matrix (chain.rs `chain_maps`).
+    chain_maps: Option<CudaSlice<gemv_rows::TMap>>,
 }
 
 /// A small f32 vector in device memory.
@@ -910,14 +912,17 @@ impl Backend for CudaBackend {
             .stream
             .clone_htod(&bytes)
             .map_err(|e| BackendError::OutOfMemory(format!("{}: {e:?}", t.name)))?;
-        Ok(CudaMat {
+        let mut m = CudaMat {
             ty: t.ty,
             rows,
             cols,
             row_bytes,
             data,
             k,
-        })
+            chain_maps: None,
+        };
+        m.chain_maps = self.chain_maps(&m)?;
+        Ok(m)
     }
 
     fn load_vector(&self, t: &HostTensor) -> Result<CudaVector> {

@@ -51,7 +51,7 @@
 #define CN_MAXK 17408
 #define CN_ACT (CN_MAXK + CN_MAXK / 32 * 8)
 #define CN_MAXNS 16
-#define CN_MAXI 28
+#define CN_MAXI 25
 
 #define CK_GEMV 0
 #define CK_GLU 1
@@ -80,6 +80,8 @@ struct CIns {
     u32 norm;         // GEMV, GLU: 0 x as it is; 1 x = norm(nx)·γ; 2 x = norm(nx + ny)·γ
     u32 mat;          // … and this instruction writes x (a slice a block)
     u32 pad;
+    u64 map0, map1;   // GEMV, GLU: w0's, w1's tensor maps (TMap [2]: boxes of a group × 16
+                      // rows, × 8 rows), in global memory
 };
 
 struct ChainArgs {
@@ -150,14 +152,14 @@ __device__ __forceinline__ void cn_wait_count(const u32* c, u32 target, int ins)
 }
 
 __device__ __forceinline__ void cn_bmma(int (&c)[4], u32 a0, u32 a1, u32 b) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k128.row.col.s32.b1.b1.s32.and.popc {%0,%1,%2,%3}, {%4,%5}, {%6}, "
         "{%0,%1,%2,%3};"
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
         : "r"(a0), "r"(a1), "r"(b));
 }
 __device__ __forceinline__ void cn_imma(int (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
@@ -202,6 +204,13 @@ struct CnGeo {
         return min(e * gb, (int)in.row_bytes) - a * gb;
     }
     __device__ int part(int kc) const { return kc * G / nkc; }
+    // Chunk [a, e) in the slot: whole rows (two bulk copies of 8 rows, row r at r·st) or a
+    // tensor-map box a group (group j of the chunk at j·16·gb, its row r at r·gb). Rows are
+    // read 8 at a time at these strides (odd multiples of 16 bytes, or 144 and 528 bytes),
+    // so they start in different banks.
+    __device__ bool whole(const CIns& in, int a, int e) const {
+        return cn_stride(bytes(in, a, e)) == (int)in.row_bytes;
+    }
     // Groups [a, e) of chunk c of unit u.
     __device__ void chunk(int u, int c, int& a, int& e) const {
         const int kc = u / tiles, ua = part(kc), n = part(kc + 1) - ua;
@@ -332,7 +341,7 @@ __device__ float cn_row_scale(const CIns& in, double* red) {
 // and the 8 planes of the activation's unit; the planes' weights for B's columns 2t, 2t+1
 // (×2, plane 7 is −128: Σ±x = 2·Σ_{bit set} x − Σx) and −Σq (lane t = 0) make the unit's
 // Σ ±q, scaled by its d; the block's f16 scale then.
-__device__ __forceinline__ void cn_q1(const u8* ra, const u8* rb, int a, int ng, const u8* act,
+__device__ __forceinline__ void cn_q1(const u8* ra, const u8* rb, int gs, int a, int ng, const u8* act,
                                       float& acc0, float& acc1) {
     const int lane = threadIdx.x & 31, t = lane & 3;
     const int wa = 2 << (2 * t), wb = (2 * t + 1 == 7) ? -256 : (2 << (2 * t + 1));
@@ -340,8 +349,8 @@ __device__ __forceinline__ void cn_q1(const u8* ra, const u8* rb, int a, int ng,
     const float2* xd = (const float2*)(act + CN_MAXK);
     for (int j = 0; j < ng; j++) {
         const int grp = a + j;
-        const u8* ga = ra + j * CN_GB;
-        const u8* gb = rb + j * CN_GB;
+        const u8* ga = ra + j * gs;
+        const u8* gb = rb + j * gs;
         const uint4 sa = *(const uint4*)ga, sb = *(const uint4*)gb;
         const uint4 p0 = *(const uint4*)(planes + (grp * 32 + lane) * 8);
         const uint4 p1 = *(const uint4*)(planes + (grp * 32 + lane) * 8 + 4);
@@ -379,14 +388,14 @@ __device__ __forceinline__ float2 cn_q4k_sm(const uint4& h, int s) {
 // nibbles, as gemv_rows.cu: A and B agree on where a value sits), the activation as every
 // column of B, so c0 is row g's dot and c2 row g + 8's in each lane. Lane t scales
 // sub-blocks 2t and 2t + 1; the quad's reduction adds them.
-__device__ __forceinline__ void cn_q4k(const u8* ra, const u8* rb, int a, int ng, const u8* act,
+__device__ __forceinline__ void cn_q4k(const u8* ra, const u8* rb, int gs, int a, int ng, const u8* act,
                                        float& acc0, float& acc1) {
     const int lane = threadIdx.x & 31, t = lane & 3;
     const float2* ds = (const float2*)(act + CN_MAXK);
     for (int j = 0; j < ng; j++) {
         const int blk = a + j;
-        const u8* pa = ra + j * CN_GB;
-        const u8* pb = rb + j * CN_GB;
+        const u8* pa = ra + j * gs;
+        const u8* pb = rb + j * gs;
         const uint4 ha = *(const uint4*)pa, hb = *(const uint4*)pb;
         int c_lo0 = 0, c_lo2 = 0, c_hi0 = 0, c_hi2 = 0;
 #pragma unroll
@@ -416,14 +425,14 @@ __device__ __forceinline__ void cn_q4k(const u8* ra, const u8* rb, int a, int ng
 // weight (c − 1)·d): groups [a, a + ng) of rows g, g + 8, the row's `nbk` blocks in all
 // (its last group may be short). One IMMA m16n8k32 a unit, the codes as A in the same
 // k-slots as Q4_K's nibbles; lane t scales units 2t and 2t + 1; −Σq makes the −1.
-__device__ __forceinline__ void cn_tq2(const u8* ra, const u8* rb, int a, int ng, int nbk,
+__device__ __forceinline__ void cn_tq2(const u8* ra, const u8* rb, int gs, int a, int ng, int nbk,
                                        const u8* act, float& acc0, float& acc1) {
     const int lane = threadIdx.x & 31, t = lane & 3;
     const float2* ds = (const float2*)(act + CN_MAXK);
     for (int j = 0; j < ng; j++) {
         const int grp = a + j;
-        const u8* ga = ra + j * 528;
-        const u8* gb = rb + j * 528;
+        const u8* ga = ra + j * gs;
+        const u8* gb = rb + j * gs;
         const uint4 sa = *(const uint4*)ga, sb = *(const uint4*)gb;
         const int nblk = min(8, nbk - 8 * grp);
         for (int i = 0; i < nblk; i++) {
@@ -676,21 +685,31 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                             mbar_arrive(&full[s]);
                             continue;
                         }
-                        const int nby = geo.bytes(in, a, e), st = cn_stride(nby);
-                        mbar_expect(&full[s], 16 * nby);
                         // Slot rows 0..15: GEMV rows tile·16 + r; GLU gate rows tile·8 + r
                         // (r < 8), then the same up rows.
                         const bool glu = in.kind == CK_GLU;
-                        const i64 off = (i64)a * cn_group_bytes(in.fmt);
-                        const u8* src0 = (const u8*)in.w0 + (glu ? (i64)tile * 8 : (i64)tile * 16) * rb + off;
-                        const u8* src1 = glu ? (const u8*)in.w1 + (i64)tile * 8 * rb + off : src0 + 8 * rb;
-                        if (st == rb) {
-                            bulk_load(dst, src0, 8 * st, &full[s]);
-                            bulk_load(dst + 8 * st, src1, 8 * st, &full[s]);
+                        const int gb = cn_group_bytes(in.fmt);
+                        if (geo.whole(in, a, e)) {
+                            // Two copies of 8 whole rows each.
+                            mbar_expect(&full[s], 16 * (u32)rb);
+                            const u8* src0 = (const u8*)in.w0 + (glu ? (i64)tile * 8 : (i64)tile * 16) * rb;
+                            const u8* src1 = glu ? (const u8*)in.w1 + (i64)tile * 8 * rb : src0 + 8 * rb;
+                            bulk_load(dst, src0, 8 * (u32)rb, &full[s]);
+                            bulk_load(dst + 8 * rb, src1, 8 * (u32)rb, &full[s]);
                         } else {
-                            for (int r = 0; r < 8; r++) {
-                                bulk_load(dst + r * st, src0 + r * rb, nby, &full[s]);
-                                bulk_load(dst + (r + 8) * st, src1 + r * rb, nby, &full[s]);
+                            // A box a group (two for the GLU: gate, up): a copy per row
+                            // took the producer ~100 ns each (session 33's profile).
+                            // Boxes are whole (zeros past a row's end: TQ2_0's short group).
+                            mbar_expect(&full[s], 16 * gb * (e - a));
+                            const TMap* m0 = (const TMap*)in.map0;
+                            for (int j = a; j < e; j++) {
+                                u8* d = dst + (j - a) * 16 * gb;
+                                if (glu) {
+                                    tma_load_2d(d, m0 + 1, j * (gb >> 2), tile * 8, &full[s]);
+                                    tma_load_2d(d + 8 * gb, (const TMap*)in.map1 + 1, j * (gb >> 2), tile * 8, &full[s]);
+                                } else {
+                                    tma_load_2d(d, m0, j * (gb >> 2), tile * 16, &full[s]);
+                                }
                             }
                         }
                     }
@@ -795,12 +814,15 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                         const u8* slot = ring + s * CN_SLOT;
                         int a, e;
                         geo.chunk(u, c, a, e);
-                        const int ng = e - a, st = cn_stride(geo.bytes(in, a, e));
-                        const u8* ra = slot + g * st;
-                        const u8* rb = slot + (g + 8) * st;
-                        if (in.fmt == CF_Q1_0R) cn_q1(ra, rb, a, ng, act, acc0, acc1);
-                        else if (in.fmt == CF_Q4_K) cn_q4k(ra, rb, a, ng, act, acc0, acc1);
-                        else cn_tq2(ra, rb, a, ng, (int)in.K / 256, act, acc0, acc1);
+                        const int ng = e - a, gb = cn_group_bytes(in.fmt);
+                        // The producer's layout (`CnGeo::whole`): row stride, group stride.
+                        const bool wh = geo.whole(in, a, e);
+                        const int rs = wh ? (int)in.row_bytes : gb, gs = wh ? gb : 16 * gb;
+                        const u8* ra = slot + g * rs;
+                        const u8* rb = slot + (g + 8) * rs;
+                        if (in.fmt == CF_Q1_0R) cn_q1(ra, rb, gs, a, ng, act, acc0, acc1);
+                        else if (in.fmt == CF_Q4_K) cn_q4k(ra, rb, gs, a, ng, act, acc0, acc1);
+                        else cn_tq2(ra, rb, gs, a, ng, (int)in.K / 256, act, acc0, acc1);
                         // The slot's reads done and ordered before the next bulk copy into it.
                         fence_async_shared();
                         __syncwarp();
