@@ -18,13 +18,28 @@ use super::*;
 
 pub(super) const CHAIN: &str = include_str!("kernels/chain.cu");
 
+/// Consumer warps a block: 8, or 16 with NEAGARI_CUDA_CHAIN_WARPS=16 (chain.cu CN_W).
+fn warps() -> usize {
+    match std::env::var("NEAGARI_CUDA_CHAIN_WARPS").as_deref() {
+        Ok("16") => 16,
+        _ => 8,
+    }
+}
+
+/// The chain module's defines (its compile key).
+pub(super) fn defines() -> String {
+    match warps() {
+        8 => String::new(),
+        w => format!("#define CN_W {w}"),
+    }
+}
+
 /// chain.cu's CN_MAXI, CN_MAXNS, CN_SLOT, CN_MAXK, CN_ACT, CN_T.
 const MAXI: usize = 25;
 const MAXNS: usize = 16;
 const SLOT: usize = 16 * (6 * 144 + 16);
 const MAXK: usize = 17408;
 const ACT: usize = MAXK + MAXK / 32 * 8;
-const THREADS: u32 = 9 * 32;
 /// Ring slots (14 KB each): the most that fit beside the activation.
 const SLOTS: usize = 14;
 const _: () = assert!(SLOTS <= MAXNS && SLOTS * SLOT + ACT <= 227 * 1024);
@@ -110,9 +125,9 @@ fn overlaps(a: &[Span], b: &[Span]) -> bool {
 }
 
 /// See [`CudaBackend::chain_parts`]: 1..=8 parts (at most `groups`), the fewest rounds of
-/// 8 units a block per part; one where a block has over two rounds anyway.
-fn chain_parts(n_sm: usize, tiles: usize, groups: usize) -> usize {
-    let rounds = |nkc: usize| (tiles * nkc).div_ceil(n_sm.max(1)).div_ceil(8);
+/// `warps` units a block per part; one where a block has over two rounds anyway.
+fn chain_parts(n_sm: usize, warps: usize, tiles: usize, groups: usize) -> usize {
+    let rounds = |nkc: usize| (tiles * nkc).div_ceil(n_sm.max(1)).div_ceil(warps);
     if rounds(1) > 2 {
         // Enough rounds that the last one's idle warps matter little.
         return 1;
@@ -486,6 +501,9 @@ pub(super) struct Chain {
     trace: bool,
     /// GEMVs split K in parts (NEAGARI_CUDA_CHAIN_SPLIT=0: never).
     split: bool,
+    /// Consumer warps a block (chain.cu CN_W): 8, or NEAGARI_CUDA_CHAIN_WARPS=16 (96
+    /// registers a thread then, where 8 take 164).
+    warps: usize,
     /// NEAGARI_CUDA_CHAIN_PROF=1: each chain of a warm step is timed per instruction and
     /// block (chain.cu's CN_PROF fields) and summed up on stderr; [MAXI][n_sm][PROF].
     prof: Option<CudaSlice<u64>>,
@@ -512,7 +530,8 @@ impl Chain {
         arch: &str,
         n_sm: usize,
     ) -> Result<Chain> {
-        let ptx = compile("chain", arch, "", CHAIN)?;
+        let warps = warps();
+        let ptx = compile("chain", arch, &defines(), CHAIN)?;
         let m = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(drv)?;
@@ -535,6 +554,7 @@ impl Chain {
                 ..Recorder::new(fold)
             }),
             split: env("NEAGARI_CUDA_CHAIN_SPLIT").as_deref() != Some("0"),
+            warps,
             prof,
             launched: AtomicU64::new(0),
             delta: std::env::var("NEAGARI_CUDA_CHAIN_DELTA").as_deref() != Ok("0"),
@@ -600,7 +620,7 @@ impl CudaBackend {
     /// row's worth of work (a part is 1/nkc of a row), the fewer parts at a tie.
     fn chain_parts(&self, ch: &Chain, tiles: usize, groups: usize) -> usize {
         if ch.split {
-            chain_parts(self.n_sm, tiles, groups)
+            chain_parts(self.n_sm, ch.warps, tiles, groups)
         } else {
             1
         }
@@ -659,7 +679,7 @@ impl CudaBackend {
         }
         let cfg = LaunchConfig {
             grid_dim: (self.n_sm as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
+            block_dim: (32 * (ch.warps as u32 + 1), 1, 1),
             shared_mem_bytes: (SLOTS * SLOT + ACT) as u32,
         };
         self.launches.fetch_add(1, Ordering::Relaxed);
@@ -944,10 +964,10 @@ mod tests {
     fn parts_fill_the_warps_rounds() {
         // 27B on 132 SMs: out-proj and down (320 tiles) 3 parts (7.3 units a block, one
         // round), qkv (640) 3, the head (15,520) 1, a part at least a group.
-        assert_eq!(chain_parts(132, 320, 6), 3);
-        assert_eq!(chain_parts(132, 640, 5), 3);
-        assert_eq!(chain_parts(132, 15_520, 5), 1);
-        assert_eq!(chain_parts(132, 6, 1), 1);
+        assert_eq!(chain_parts(132, 8, 320, 6), 3);
+        assert_eq!(chain_parts(132, 8, 640, 5), 3);
+        assert_eq!(chain_parts(132, 8, 15_520, 5), 1);
+        assert_eq!(chain_parts(132, 8, 6, 1), 1);
     }
 
     #[test]

@@ -528,7 +528,7 @@ impl CudaBackend {
             ("hybrid".into(), String::new(), hybrid::HYBRID.into()),
         ];
         if chain_on {
-            first.push(("chain".into(), String::new(), chain::CHAIN.into()));
+            first.push(("chain".into(), chain::defines(), chain::CHAIN.into()));
         }
         modules::compile_parallel(&arch, first)?;
         let ptx = compile("ops", &arch, "", OPS)?;

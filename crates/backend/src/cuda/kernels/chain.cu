@@ -42,7 +42,9 @@
 // m16n8k32 (gemv_rows.cu's lane layout). Groups of 144 bytes (1024 and 256 weights) and
 // 528 (TQ2_0's 2048).
 
-#define CN_W 8                        // consumer warps
+#ifndef CN_W
+#define CN_W 8                        // consumer warps (8 or 16: NEAGARI_CUDA_CHAIN_WARPS)
+#endif
 #define CN_C (CN_W * 32)              // consumer threads
 #define CN_T (CN_C + 32)              // + the producer warp
 #define CN_GB 144                     // bytes a group
@@ -583,15 +585,15 @@ __device__ void cn_delta(const CIns& in, u32* cnt, int b, int nb, float* sm) {
             if (tid == 0) cnt[in.tcnt + kh] = 0;
         }
         // The delta rule: p = Σ_i k_i s_i, δ = β (v − decay·p), s ← decay·s + k δ,
-        // o = Σ_i q_i s_i. Warp w: columns 16w .. 16w + 15, 8 at a time; lane l: rows 4l ..
-        // 4l + 3.
+        // o = Σ_i q_i s_i. Warp w: columns CW·w .. CW·w + CW − 1 (CW = 128 / CN_W), 8 at a
+        // time; lane l: rows 4l .. 4l + 3.
         const float decay = gd[0], bt = gd[1];
         const float4 q4 = *(const float4*)(xs + 4 * lane);
         const float4 k4 = *(const float4*)(xs + DK + 4 * lane);
         float* S = (float*)in.w0 + (i64)h * DV * DK;
 #pragma unroll 1
-        for (int half = 0; half < 2; half++) {
-            const int j0 = 16 * warp + 8 * half;
+        for (int half = 0; half < DV / CN_W / 8; half++) {
+            const int j0 = DV / CN_W * warp + 8 * half;
             float4 st[8];
 #pragma unroll
             for (int c = 0; c < 8; c++) st[c] = __ldcg((const float4*)(S + (i64)(j0 + c) * DK) + lane);
