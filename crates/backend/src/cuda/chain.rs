@@ -26,12 +26,17 @@ fn warps() -> usize {
     }
 }
 
-/// The chain module's defines (its compile key).
+/// The chain module's defines (its compile key): CN_W, and CN_Q1_IMMA (Q1_0 on int8 MMA)
+/// with NEAGARI_CUDA_CHAIN_Q1=imma.
 pub(super) fn defines() -> String {
-    match warps() {
+    let mut d = match warps() {
         8 => String::new(),
-        w => format!("#define CN_W {w}"),
+        w => format!("#define CN_W {w}\n"),
+    };
+    if std::env::var("NEAGARI_CUDA_CHAIN_Q1").as_deref() == Ok("imma") {
+        d += "#define CN_Q1_IMMA 1\n";
     }
+    d
 }
 
 /// chain.cu's CN_MAXI, CN_MAXNS, CN_SLOT, CN_MAXK, CN_ACT, CN_T.

@@ -48,6 +48,9 @@
 #define CN_C (CN_W * 32)              // consumer threads
 #define CN_T (CN_C + 32)              // + the producer warp
 #define CN_GB 144                     // bytes a group
+#ifndef CN_Q1_IMMA
+#define CN_Q1_IMMA 0                  // Q1_0 on int8 MMA (0/1 codes), not binary MMA
+#endif
 #define CN_CH 6                       // groups of a chunk's row at most
 #define CN_SLOT (16 * (CN_CH * CN_GB + 16))
 #define CN_MAXK 17408
@@ -251,6 +254,7 @@ __device__ __forceinline__ void cn_prep(const float* __restrict__ x, const float
     // PB blocks a warp at a time, every load out before the first is used.
     constexpr int PB = 6;
     const int perm = 4 * (lane & 7) + (lane >> 3);
+    const bool planes = fmt == CF_Q1_0R && !CN_Q1_IMMA;
     for (int kbb = kb0 + warp; kbb < kb1; kbb += CN_W * PB) {
         float v[PB][4];
 #pragma unroll
@@ -258,7 +262,7 @@ __device__ __forceinline__ void cn_prep(const float* __restrict__ x, const float
             const int kb = min(kbb + p * CN_W, kb1 - 1);
 #pragma unroll
             for (int w = 0; w < 4; w++) {
-                const int i = kb * 128 + (fmt == CF_Q1_0R ? 32 * w + perm : 4 * lane + w);
+                const int i = kb * 128 + (planes ? 32 * w + perm : 4 * lane + w);
                 v[p][w] = __ldcg(x + i);
                 if (y) v[p][w] += __ldcg(y + i);
                 if (gamma) v[p][w] = v[p][w] * scale * __ldg(gamma + i);
@@ -268,7 +272,7 @@ __device__ __forceinline__ void cn_prep(const float* __restrict__ x, const float
         for (int p = 0; p < PB; p++) {
             const int kb = kbb + p * CN_W;
             if (kb >= kb1) break;
-            if (fmt == CF_Q1_0R) {
+            if (planes) {
                 // Unit w is v[p][w] across the warp.
                 int q[4];
 #pragma unroll
@@ -374,6 +378,46 @@ __device__ __forceinline__ void cn_q1(const u8* ra, const u8* rb, int gs, int a,
             }
             acc0 += cn_hw(sa, i) * s0;
             acc1 += cn_hw(sb, i) * s1;
+        }
+    }
+}
+
+// Q1_0 on int8 MMA (CN_Q1_IMMA): groups [a, a + ng) of rows g, g + 8. One IMMA m16n8k32 a
+// 32-weight unit: lane t's A k-slots 4t.. and 16 + 4t.. hold weights 8t .. 8t+3 and 8t+4 ..
+// 8t+7 of the unit as 0/1 bytes — bits 2t and 2t + 1 of each byte of the unit's word
+// (repack.rs: weight 4k + j is bit 8j + k) — and B every column the activation's bytes
+// 8t .. 8t+7 (cn_q4k's slots). Σ ±q = 2·Σ_{bit set} q − Σq; lane t scales unit t of each
+// block, the quad's reduction adds them.
+__device__ __forceinline__ void cn_q1i(const u8* ra, const u8* rb, int gs, int a, int ng, const u8* act,
+                                       float& acc0, float& acc1) {
+    const int lane = threadIdx.x & 31, t = lane & 3;
+    const float2* ds = (const float2*)(act + CN_MAXK);
+    const u32 M = 0x01010101u;
+    for (int j = 0; j < ng; j++) {
+        const int grp = a + j;
+        const u8* ga = ra + j * gs;
+        const u8* gb = rb + j * gs;
+        const uint4 sa = *(const uint4*)ga, sb = *(const uint4*)gb;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint4 wa = *(const uint4*)(ga + 16 + 16 * i);
+            const uint4 wb = *(const uint4*)(gb + 16 + 16 * i);
+            const int unit0 = (grp * 8 + i) * 4;
+            int c0 = 0, c2 = 0;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const uint2 x = *(const uint2*)(act + (unit0 + u) * 32 + 8 * t);
+                const u32 va = cn_w4(wa, u) >> (2 * t), vb = cn_w4(wb, u) >> (2 * t);
+                int cc[4] = {0, 0, 0, 0};
+                cn_imma(cc, va & M, vb & M, (va >> 1) & M, (vb >> 1) & M, x.x, x.y);
+                if (u == t) {
+                    c0 = cc[0];
+                    c2 = cc[2];
+                }
+            }
+            const float2 xd = ds[unit0 + t];
+            acc0 += cn_hw(sa, i) * (xd.x * (float)(2 * c0) - xd.y);
+            acc1 += cn_hw(sb, i) * (xd.x * (float)(2 * c2) - xd.y);
         }
     }
 }
@@ -822,7 +866,8 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                         const int rs = wh ? (int)in.row_bytes : gb, gs = wh ? gb : 16 * gb;
                         const u8* ra = slot + g * rs;
                         const u8* rb = slot + (g + 8) * rs;
-                        if (in.fmt == CF_Q1_0R) cn_q1(ra, rb, gs, a, ng, act, acc0, acc1);
+                        if (in.fmt == CF_Q1_0R && CN_Q1_IMMA) cn_q1i(ra, rb, gs, a, ng, act, acc0, acc1);
+                        else if (in.fmt == CF_Q1_0R) cn_q1(ra, rb, gs, a, ng, act, acc0, acc1);
                         else if (in.fmt == CF_Q4_K) cn_q4k(ra, rb, gs, a, ng, act, acc0, acc1);
                         else cn_tq2(ra, rb, gs, a, ng, (int)in.K / 256, act, acc0, acc1);
                         // The slot's reads done and ordered before the next bulk copy into it.
