@@ -18,12 +18,10 @@ use super::*;
 
 pub(super) const CHAIN: &str = include_str!("kernels/chain.cu");
 
-/// Consumer warps a block: 8, or 16 with NEAGARI_CUDA_CHAIN_WARPS=16 (chain.cu CN_W).
+/// Consumer warps a block (chain.cu CN_W). 16 (96 registers) hung in session 33: 13 blocks
+/// never finished an instruction; not debugged, so not offered.
 fn warps() -> usize {
-    match std::env::var("NEAGARI_CUDA_CHAIN_WARPS").as_deref() {
-        Ok("16") => 16,
-        _ => 8,
-    }
+    8
 }
 
 /// The chain module's defines (its compile key): CN_W, and CN_Q1_IMMA (Q1_0 on int8 MMA)
@@ -506,8 +504,7 @@ pub(super) struct Chain {
     trace: bool,
     /// GEMVs split K in parts (NEAGARI_CUDA_CHAIN_SPLIT=0: never).
     split: bool,
-    /// Consumer warps a block (chain.cu CN_W): 8, or NEAGARI_CUDA_CHAIN_WARPS=16 (96
-    /// registers a thread then, where 8 take 164).
+    /// Consumer warps a block (chain.cu CN_W).
     warps: usize,
     /// NEAGARI_CUDA_CHAIN_PROF=1: each chain of a warm step is timed per instruction and
     /// block (chain.cu's CN_PROF fields) and summed up on stderr; [MAXI][n_sm][PROF].

@@ -43,7 +43,7 @@
 // 528 (TQ2_0's 2048).
 
 #ifndef CN_W
-#define CN_W 8                        // consumer warps (8 or 16: NEAGARI_CUDA_CHAIN_WARPS)
+#define CN_W 8                        // consumer warps (16 hung in session 33)
 #endif
 #define CN_C (CN_W * 32)              // consumer threads
 #define CN_T (CN_C + 32)              // + the producer warp
