@@ -35,9 +35,10 @@
 // after griddepcontrol.wait. The block that finishes the launch last zeroes the counters.
 //
 // Formats: Q1_0 in repack.rs's layout (groups of 8 blocks: 8 f16 scales, then the 16-byte
-// bodies; weight 4k + j of word w is bit 8j + k) on binary tensor cores — mma m16n8k128
-// .b1 AND+POPC, one a 32-weight unit (the other lanes' A words zero) × the activation's 8
-// bit planes, laid out in the weights' bit order; Q4_K (ggml's blocks) and TQ2_0
+// bodies; weight 4k + j of word w is bit 8j + k) on IMMA m16n8k32 with the bits as 0/1
+// codes (cn_q1i), or (CN_Q1_IMMA 0) on binary tensor cores — mma m16n8k128 .b1 AND+POPC,
+// one a 32-weight unit (the other lanes' A words zero) × the activation's 8 bit planes,
+// laid out in the weights' bit order (cn_q1); Q4_K (ggml's blocks) and TQ2_0
 // (repacked: groups of 8 blocks of 2-bit codes, a row's last group may be short) on IMMA
 // m16n8k32 (gemv_rows.cu's lane layout). Groups of 144 bytes (1024 and 256 weights) and
 // 528 (TQ2_0's 2048).
@@ -49,7 +50,7 @@
 #define CN_T (CN_C + 32)              // + the producer warp
 #define CN_GB 144                     // bytes a group
 #ifndef CN_Q1_IMMA
-#define CN_Q1_IMMA 0                  // Q1_0 on int8 MMA (0/1 codes), not binary MMA
+#define CN_Q1_IMMA 1                  // Q1_0 on int8 MMA (0/1 codes); 0: binary MMA
 #endif
 #define CN_CH 6                       // groups of a chunk's row at most
 #define CN_SLOT (16 * (CN_CH * CN_GB + 16))
