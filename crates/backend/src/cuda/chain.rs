@@ -18,24 +18,14 @@ use super::*;
 
 pub(super) const CHAIN: &str = include_str!("kernels/chain.cu");
 
-/// Consumer warps a block (chain.cu CN_W). 16 (96 registers) hung in session 33: 13 blocks
-/// never finished an instruction; not debugged, so not offered.
-fn warps() -> usize {
-    8
-}
-
-/// The chain module's defines (its compile key): CN_W, and CN_Q1_IMMA = 0 (Q1_0 on binary
-/// MMA) with NEAGARI_CUDA_CHAIN_Q1=bmma. Int8 MMA is the default: tg64 27B Q1_0 124.8
-/// against 117.9, the down projection 12 µs against 21–25 (session 33, one call).
+/// The chain module's defines (its compile key): CN_Q1_IMMA = 0 (Q1_0 on binary MMA) with
+/// NEAGARI_CUDA_CHAIN_Q1=bmma. Int8 MMA is the default: tg64 27B Q1_0 124.8 against 117.9,
+/// the down projection 12 µs against 21–25 (session 33, one call).
 pub(super) fn defines() -> String {
-    let mut d = match warps() {
-        8 => String::new(),
-        w => format!("#define CN_W {w}\n"),
-    };
-    if std::env::var("NEAGARI_CUDA_CHAIN_Q1").as_deref() == Ok("bmma") {
-        d += "#define CN_Q1_IMMA 0\n";
+    match std::env::var("NEAGARI_CUDA_CHAIN_Q1").as_deref() {
+        Ok("bmma") => "#define CN_Q1_IMMA 0\n".into(),
+        _ => String::new(),
     }
-    d
 }
 
 /// chain.cu's CN_MAXI, CN_MAXNS, CN_SLOT, CN_MAXK, CN_ACT, CN_T.
@@ -44,6 +34,10 @@ const MAXNS: usize = 16;
 const SLOT: usize = 16 * (6 * 144 + 16);
 const MAXK: usize = 17408;
 const ACT: usize = MAXK + MAXK / 32 * 8;
+/// Consumer warps a block (chain.cu CN_W; 16, at 96 registers, hung in session 33: 13
+/// blocks never finished an instruction — not debugged), and the producer's.
+const WARPS: usize = 8;
+const THREADS: u32 = 32 * (WARPS as u32 + 1);
 /// Ring slots (14 KB each): the most that fit beside the activation.
 const SLOTS: usize = 14;
 const _: () = assert!(SLOTS <= MAXNS && SLOTS * SLOT + ACT <= 227 * 1024);
@@ -129,9 +123,9 @@ fn overlaps(a: &[Span], b: &[Span]) -> bool {
 }
 
 /// See [`CudaBackend::chain_parts`]: 1..=8 parts (at most `groups`), the fewest rounds of
-/// `warps` units a block per part; one where a block has over two rounds anyway.
-fn chain_parts(n_sm: usize, warps: usize, tiles: usize, groups: usize) -> usize {
-    let rounds = |nkc: usize| (tiles * nkc).div_ceil(n_sm.max(1)).div_ceil(warps);
+/// `WARPS` units a block per part; one where a block has over two rounds anyway.
+fn chain_parts(n_sm: usize, tiles: usize, groups: usize) -> usize {
+    let rounds = |nkc: usize| (tiles * nkc).div_ceil(n_sm.max(1)).div_ceil(WARPS);
     if rounds(1) > 2 {
         // Enough rounds that the last one's idle warps matter little.
         return 1;
@@ -505,8 +499,6 @@ pub(super) struct Chain {
     trace: bool,
     /// GEMVs split K in parts (NEAGARI_CUDA_CHAIN_SPLIT=0: never).
     split: bool,
-    /// Consumer warps a block (chain.cu CN_W).
-    warps: usize,
     /// NEAGARI_CUDA_CHAIN_PROF=1: each chain of a warm step is timed per instruction and
     /// block (chain.cu's CN_PROF fields) and summed up on stderr; [MAXI][n_sm][PROF].
     prof: Option<CudaSlice<u64>>,
@@ -533,7 +525,6 @@ impl Chain {
         arch: &str,
         n_sm: usize,
     ) -> Result<Chain> {
-        let warps = warps();
         let ptx = compile("chain", arch, &defines(), CHAIN)?;
         let m = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
@@ -557,7 +548,6 @@ impl Chain {
                 ..Recorder::new(fold)
             }),
             split: env("NEAGARI_CUDA_CHAIN_SPLIT").as_deref() != Some("0"),
-            warps,
             prof,
             launched: AtomicU64::new(0),
             delta: std::env::var("NEAGARI_CUDA_CHAIN_DELTA").as_deref() != Ok("0"),
@@ -623,7 +613,7 @@ impl CudaBackend {
     /// row's worth of work (a part is 1/nkc of a row), the fewer parts at a tie.
     fn chain_parts(&self, ch: &Chain, tiles: usize, groups: usize) -> usize {
         if ch.split {
-            chain_parts(self.n_sm, ch.warps, tiles, groups)
+            chain_parts(self.n_sm, tiles, groups)
         } else {
             1
         }
@@ -682,7 +672,7 @@ impl CudaBackend {
         }
         let cfg = LaunchConfig {
             grid_dim: (self.n_sm as u32, 1, 1),
-            block_dim: (32 * (ch.warps as u32 + 1), 1, 1),
+            block_dim: (THREADS, 1, 1),
             shared_mem_bytes: (SLOTS * SLOT + ACT) as u32,
         };
         self.launches.fetch_add(1, Ordering::Relaxed);
@@ -967,10 +957,10 @@ mod tests {
     fn parts_fill_the_warps_rounds() {
         // 27B on 132 SMs: out-proj and down (320 tiles) 3 parts (7.3 units a block, one
         // round), qkv (640) 3, the head (15,520) 1, a part at least a group.
-        assert_eq!(chain_parts(132, 8, 320, 6), 3);
-        assert_eq!(chain_parts(132, 8, 640, 5), 3);
-        assert_eq!(chain_parts(132, 8, 15_520, 5), 1);
-        assert_eq!(chain_parts(132, 8, 6, 1), 1);
+        assert_eq!(chain_parts(132, 320, 6), 3);
+        assert_eq!(chain_parts(132, 640, 5), 3);
+        assert_eq!(chain_parts(132, 15_520, 5), 1);
+        assert_eq!(chain_parts(132, 6, 1), 1);
     }
 
     #[test]
