@@ -9,7 +9,7 @@
 #![cfg(feature = "cuda")]
 
 mod cuda_common;
-use cuda_common::{check_q8_1, download, gpu, random_mat, randv, rel, rng};
+use cuda_common::{check_q8, download, gpu, random_mat, randv, rel, rng};
 
 use neagari_backend::cuda::CudaBackend;
 use neagari_backend::{Backend, GluAct, HostTensor, KvShape, KvType};
@@ -256,6 +256,12 @@ fn chain_vs_plain(plain: &CudaBackend, ch: &CudaBackend) {
             .unwrap();
         let (c0, r0) = ch.graph_stats();
         let all = std::env::var("NEAGARI_CHAIN_TEST_ALL").is_ok();
+        // NEAGARI_CUDA_CHAIN_Q1=p128 (an experiment) rounds Q1_0's activation a 128 values,
+        // where the separate kernels round it a 32: ~1e-2 apart, so the ops are held to
+        // 5e-2 and the head GEMV to its own rounding's exact product.
+        let p128 =
+            ty == GgmlType::Q1_0 && std::env::var("NEAGARI_CUDA_CHAIN_Q1").as_deref() == Ok("p128");
+        let (bar, block) = if p128 { (5e-2, 128) } else { (1e-4, 32) };
         for step in 0..if all { 12 } else { 5 } {
             let x0 = randv(&mut r, h, 1.0);
             let core = randv(&mut r, f2, 1.0);
@@ -276,16 +282,17 @@ fn chain_vs_plain(plain: &CudaBackend, ch: &CudaBackend) {
                 continue;
             }
             for (name, e) in errs {
-                assert!(e < 1e-4, "{ty:?} {h}x{f}, step {step}: {name} off by {e}");
+                assert!(e < bar, "{ty:?} {h}x{f}, step {step}: {name} off by {e}");
             }
             // The chain's head GEMV (a · xf, its input read back) against the exact
-            // product of q8_1-rounded xf.
-            check_q8_1(
+            // product of xf rounded as the chain rounds it.
+            check_q8(
                 &got[11],
                 &l.a_deq,
                 &got[10],
                 2 * h,
                 h,
+                block,
                 &format!("{ty:?} chain GEMV"),
             );
         }

@@ -18,29 +18,85 @@ use super::*;
 
 pub(super) const CHAIN: &str = include_str!("kernels/chain.cu");
 
-/// The chain module's defines (its compile key): CN_Q1_IMMA = 0 (Q1_0 on binary MMA) with
-/// NEAGARI_CUDA_CHAIN_Q1=bmma. Int8 MMA is the default: tg64 27B Q1_0 124.8 against 117.9,
-/// the down projection 12 µs against 21–25 (session 33, one call).
+/// The chain module's defines (its compile key). Q1_0 on int8 MMA is the default (tg64 27B
+/// Q1_0 124.8 against 117.9 on binary MMA, the down projection 12 µs against 21–25: session
+/// 33, one call); NEAGARI_CUDA_CHAIN_Q1=bmma: binary MMA (CN_Q1 0), =p128: binary MMA on an
+/// activation with a scale a 128-value block (CN_Q1 2, not yet measured). Then the block's
+/// `Shape`.
 pub(super) fn defines() -> String {
-    match std::env::var("NEAGARI_CUDA_CHAIN_Q1").as_deref() {
-        Ok("bmma") => "#define CN_Q1_IMMA 0\n".into(),
-        _ => String::new(),
+    let q1 = match std::env::var("NEAGARI_CUDA_CHAIN_Q1").as_deref() {
+        Ok("bmma") => "#define CN_Q1 0\n",
+        Ok("p128") => "#define CN_Q1 2\n",
+        _ => "",
+    };
+    let sh = Shape::get();
+    if sh.warps == SHAPES[0].warps {
+        q1.into()
+    } else {
+        format!("{q1}#define CN_W {}\n#define CN_CH {}\n", sh.warps, sh.ch)
     }
 }
 
-/// chain.cu's CN_MAXI, CN_MAXNS, CN_SLOT, CN_MAXK, CN_ACT, CN_T.
+/// A block's make-up: consumer warps (chain.cu CN_W), groups a chunk's row at most (CN_CH)
+/// and ring slots (`ns`). A consumer's parity wait on its next slot needs the slot's fill
+/// before it done, so warps ≤ slots (16 warps on 14 slots hung in session 33).
+#[derive(Clone, Copy)]
+struct Shape {
+    warps: usize,
+    ch: usize,
+    slots: usize,
+}
+
+/// 8 warps (the default) and, with NEAGARI_CUDA_CHAIN_WARPS=16 (an experiment: more warps
+/// to hide the consumers' latency), 16 on smaller chunks so that 16 slots fit.
+const SHAPES: [Shape; 2] = [
+    Shape {
+        warps: 8,
+        ch: 6,
+        slots: 14,
+    },
+    Shape {
+        warps: 16,
+        ch: 5,
+        slots: 16,
+    },
+];
+
+impl Shape {
+    fn get() -> Shape {
+        match std::env::var("NEAGARI_CUDA_CHAIN_WARPS").as_deref() {
+            Ok("16") => SHAPES[1],
+            _ => SHAPES[0],
+        }
+    }
+    /// chain.cu's CN_SLOT: 16 rows of a chunk (+ 16 bytes a row).
+    const fn slot(self) -> usize {
+        16 * (self.ch * 144 + 16)
+    }
+    const fn smem(self) -> usize {
+        self.slots * self.slot() + ACT
+    }
+    const fn threads(self) -> u32 {
+        32 * (self.warps as u32 + 1)
+    }
+}
+
+const _: () = {
+    let mut i = 0;
+    while i < SHAPES.len() {
+        let s = SHAPES[i];
+        // TQ2_0's chunk is one 528-byte group.
+        assert!(s.warps <= s.slots && s.slots <= MAXNS && s.smem() <= 227 * 1024);
+        assert!(16 * (528 + 16) <= s.slot());
+        i += 1;
+    }
+};
+
+/// chain.cu's CN_MAXI, CN_MAXNS, CN_MAXK, CN_ACT.
 const MAXI: usize = 25;
 const MAXNS: usize = 16;
-const SLOT: usize = 16 * (6 * 144 + 16);
 const MAXK: usize = 17408;
 const ACT: usize = MAXK + MAXK / 32 * 8;
-/// Consumer warps a block (chain.cu CN_W; 16, at 96 registers, hung in session 33: 13
-/// blocks never finished an instruction — not debugged), and the producer's.
-const WARPS: usize = 8;
-const THREADS: u32 = 32 * (WARPS as u32 + 1);
-/// Ring slots (14 KB each): the most that fit beside the activation.
-const SLOTS: usize = 14;
-const _: () = assert!(SLOTS <= MAXNS && SLOTS * SLOT + ACT <= 227 * 1024);
 /// Counters: instructions and the exit count first, then the K-split tiles'.
 const TILE_CNT0: usize = MAXI + 1;
 const COUNTERS: usize = 1 << 16;
@@ -123,9 +179,9 @@ fn overlaps(a: &[Span], b: &[Span]) -> bool {
 }
 
 /// See [`CudaBackend::chain_parts`]: 1..=8 parts (at most `groups`), the fewest rounds of
-/// `WARPS` units a block per part; one where a block has over two rounds anyway.
-fn chain_parts(n_sm: usize, tiles: usize, groups: usize) -> usize {
-    let rounds = |nkc: usize| (tiles * nkc).div_ceil(n_sm.max(1)).div_ceil(WARPS);
+/// `warps` units a block per part; one where a block has over two rounds anyway.
+fn chain_parts(n_sm: usize, warps: usize, tiles: usize, groups: usize) -> usize {
+    let rounds = |nkc: usize| (tiles * nkc).div_ceil(n_sm.max(1)).div_ceil(warps);
     if rounds(1) > 2 {
         // Enough rounds that the last one's idle warps matter little.
         return 1;
@@ -487,6 +543,8 @@ impl Recorder {
 /// The chain's kernel and its device memory.
 pub(super) struct Chain {
     func: CudaFunction,
+    /// Warps, chunk and ring size the kernel was compiled for (`defines`).
+    shape: Shape,
     cnt: CudaSlice<u32>,
     part: CudaSlice<f32>,
     rec: Mutex<Recorder>,
@@ -530,9 +588,9 @@ impl Chain {
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(drv)?;
         let func = m.load_function("chain").map_err(drv)?;
+        let shape = Shape::get();
         let smem = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-        func.set_attribute(smem, (SLOTS * SLOT + ACT) as i32)
-            .map_err(drv)?;
+        func.set_attribute(smem, shape.smem() as i32).map_err(drv)?;
         let env = |k: &str| std::env::var(k).ok();
         let fold = env("NEAGARI_CUDA_CHAIN_FOLD").as_deref() != Some("0");
         let prof = match env("NEAGARI_CUDA_CHAIN_PROF").as_deref() {
@@ -541,6 +599,7 @@ impl Chain {
         };
         Ok(Chain {
             func,
+            shape,
             cnt: stream.alloc_zeros::<u32>(COUNTERS).map_err(drv)?,
             part: stream.alloc_zeros::<f32>(PART).map_err(drv)?,
             rec: Mutex::new(Recorder {
@@ -608,12 +667,12 @@ impl CudaBackend {
         (p, p + 4 * (b.rows * b.cols) as u64)
     }
 
-    /// K parts of a GEMV of `tiles` tiles over `groups` groups: a block's 8 consumer warps
-    /// take its units 8 at a time, so the count that spends the fewest rounds of 8 per
+    /// K parts of a GEMV of `tiles` tiles over `groups` groups: a block's W consumer warps
+    /// take its units W at a time, so the count that spends the fewest rounds of W per
     /// row's worth of work (a part is 1/nkc of a row), the fewer parts at a tie.
     fn chain_parts(&self, ch: &Chain, tiles: usize, groups: usize) -> usize {
         if ch.split {
-            chain_parts(self.n_sm, tiles, groups)
+            chain_parts(self.n_sm, ch.shape.warps, tiles, groups)
         } else {
             1
         }
@@ -658,7 +717,7 @@ impl CudaBackend {
             ins: [Ins::default(); MAXI],
             cnt: self.dptr(&ch.cnt),
             n: ins.len() as u32,
-            ns: SLOTS as u32,
+            ns: ch.shape.slots as u32,
             prof: prof.map_or(0, |p| self.dptr(p)),
         };
         let recorded = prof.map(|_| ins.clone());
@@ -672,8 +731,8 @@ impl CudaBackend {
         }
         let cfg = LaunchConfig {
             grid_dim: (self.n_sm as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: (SLOTS * SLOT + ACT) as u32,
+            block_dim: (ch.shape.threads(), 1, 1),
+            shared_mem_bytes: ch.shape.smem() as u32,
         };
         self.launches.fetch_add(1, Ordering::Relaxed);
         ch.launched.fetch_add(1, Ordering::Relaxed);
@@ -957,10 +1016,12 @@ mod tests {
     fn parts_fill_the_warps_rounds() {
         // 27B on 132 SMs: out-proj and down (320 tiles) 3 parts (7.3 units a block, one
         // round), qkv (640) 3, the head (15,520) 1, a part at least a group.
-        assert_eq!(chain_parts(132, 320, 6), 3);
-        assert_eq!(chain_parts(132, 640, 5), 3);
-        assert_eq!(chain_parts(132, 15_520, 5), 1);
-        assert_eq!(chain_parts(132, 6, 1), 1);
+        assert_eq!(chain_parts(132, 8, 320, 6), 3);
+        assert_eq!(chain_parts(132, 8, 640, 5), 3);
+        assert_eq!(chain_parts(132, 8, 15_520, 5), 1);
+        assert_eq!(chain_parts(132, 8, 6, 1), 1);
+        // 16 warps: a round holds twice the units.
+        assert_eq!(chain_parts(132, 16, 320, 6), 6);
     }
 
     #[test]

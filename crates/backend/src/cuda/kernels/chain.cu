@@ -36,23 +36,27 @@
 //
 // Formats: Q1_0 in repack.rs's layout (groups of 8 blocks: 8 f16 scales, then the 16-byte
 // bodies; weight 4k + j of word w is bit 8j + k) on IMMA m16n8k32 with the bits as 0/1
-// codes (cn_q1i), or (CN_Q1_IMMA 0) on binary tensor cores — mma m16n8k128 .b1 AND+POPC,
-// one a 32-weight unit (the other lanes' A words zero) × the activation's 8 bit planes,
-// laid out in the weights' bit order (cn_q1); Q4_K (ggml's blocks) and TQ2_0
-// (repacked: groups of 8 blocks of 2-bit codes, a row's last group may be short) on IMMA
-// m16n8k32 (gemv_rows.cu's lane layout). Groups of 144 bytes (1024 and 256 weights) and
-// 528 (TQ2_0's 2048).
+// codes (cn_q1i, CN_Q1 1), or on binary tensor cores — mma m16n8k128 .b1 AND+POPC × the
+// activation's 8 bit planes, laid out in the weights' bit order: CN_Q1 0, one BMMA a
+// 32-weight unit (the other lanes' A words zero; cn_q1), or CN_Q1 2, the activation
+// quantized with ONE scale a 128-value block (not the engine's q8_1) and one BMMA a block
+// (cn_q1p; an experiment: ~3× fewer instructions, another rounding); Q4_K (ggml's
+// blocks) and TQ2_0 (repacked: groups of 8 blocks of 2-bit codes, a row's last group may
+// be short) on IMMA m16n8k32 (gemv_rows.cu's lane layout). Groups of 144 bytes (1024 and
+// 256 weights) and 528 (TQ2_0's 2048).
 
 #ifndef CN_W
-#define CN_W 8                        // consumer warps (16 hung in session 33)
+#define CN_W 8                        // consumer warps (at most the ring's slots: below)
 #endif
 #define CN_C (CN_W * 32)              // consumer threads
 #define CN_T (CN_C + 32)              // + the producer warp
 #define CN_GB 144                     // bytes a group
-#ifndef CN_Q1_IMMA
-#define CN_Q1_IMMA 1                  // Q1_0 on int8 MMA (0/1 codes); 0: binary MMA
+#ifndef CN_Q1
+#define CN_Q1 1                       // Q1_0: 1 int8 MMA (0/1 codes); 0, 2 binary (above)
 #endif
+#ifndef CN_CH
 #define CN_CH 6                       // groups of a chunk's row at most
+#endif
 #define CN_SLOT (16 * (CN_CH * CN_GB + 16))
 #define CN_MAXK 17408
 #define CN_ACT (CN_MAXK + CN_MAXK / 32 * 8)
@@ -245,7 +249,7 @@ __device__ __forceinline__ u32 cn_plane_word(const int (&q)[4], int lane) {
 // warps: q8_1 per 32-value unit (q = rint(v / d), d = max|v| / 127, as gemv_int.cu).
 // Q1_0: 8 bit planes [group][32 lanes][8 blocks] u32 — bit p of a unit's word is value
 // 4(p & 7) + (p >> 3) of the unit, the weights' bit order — and (d, −Σq as int bits) a
-// unit at act + CN_MAXK. Q4_K: int8 codes [K], (d, d·Σq) a unit at act + CN_MAXK.
+// unit (CN_Q1 2: a 128-value block) at act + CN_MAXK. Q4_K: int8 codes [K], (d, d·Σq) a unit at act + CN_MAXK.
 // With a norm (`gamma`): each value is (x + y)·scale·γ (y may be null), the engine's norm
 // arithmetic, so the codes are those of its written output.
 __device__ __forceinline__ void cn_prep(const float* __restrict__ x, const float* __restrict__ y,
@@ -255,7 +259,7 @@ __device__ __forceinline__ void cn_prep(const float* __restrict__ x, const float
     // PB blocks a warp at a time, every load out before the first is used.
     constexpr int PB = 6;
     const int perm = 4 * (lane & 7) + (lane >> 3);
-    const bool planes = fmt == CF_Q1_0R && !CN_Q1_IMMA;
+    const bool planes = fmt == CF_Q1_0R && CN_Q1 != 1;
     for (int kbb = kb0 + warp; kbb < kb1; kbb += CN_W * PB) {
         float v[PB][4];
 #pragma unroll
@@ -274,18 +278,28 @@ __device__ __forceinline__ void cn_prep(const float* __restrict__ x, const float
             const int kb = kbb + p * CN_W;
             if (kb >= kb1) break;
             if (planes) {
-                // Unit w is v[p][w] across the warp.
+                // Unit w is v[p][w] across the warp. CN_Q1 2: one scale (d, −Σq) for the
+                // block's four units, at kb.
                 int q[4];
+                float bmax = 0.f;
+                if (CN_Q1 == 2)
+                    bmax = warp_max(fmaxf(fmaxf(fabsf(v[p][0]), fabsf(v[p][1])),
+                                          fmaxf(fabsf(v[p][2]), fabsf(v[p][3]))));
+                int bs = 0;
 #pragma unroll
                 for (int w = 0; w < 4; w++) {
-                    const float amax = warp_max(fabsf(v[p][w]));
+                    const float amax = CN_Q1 == 2 ? bmax : warp_max(fabsf(v[p][w]));
                     const float d = amax / 127.f;
                     q[w] = amax == 0.f ? 0 : (int)rintf(v[p][w] / d);
                     int s = q[w];
 #pragma unroll
                     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-                    if (lane == 0) ((float2*)(act + CN_MAXK))[kb * 4 + w] = make_float2(d, __int_as_float(-s));
+                    bs += s;
+                    if (CN_Q1 != 2 && lane == 0)
+                        ((float2*)(act + CN_MAXK))[kb * 4 + w] = make_float2(d, __int_as_float(-s));
                 }
+                if (CN_Q1 == 2 && lane == 0)
+                    ((float2*)(act + CN_MAXK))[kb] = make_float2(bmax / 127.f, __int_as_float(-bs));
                 ((u32*)act)[((kb >> 3) * 32 + lane) * 8 + (kb & 7)] = cn_plane_word(q, lane);
             } else {
                 // Lane L: values 4L .. 4L+3, unit L / 8 (8 lanes a unit).
@@ -383,7 +397,40 @@ __device__ __forceinline__ void cn_q1(const u8* ra, const u8* rb, int gs, int a,
     }
 }
 
-// Q1_0 on int8 MMA (CN_Q1_IMMA): groups [a, a + ng) of rows g, g + 8. One IMMA m16n8k32 a
+// Q1_0 on binary MMA with a scale a 128-value block (CN_Q1 2): groups [a, a + ng) of rows
+// g, g + 8. Block i: lane t's A words are word t of the two rows' block (its 32 weights)
+// and B the planes' word of this lane (plane g of the block's unit t), so lane t gets
+// planes 2t, 2t + 1 of rows g, g + 8 over the whole block; weighted (×2, plane 7 is −128)
+// and with −Σq (lane 0) they make the block's Σ ±q, scaled by its d, then its f16 scale.
+// bench/cuda/chain_consumer_proto.cu times it against cn_q1i.
+__device__ __forceinline__ void cn_q1p(const u8* ra, const u8* rb, int gs, int a, int ng, const u8* act,
+                                       float& acc0, float& acc1) {
+    const int lane = threadIdx.x & 31, t = lane & 3;
+    const int wa = 2 << (2 * t), wb = (2 * t + 1 == 7) ? -256 : (2 << (2 * t + 1));
+    const u32* planes = (const u32*)act;
+    const float2* xd = (const float2*)(act + CN_MAXK);
+    for (int j = 0; j < ng; j++) {
+        const int grp = a + j;
+        const u8* ga = ra + j * gs;
+        const u8* gb = rb + j * gs;
+        const uint4 sa = *(const uint4*)ga, sb = *(const uint4*)gb;
+        const uint4 p0 = *(const uint4*)(planes + (grp * 32 + lane) * 8);
+        const uint4 p1 = *(const uint4*)(planes + (grp * 32 + lane) * 8 + 4);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const u32 a0 = *(const u32*)(ga + 16 + 16 * i + 4 * t);
+            const u32 a1 = *(const u32*)(gb + 16 + 16 * i + 4 * t);
+            const float2 xs = xd[grp * 8 + i];
+            int cc[4] = {0, 0, 0, 0};
+            cn_bmma(cc, a0, a1, cn_w4(i < 4 ? p0 : p1, i & 3));
+            const int sq = t == 0 ? __float_as_int(xs.y) : 0;
+            acc0 += cn_hw(sa, i) * (xs.x * (float)(cc[0] * wa + cc[1] * wb + sq));
+            acc1 += cn_hw(sb, i) * (xs.x * (float)(cc[2] * wa + cc[3] * wb + sq));
+        }
+    }
+}
+
+// Q1_0 on int8 MMA (CN_Q1 1): groups [a, a + ng) of rows g, g + 8. One IMMA m16n8k32 a
 // 32-weight unit: lane t's A k-slots 4t.. and 16 + 4t.. hold weights 8t .. 8t+3 and 8t+4 ..
 // 8t+7 of the unit as 0/1 bytes — bits 2t and 2t + 1 of each byte of the unit's word
 // (repack.rs: weight 4k + j is bit 8j + k) — and B every column the activation's bytes
@@ -853,6 +900,10 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                     const int u = ub + warp, tile = u % geo.tiles, kc = u / geo.tiles;
                     float acc0 = 0.f, acc1 = 0.f;
                     for (int c = 0; c < geo.nch; c++) {
+                        // The parity wait below tells the phase of seq from the one before
+                        // in its slot only if that one (seq − ns) has been filled: this
+                        // warp's previous chunk was seq − nbw, so nbw ≤ CN_W ≤ ns keeps it
+                        // (16 warps on 14 slots broke it and hung, session 33).
                         const u32 seq = base + c * nbw + warp;
                         const int s = seq % ns;
                         const u64 t = pf ? cn_time() : 0;
@@ -867,7 +918,8 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                         const int rs = wh ? (int)in.row_bytes : gb, gs = wh ? gb : 16 * gb;
                         const u8* ra = slot + g * rs;
                         const u8* rb = slot + (g + 8) * rs;
-                        if (in.fmt == CF_Q1_0R && CN_Q1_IMMA) cn_q1i(ra, rb, gs, a, ng, act, acc0, acc1);
+                        if (in.fmt == CF_Q1_0R && CN_Q1 == 1) cn_q1i(ra, rb, gs, a, ng, act, acc0, acc1);
+                        else if (in.fmt == CF_Q1_0R && CN_Q1 == 2) cn_q1p(ra, rb, gs, a, ng, act, acc0, acc1);
                         else if (in.fmt == CF_Q1_0R) cn_q1(ra, rb, gs, a, ng, act, acc0, acc1);
                         else if (in.fmt == CF_Q4_K) cn_q4k(ra, rb, gs, a, ng, act, acc0, acc1);
                         else cn_tq2(ra, rb, gs, a, ng, (int)in.K / 256, act, acc0, acc1);
