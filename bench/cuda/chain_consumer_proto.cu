@@ -6,12 +6,12 @@
 //   plain   cn_q1i as the chain calls it, a call a chunk
 //   fence   + the chain's per-chunk slot release (fence.proxy.async, __syncwarp)
 //   pair    two groups an iteration (a copy of cn_q1i whose loop body does j and j + 1)
-//   p128    cn_q1p (chain.cu's CN_Q1 2): binary MMA with ONE activation scale a 128-value
+//   p128    cn_q1p (chain.cu's CN_Q1_P128): binary MMA with ONE activation scale a 128-value
 //           block (not the engine's q8_1: a scale a 32-value unit), so one BMMA m16n8k128
 //           takes 16 rows × a whole block, B's 8 columns the codes' 8 bit planes (session
 //           22's mvb128, in the chain's slot): ~150 SASS instructions a group against
 //           cn_q1i's ~440. Its activation is made here on the host (cn_prep makes it only
-//           where chain.cu is compiled with CN_Q1 2). Also prints both roundings' error
+//           where chain.cu is compiled with CN_Q1_P128). Also prints both roundings' error
 //           against the f32 dot.
 // at 4, 8 and 16 warps a block (16: ≤ 128 registers). Checks every variant's rows against a
 // host reference (the same q8_1 codes), prints clocks a group a warp, weights a clock an SM

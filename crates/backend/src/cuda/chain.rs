@@ -18,15 +18,12 @@ use super::*;
 
 pub(super) const CHAIN: &str = include_str!("kernels/chain.cu");
 
-/// The chain module's defines (its compile key). Q1_0 on int8 MMA is the default (tg64 27B
-/// Q1_0 124.8 against 117.9 on binary MMA, the down projection 12 µs against 21–25: session
-/// 33, one call); NEAGARI_CUDA_CHAIN_Q1=bmma: binary MMA (CN_Q1 0), =p128: binary MMA on an
-/// activation with a scale a 128-value block (CN_Q1 2, not yet measured). Then the block's
-/// `Shape`.
+/// The chain module's defines (its compile key): Q1_0 on int8 MMA (the default), or with
+/// NEAGARI_CUDA_CHAIN_Q1=p128 on binary MMA over an activation with a scale a 128-value
+/// block (CN_Q1_P128, not yet measured); then the block's `Shape`.
 pub(super) fn defines() -> String {
     let q1 = match std::env::var("NEAGARI_CUDA_CHAIN_Q1").as_deref() {
-        Ok("bmma") => "#define CN_Q1 0\n",
-        Ok("p128") => "#define CN_Q1 2\n",
+        Ok("p128") => "#define CN_Q1_P128 1\n",
         _ => "",
     };
     let sh = Shape::get();

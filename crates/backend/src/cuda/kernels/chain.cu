@@ -36,11 +36,11 @@
 //
 // Formats: Q1_0 in repack.rs's layout (groups of 8 blocks: 8 f16 scales, then the 16-byte
 // bodies; weight 4k + j of word w is bit 8j + k) on IMMA m16n8k32 with the bits as 0/1
-// codes (cn_q1i, CN_Q1 1), or on binary tensor cores — mma m16n8k128 .b1 AND+POPC × the
-// activation's 8 bit planes, laid out in the weights' bit order: CN_Q1 0, one BMMA a
-// 32-weight unit (the other lanes' A words zero; cn_q1), or CN_Q1 2, the activation
-// quantized with ONE scale a 128-value block (not the engine's q8_1) and one BMMA a block
-// (cn_q1p; an experiment: ~3× fewer instructions, another rounding); Q4_K (ggml's
+// codes (cn_q1i), or, with CN_Q1_P128 (an experiment: a third of the instructions, another
+// rounding), on binary tensor cores — mma m16n8k128 .b1 AND+POPC, one a block, × the 8 bit
+// planes of an activation quantized with ONE scale a 128-value block, not the engine's
+// q8_1 (cn_q1p; one BMMA a 32-weight unit with q8_1's scales, session 33's default until
+// int8 MMA beat it 124.8 to 117.9 tok/s, is gone); Q4_K (ggml's
 // blocks) and TQ2_0 (repacked: groups of 8 blocks of 2-bit codes, a row's last group may
 // be short) on IMMA m16n8k32 (gemv_rows.cu's lane layout). Groups of 144 bytes (1024 and
 // 256 weights) and 528 (TQ2_0's 2048).
@@ -51,8 +51,8 @@
 #define CN_C (CN_W * 32)              // consumer threads
 #define CN_T (CN_C + 32)              // + the producer warp
 #define CN_GB 144                     // bytes a group
-#ifndef CN_Q1
-#define CN_Q1 1                       // Q1_0: 1 int8 MMA (0/1 codes); 0, 2 binary (above)
+#ifndef CN_Q1_P128
+#define CN_Q1_P128 0                  // Q1_0: 0 int8 MMA (0/1 codes); 1 binary (above)
 #endif
 #ifndef CN_CH
 #define CN_CH 6                       // groups of a chunk's row at most
@@ -246,10 +246,11 @@ __device__ __forceinline__ u32 cn_plane_word(const int (&q)[4], int lane) {
 }
 
 // The activation's 128-value blocks [kb0, kb1) from x (f32, through L2), by the consumer
-// warps: q8_1 per 32-value unit (q = rint(v / d), d = max|v| / 127, as gemv_int.cu).
-// Q1_0: 8 bit planes [group][32 lanes][8 blocks] u32 — bit p of a unit's word is value
-// 4(p & 7) + (p >> 3) of the unit, the weights' bit order — and (d, −Σq as int bits) a
-// unit (CN_Q1 2: a 128-value block) at act + CN_MAXK. Q4_K: int8 codes [K], (d, d·Σq) a unit at act + CN_MAXK.
+// warps: q8_1 per 32-value unit (q = rint(v / d), d = max|v| / 127, as gemv_int.cu), int8
+// codes [K] and (d, d·Σq) a unit at act + CN_MAXK. Q1_0 with CN_Q1_P128: codes over the
+// whole block as 8 bit planes [group][32 lanes][8 blocks] u32 — bit p of a unit's word is
+// value 4(p & 7) + (p >> 3) of the unit, the weights' bit order — and (d, −Σq as int
+// bits) a block at act + CN_MAXK.
 // With a norm (`gamma`): each value is (x + y)·scale·γ (y may be null), the engine's norm
 // arithmetic, so the codes are those of its written output.
 __device__ __forceinline__ void cn_prep(const float* __restrict__ x, const float* __restrict__ y,
@@ -259,7 +260,7 @@ __device__ __forceinline__ void cn_prep(const float* __restrict__ x, const float
     // PB blocks a warp at a time, every load out before the first is used.
     constexpr int PB = 6;
     const int perm = 4 * (lane & 7) + (lane >> 3);
-    const bool planes = fmt == CF_Q1_0R && CN_Q1 != 1;
+    const bool planes = fmt == CF_Q1_0R && CN_Q1_P128;
     for (int kbb = kb0 + warp; kbb < kb1; kbb += CN_W * PB) {
         float v[PB][4];
 #pragma unroll
@@ -278,28 +279,19 @@ __device__ __forceinline__ void cn_prep(const float* __restrict__ x, const float
             const int kb = kbb + p * CN_W;
             if (kb >= kb1) break;
             if (planes) {
-                // Unit w is v[p][w] across the warp. CN_Q1 2: one scale (d, −Σq) for the
-                // block's four units, at kb.
-                int q[4];
-                float bmax = 0.f;
-                if (CN_Q1 == 2)
-                    bmax = warp_max(fmaxf(fmaxf(fabsf(v[p][0]), fabsf(v[p][1])),
-                                          fmaxf(fabsf(v[p][2]), fabsf(v[p][3]))));
-                int bs = 0;
+                // Unit w is v[p][w] across the warp; one scale (d, −Σq) for the block.
+                const float amax = warp_max(fmaxf(fmaxf(fabsf(v[p][0]), fabsf(v[p][1])),
+                                                  fmaxf(fabsf(v[p][2]), fabsf(v[p][3]))));
+                const float d = amax / 127.f;
+                int q[4], s = 0;
 #pragma unroll
                 for (int w = 0; w < 4; w++) {
-                    const float amax = CN_Q1 == 2 ? bmax : warp_max(fabsf(v[p][w]));
-                    const float d = amax / 127.f;
                     q[w] = amax == 0.f ? 0 : (int)rintf(v[p][w] / d);
-                    int s = q[w];
-#pragma unroll
-                    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-                    bs += s;
-                    if (CN_Q1 != 2 && lane == 0)
-                        ((float2*)(act + CN_MAXK))[kb * 4 + w] = make_float2(d, __int_as_float(-s));
+                    s += q[w];
                 }
-                if (CN_Q1 == 2 && lane == 0)
-                    ((float2*)(act + CN_MAXK))[kb] = make_float2(bmax / 127.f, __int_as_float(-bs));
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                if (lane == 0) ((float2*)(act + CN_MAXK))[kb] = make_float2(d, __int_as_float(-s));
                 ((u32*)act)[((kb >> 3) * 32 + lane) * 8 + (kb & 7)] = cn_plane_word(q, lane);
             } else {
                 // Lane L: values 4L .. 4L+3, unit L / 8 (8 lanes a unit).
@@ -357,47 +349,7 @@ __device__ float cn_row_scale(const CIns& in, double* red) {
     return 1.0f / sqrtf(mean + in.eps);
 }
 
-// Q1_0: groups [a, a + ng) of rows g, g + 8 (at ra, rb in the slot). Block i of a group,
-// unit u: one BMMA with only lane t = u's A words (word u of the block: its 32 weights)
-// and the 8 planes of the activation's unit; the planes' weights for B's columns 2t, 2t+1
-// (×2, plane 7 is −128: Σ±x = 2·Σ_{bit set} x − Σx) and −Σq (lane t = 0) make the unit's
-// Σ ±q, scaled by its d; the block's f16 scale then.
-__device__ __forceinline__ void cn_q1(const u8* ra, const u8* rb, int gs, int a, int ng, const u8* act,
-                                      float& acc0, float& acc1) {
-    const int lane = threadIdx.x & 31, t = lane & 3;
-    const int wa = 2 << (2 * t), wb = (2 * t + 1 == 7) ? -256 : (2 << (2 * t + 1));
-    const u32* planes = (const u32*)act;
-    const float2* xd = (const float2*)(act + CN_MAXK);
-    for (int j = 0; j < ng; j++) {
-        const int grp = a + j;
-        const u8* ga = ra + j * gs;
-        const u8* gb = rb + j * gs;
-        const uint4 sa = *(const uint4*)ga, sb = *(const uint4*)gb;
-        const uint4 p0 = *(const uint4*)(planes + (grp * 32 + lane) * 8);
-        const uint4 p1 = *(const uint4*)(planes + (grp * 32 + lane) * 8 + 4);
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const u32 wa_i = *(const u32*)(ga + 16 + 16 * i + 4 * t);
-            const u32 wb_i = *(const u32*)(gb + 16 + 16 * i + 4 * t);
-            const u32 pl = cn_w4(i < 4 ? p0 : p1, i & 3);
-            float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const float2 xs = xd[(grp * 8 + i) * 4 + u];
-                const bool on = t == u;
-                int cc[4] = {0, 0, 0, 0};
-                cn_bmma(cc, on ? wa_i : 0u, on ? wb_i : 0u, pl);
-                const int sq = t == 0 ? __float_as_int(xs.y) : 0;
-                s0 += xs.x * (float)(cc[0] * wa + cc[1] * wb + sq);
-                s1 += xs.x * (float)(cc[2] * wa + cc[3] * wb + sq);
-            }
-            acc0 += cn_hw(sa, i) * s0;
-            acc1 += cn_hw(sb, i) * s1;
-        }
-    }
-}
-
-// Q1_0 on binary MMA with a scale a 128-value block (CN_Q1 2): groups [a, a + ng) of rows
+// Q1_0 on binary MMA with a scale a 128-value block (CN_Q1_P128): groups [a, a + ng) of rows
 // g, g + 8. Block i: lane t's A words are word t of the two rows' block (its 32 weights)
 // and B the planes' word of this lane (plane g of the block's unit t), so lane t gets
 // planes 2t, 2t + 1 of rows g, g + 8 over the whole block; weighted (×2, plane 7 is −128)
@@ -430,7 +382,7 @@ __device__ __forceinline__ void cn_q1p(const u8* ra, const u8* rb, int gs, int a
     }
 }
 
-// Q1_0 on int8 MMA (CN_Q1 1): groups [a, a + ng) of rows g, g + 8. One IMMA m16n8k32 a
+// Q1_0 on int8 MMA: groups [a, a + ng) of rows g, g + 8. One IMMA m16n8k32 a
 // 32-weight unit: lane t's A k-slots 4t.. and 16 + 4t.. hold weights 8t .. 8t+3 and 8t+4 ..
 // 8t+7 of the unit as 0/1 bytes — bits 2t and 2t + 1 of each byte of the unit's word
 // (repack.rs: weight 4k + j is bit 8j + k) — and B every column the activation's bytes
@@ -918,9 +870,8 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                         const int rs = wh ? (int)in.row_bytes : gb, gs = wh ? gb : 16 * gb;
                         const u8* ra = slot + g * rs;
                         const u8* rb = slot + (g + 8) * rs;
-                        if (in.fmt == CF_Q1_0R && CN_Q1 == 1) cn_q1i(ra, rb, gs, a, ng, act, acc0, acc1);
-                        else if (in.fmt == CF_Q1_0R && CN_Q1 == 2) cn_q1p(ra, rb, gs, a, ng, act, acc0, acc1);
-                        else if (in.fmt == CF_Q1_0R) cn_q1(ra, rb, gs, a, ng, act, acc0, acc1);
+                        if (in.fmt == CF_Q1_0R && CN_Q1_P128) cn_q1p(ra, rb, gs, a, ng, act, acc0, acc1);
+                        else if (in.fmt == CF_Q1_0R) cn_q1i(ra, rb, gs, a, ng, act, acc0, acc1);
                         else if (in.fmt == CF_Q4_K) cn_q4k(ra, rb, gs, a, ng, act, acc0, acc1);
                         else cn_tq2(ra, rb, gs, a, ng, (int)in.K / 256, act, acc0, acc1);
                         // The slot's reads done and ordered before the next bulk copy into it.
