@@ -1138,6 +1138,87 @@ mod tests {
         w
     }
 
+    /// The ring as chain.cu runs it, one block, in random schedules: the producer fills
+    /// seq into slot seq % ns once the reader of seq − ns has released it; warp w reads
+    /// seq = base + c·nbw + w of each round; both wait by mbarrier parity (`full`, `empty`
+    /// count completed phases; a wait for parity p passes while the count's parity is not
+    /// p). Returns the reads that passed before their fill and whether it ran to the end.
+    fn ring(warps: usize, ns: usize, units: usize, nch: usize, seed: u64) -> (usize, bool) {
+        let mut rng = seed.max(1);
+        let mut rand = |n: usize| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % n as u64) as usize
+        };
+        let mut prog = vec![Vec::new(); warps];
+        let mut base = 0;
+        for ub in (0..units).step_by(warps) {
+            let nbw = warps.min(units - ub);
+            for (w, p) in prog.iter_mut().enumerate().take(nbw) {
+                p.extend((0..nch).map(|c| base + c * nbw + w));
+            }
+            base += nch * nbw;
+        }
+        let (mut full, mut empty) = (vec![0usize; ns], vec![0usize; ns]);
+        let (mut pc, mut held) = (vec![0usize; warps], vec![None::<usize>; warps]);
+        let (mut fill, mut early) = (0, 0);
+        loop {
+            // 0: the producer; 1 + w: warp w reads or releases.
+            let can: Vec<usize> = (0..=warps)
+                .filter(|&a| match a {
+                    0 => fill < base && (fill < ns || empty[fill % ns] % 2 != (fill / ns - 1) % 2),
+                    _ => {
+                        let w = a - 1;
+                        held[w].is_some()
+                            || prog[w]
+                                .get(pc[w])
+                                .is_some_and(|&x| full[x % ns] % 2 != (x / ns) % 2)
+                    }
+                })
+                .collect();
+            if can.is_empty() {
+                let done =
+                    fill == base && (0..warps).all(|w| pc[w] == prog[w].len() && held[w].is_none());
+                return (early, done);
+            }
+            match can[rand(can.len())] {
+                0 => {
+                    full[fill % ns] += 1;
+                    fill += 1;
+                }
+                a => {
+                    let w = a - 1;
+                    if let Some(x) = held[w].take() {
+                        empty[x % ns] += 1;
+                    } else {
+                        let x = prog[w][pc[w]];
+                        early += usize::from(full[x % ns] < x / ns + 1);
+                        held[w] = Some(x);
+                        pc[w] += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every shape keeps the parity waits sound (warps ≤ slots) and runs to the end; 16
+    /// warps on 14 slots (session 33's hang) does neither.
+    #[test]
+    fn ring_waits_pass_only_after_their_fill() {
+        for sh in SHAPES {
+            for seed in 1..200 {
+                assert_eq!(
+                    ring(sh.warps, sh.slots, 37, 3, seed),
+                    (0, true),
+                    "{} warps",
+                    sh.warps
+                );
+            }
+        }
+        assert!((1..50).all(|seed| ring(16, 14, 37, 3, seed) != (0, true)));
+    }
+
     /// Runs chains as `nb` blocks would, in a random order that only the deps constrain:
     /// each block takes the instructions in order; one reads its inputs once the counters of
     /// its deps are full, and writes later, at a moment of its own.
