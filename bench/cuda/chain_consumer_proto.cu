@@ -6,6 +6,8 @@
 //   plain   cn_q1i as the chain calls it, a call a chunk
 //   fence   + the chain's per-chunk slot release (fence.proxy.async, __syncwarp)
 //   pair    two groups an iteration (a copy of cn_q1i whose loop body does j and j + 1)
+//   no-mma  cn_q1i's loop with each IMMA replaced by adds (timing only)
+//   mma     cn_q1i's MMAs alone, operands from the loop's indices (timing only)
 //   p128    cn_q1p (chain.cu's CN_Q1_P128): binary MMA with ONE activation scale a 128-value
 //           block (not the engine's q8_1: a scale a 32-value unit), so one BMMA m16n8k128
 //           takes 16 rows × a whole block, B's 8 columns the codes' 8 bit planes (session
@@ -87,7 +89,58 @@ __device__ __forceinline__ void q1i_pair(const u8* ra, const u8* rb, int gs, int
     if (j < ng) cn_q1i(ra + j * gs, rb + j * gs, gs, j, 1, act, acc0, acc1);
 }
 
-// V: 0 plain, 1 fence, 2 pair, 3 p128 (`x` is then the ready activation: planes, scales). Block: W warps; slot [NG][16 rows][144] (box layout), act.
+// cn_q1i's loop with a part taken out (the sums are then wrong; timing only): MODE 1 no
+// MMA (each IMMA replaced by adds of its operands), MODE 2 the MMAs alone (operands made
+// from the loop's indices, no shared-memory reads, no bit expansion).
+template <int MODE>
+__device__ __forceinline__ void q1i_part(const u8* ra, const u8* rb, int gs, int ng, const u8* act,
+                                         float& acc0, float& acc1) {
+    const int lane = threadIdx.x & 31, t = lane & 3;
+    const float2* ds = (const float2*)(act + CN_MAXK);
+    const u32 M = 0x01010101u;
+    for (int j = 0; j < ng; j++) {
+        const u8* ga = ra + j * gs;
+        const u8* gb = rb + j * gs;
+        const uint4 sa = MODE == 2 ? make_uint4(j, 0, 0, 0) : *(const uint4*)ga;
+        const uint4 sb = MODE == 2 ? make_uint4(j, 1, 0, 0) : *(const uint4*)gb;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint4 wa = MODE == 2 ? make_uint4(i + j, lane, j, i) : *(const uint4*)(ga + 16 + 16 * i);
+            const uint4 wb = MODE == 2 ? make_uint4(j, i, lane, j) : *(const uint4*)(gb + 16 + 16 * i);
+            const int unit0 = (j * 8 + i) * 4;
+            int c0 = 0, c2 = 0;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const uint2 x = MODE == 2 ? make_uint2(unit0 + u, lane) : *(const uint2*)(act + (unit0 + u) * 32 + 8 * t);
+                u32 a0, a1, a2, a3;
+                if (MODE == 2) {
+                    a0 = cn_w4(wa, u), a1 = cn_w4(wb, u), a2 = a0 ^ u, a3 = a1 ^ u;
+                } else {
+                    const u32 va = cn_w4(wa, u) >> (2 * t), vb = cn_w4(wb, u) >> (2 * t);
+                    a0 = va & M, a1 = vb & M, a2 = (va >> 1) & M, a3 = (vb >> 1) & M;
+                }
+                int cc[4] = {0, 0, 0, 0};
+                if (MODE == 1) {
+                    cc[0] = (int)(a0 + a2 + x.x);
+                    cc[2] = (int)(a1 + a3 + x.y);
+                } else {
+                    cn_imma(cc, a0, a1, a2, a3, x.x, x.y);
+                }
+                if (u == t) {
+                    c0 = cc[0];
+                    c2 = cc[2];
+                }
+            }
+            const float2 xd = MODE == 2 ? make_float2(1.f, 0.f) : ds[unit0 + t];
+            acc0 += cn_hw(sa, i) * (xd.x * (float)(2 * c0) - xd.y);
+            acc1 += cn_hw(sb, i) * (xd.x * (float)(2 * c2) - xd.y);
+        }
+    }
+}
+
+// V: 0 plain, 1 fence, 2 pair, 3 p128 (`x` is then the ready activation: planes, scales),
+// 4 no MMA, 5 MMAs only (4, 5: timing only). Block: W warps; slot [NG][16 rows][144] (box
+// layout), act.
 template <int V, int MAXT>
 __global__ void __launch_bounds__(MAXT, 1)
     consume(const u8* __restrict__ w, const float* __restrict__ x, int reps, float* out, long long* clk) {
@@ -112,7 +165,9 @@ __global__ void __launch_bounds__(MAXT, 1)
         // Nothing may be kept from the rep before: the slot is "new" each time.
         asm volatile("" ::: "memory");
         float a0 = 0.f, a1 = 0.f;
-        if (V == 3) cn_q1p(ra, rb, gs, 0, NG, act, a0, a1);
+        if (V == 5) q1i_part<2>(ra, rb, gs, NG, act, a0, a1);
+        else if (V == 4) q1i_part<1>(ra, rb, gs, NG, act, a0, a1);
+        else if (V == 3) cn_q1p(ra, rb, gs, 0, NG, act, a0, a1);
         else if (V == 2) q1i_pair(ra, rb, gs, NG, act, a0, a1);
         else cn_q1i(ra, rb, gs, 0, NG, act, a0, a1);
         if (V == 1) {
@@ -254,8 +309,8 @@ int main() {
     const int reps = 200;
     printf("SMs %d, clock %.0f MHz; a slot of 16 rows x %d groups (%d weights a warp a rep)\n", sms,
            khz / 1e3, NG, 16 * K);
-    const char* names[4] = {"plain", "fence", "pair", "p128"};
-    for (int v = 0; v < 4; v++)
+    const char* names[6] = {"plain", "fence", "pair", "p128", "no-mma", "mma"};
+    for (int v = 0; v < 6; v++)
         for (int W : {4, 8, 16}) {
             auto launch = [&] {
                 const int T = 32 * W;
@@ -264,11 +319,15 @@ int main() {
                     if (v == 1) consume<1, 512><<<sms, T, smem>>>(wd, xd, reps, od, cd);
                     if (v == 2) consume<2, 512><<<sms, T, smem>>>(wd, xd, reps, od, cd);
                     if (v == 3) consume<3, 512><<<sms, T, smem>>>(wd, (const float*)a128d, reps, od, cd);
+                    if (v == 4) consume<4, 512><<<sms, T, smem>>>(wd, xd, reps, od, cd);
+                    if (v == 5) consume<5, 512><<<sms, T, smem>>>(wd, xd, reps, od, cd);
                 } else {
                     if (v == 0) consume<0, 256><<<sms, T, smem>>>(wd, xd, reps, od, cd);
                     if (v == 1) consume<1, 256><<<sms, T, smem>>>(wd, xd, reps, od, cd);
                     if (v == 2) consume<2, 256><<<sms, T, smem>>>(wd, xd, reps, od, cd);
                     if (v == 3) consume<3, 256><<<sms, T, smem>>>(wd, (const float*)a128d, reps, od, cd);
+                    if (v == 4) consume<4, 256><<<sms, T, smem>>>(wd, xd, reps, od, cd);
+                    if (v == 5) consume<5, 256><<<sms, T, smem>>>(wd, xd, reps, od, cd);
                 }
             };
             CK(cudaFuncSetAttribute(consume<0, 512>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -279,6 +338,10 @@ int main() {
             CK(cudaFuncSetAttribute(consume<2, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
             CK(cudaFuncSetAttribute(consume<3, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
             CK(cudaFuncSetAttribute(consume<3, 512>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            CK(cudaFuncSetAttribute(consume<4, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            CK(cudaFuncSetAttribute(consume<4, 512>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            CK(cudaFuncSetAttribute(consume<5, 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            CK(cudaFuncSetAttribute(consume<5, 512>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
             launch();
             CK(cudaGetLastError());
             CK(cudaDeviceSynchronize());
@@ -300,7 +363,8 @@ int main() {
             const double tbs = wpc * khz * 1e3 * sms * 144.0 / 1024.0 / 1e12;
             printf("%-6s W=%2d  %7.0f clk a group a warp (mean %7.0f)  %6.0f weights/clk/SM  "
                    "= %5.2f TB/s of Q1_0  max rel err %.1e %s\n",
-                   names[v], W, per_group, mean / reps / NG, wpc, tbs, worst, worst < 1e-4 ? "ok" : "WRONG");
+                   names[v], W, per_group, mean / reps / NG, wpc, tbs, worst,
+                   v >= 4 ? "(timing only)" : worst < 1e-4 ? "ok" : "WRONG");
         }
     return 0;
 }
