@@ -147,7 +147,8 @@ pub(super) struct Ins {
     reuse: u32,
     norm: u32,
     mat: u32,
-    pad: u32,
+    /// GEMV with `w1`: `w0`'s rows (its tiles first, then `w1`'s; outputs o0, o1).
+    rows0: u32,
     map0: u64,
     map1: u64,
 }
@@ -186,6 +187,26 @@ fn chain_parts(n_sm: usize, warps: usize, tiles: usize, groups: usize) -> usize 
     (1..=groups.clamp(1, 8))
         .min_by(|&a, &b| (rounds(a) * b).cmp(&(rounds(b) * a)).then(a.cmp(&b)))
         .unwrap_or(1)
+}
+
+/// The GEMVs of one `matmul_multi` (matrices of `rows`, formats `fmts`; rows the same
+/// width): the largest with the smallest of its format, and so on, in the largest's order
+/// (a matrix alone where none is left). Two GEMVs of one input in one instruction share its
+/// rounds of units, and a few-row one (a DeltaNet's β, α: 48 rows, 15 blocks of one unit)
+/// no longer costs a whole instruction's latency of its own.
+fn pairs(rows: &[usize], fmts: &[u32]) -> Vec<(usize, Option<usize>)> {
+    let mut left: Vec<usize> = (0..rows.len()).collect();
+    left.sort_by(|&a, &b| rows[b].cmp(&rows[a]).then(a.cmp(&b)));
+    let mut out = Vec::new();
+    while !left.is_empty() {
+        let i = left.remove(0);
+        let j = left
+            .iter()
+            .rposition(|&j| fmts[j] == fmts[i])
+            .map(|p| left.remove(p));
+        out.push((i, j));
+    }
+    out
 }
 
 /// A profiled chain (`Chain::prof`) summed up, an instruction a line: when its blocks
@@ -268,7 +289,11 @@ fn trace(ins: &[Ins]) -> String {
                 GEMV | GLU => format!(
                     "{o}:{} {}x{} {}{}{}{}",
                     if i.kind == GEMV { "GEMV" } else { "GLU" },
-                    i.rows,
+                    if i.kind == GEMV && i.w1 != 0 {
+                        format!("{}+{}", i.rows0, i.rows - i.rows0)
+                    } else {
+                        i.rows.to_string()
+                    },
                     i.k,
                     fmt(i.fmt),
                     if i.nkc > 1 {
@@ -554,6 +579,8 @@ pub(super) struct Chain {
     trace: bool,
     /// GEMVs split K in parts (NEAGARI_CUDA_CHAIN_SPLIT=0: never).
     split: bool,
+    /// `matmul_multi`'s matrices two to a GEMV (NEAGARI_CUDA_CHAIN_PAIR=0: one each).
+    pair: bool,
     /// NEAGARI_CUDA_CHAIN_PROF=1: each chain of a warm step is timed per instruction and
     /// block (chain.cu's CN_PROF fields) and summed up on stderr; [MAXI][n_sm][PROF].
     prof: Option<CudaSlice<u64>>,
@@ -604,6 +631,7 @@ impl Chain {
                 ..Recorder::new(fold)
             }),
             split: env("NEAGARI_CUDA_CHAIN_SPLIT").as_deref() != Some("0"),
+            pair: env("NEAGARI_CUDA_CHAIN_PAIR").as_deref() != Some("0"),
             prof,
             launched: AtomicU64::new(0),
             delta: std::env::var("NEAGARI_CUDA_CHAIN_DELTA").as_deref() != Ok("0"),
@@ -767,7 +795,8 @@ impl CudaBackend {
         }
     }
 
-    /// `matmul_multi` (and `matmul`) into the chain, if it takes every matrix.
+    /// `matmul_multi` (and `matmul`) into the chain, if it takes every matrix. Matrices
+    /// of one format go two to a GEMV (`pairs`), unless NEAGARI_CUDA_CHAIN_PAIR=0.
     pub(super) fn chain_matmul(
         &self,
         ws: &[&CudaMat],
@@ -785,25 +814,44 @@ impl CudaBackend {
         {
             return Ok(false);
         }
-        for (i, w) in ws.iter().enumerate() {
-            self.reshape(outs[i], 1, w.rows)?;
-            let fmt = fmts[i].unwrap_or(Q4_K);
+        for (w, o) in ws.iter().zip(outs.iter_mut()) {
+            self.reshape(o, 1, w.rows)?;
+        }
+        let fmts: Vec<u32> = fmts.into_iter().map(|f| f.unwrap_or(Q4_K)).collect();
+        let rows: Vec<usize> = ws.iter().map(|w| w.rows).collect();
+        let groups = if ch.pair {
+            pairs(&rows, &fmts)
+        } else {
+            (0..ws.len()).map(|i| (i, None)).collect()
+        };
+        for (i, j) in groups {
+            let (w, fmt) = (ws[i], fmts[i]);
+            let tiles = (w.rows + j.map_or(0, |j| ws[j].rows)) / 16;
             let groups = w.cols.div_ceil(group_weights(fmt));
+            let map = |w: &CudaMat| w.chain_maps.as_ref().map_or(0, |m| self.dptr(m));
             let ins = Ins {
                 kind: GEMV,
                 fmt,
                 w0: self.dptr(&w.data),
-                map0: w.chain_maps.as_ref().map_or(0, |m| self.dptr(m)),
+                map0: map(w),
+                w1: j.map_or(0, |j| self.dptr(&ws[j].data)),
+                map1: j.map_or(0, |j| map(ws[j])),
                 x: self.dptr(&x.data),
                 o0: self.dptr(&outs[i].data),
-                rows: w.rows as u32,
+                o1: j.map_or(0, |j| self.dptr(&outs[j].data)),
+                rows: (tiles * 16) as u32,
+                rows0: w.rows as u32,
                 k: w.cols as u32,
                 row_bytes: w.row_bytes as u32,
-                nkc: self.chain_parts(ch, w.rows / 16, groups) as u32,
+                nkc: self.chain_parts(ch, tiles, groups) as u32,
                 ..Ins::default()
             };
-            let (r, o) = (self.span(x), self.span(outs[i]));
-            self.chain_rec(ch, |rec, done| rec.push(ins, vec![r], vec![o], done))?;
+            let r = self.span(x);
+            let o: Vec<Span> = std::iter::once(i)
+                .chain(j)
+                .map(|k| self.span(outs[k]))
+                .collect();
+            self.chain_rec(ch, |rec, done| rec.push(ins, vec![r], o, done))?;
         }
         Ok(true)
     }

@@ -14,6 +14,26 @@ fn layout_is_the_kernels() {
 }
 
 #[test]
+fn pairs_put_small_matrices_beside_large_ones() {
+    // A DeltaNet's in-projections: qkv, z, β, α.
+    let q1 = [Q1_0R; 4];
+    assert_eq!(
+        pairs(&[10240, 6144, 48, 48], &q1),
+        vec![(0, Some(3)), (1, Some(2))]
+    );
+    assert_eq!(
+        pairs(&[4096, 1024, 1024], &q1),
+        vec![(0, Some(2)), (1, None)]
+    );
+    assert_eq!(pairs(&[64], &q1), vec![(0, None)]);
+    // Formats pair only with their own.
+    assert_eq!(
+        pairs(&[512, 256, 128], &[Q1_0R, Q4_K, Q4_K]),
+        vec![(0, None), (1, Some(2))]
+    );
+}
+
+#[test]
 fn parts_fill_the_warps_rounds() {
     // 27B on 132 SMs: out-proj and down (320 tiles) 3 parts (7.3 units a block, one
     // round), qkv (640) 3, the head (15,520) 1, a part at least a group.
@@ -116,7 +136,19 @@ fn step(m: &Mem, i: &Ins, b: usize, nb: usize) -> Writes {
             let rows = i.rows as usize;
             let (a, e) = slice(rows);
             if i.kind == GEMV {
-                w.push((i.o0 + 4 * a as u64, m.gemv(i.w0, &input)[a..e].to_vec()));
+                // Two matrices: w0's rows, then w1's, into o0 and o1.
+                let mut y = m.gemv(i.w0, &input);
+                if i.w1 != 0 {
+                    y.extend(m.gemv(i.w1, &input));
+                }
+                let r0 = if i.w1 != 0 { i.rows0 as usize } else { rows };
+                if a < r0 {
+                    w.push((i.o0 + 4 * a as u64, y[a..e.min(r0)].to_vec()));
+                }
+                if e > r0 {
+                    let a1 = a.max(r0);
+                    w.push((i.o1 + 4 * (a1 - r0) as u64, y[a1..e].to_vec()));
+                }
             } else {
                 let (g, u) = (m.gemv(i.w0, &input), m.gemv(i.w1, &input));
                 let gg = (a..e).map(|r| silu_mul(g[r], u[r])).collect();
@@ -273,9 +305,9 @@ fn run_blocks(m: &mut Mem, chains: &[Vec<Ins>], nb: usize, seed: u64) {
 }
 
 /// A hybrid layer's ops as the model calls them, then a GEMV the chain does not take
-/// (ends it), an add, a norm and a GEMV of that: recorded (norms folded or not), the
-/// chains run in one order and in many random orders of 5 blocks give the ops' results
-/// run one by one, exactly.
+/// (ends it), an add, a norm and a GEMV of that: recorded (norms folded or not; the two
+/// in-projections as two GEMVs or as one of two matrices), the chains run in one order and
+/// in many random orders of 5 blocks give the ops' results run one by one, exactly.
 #[test]
 fn recorded_chains_equal_the_ops_in_any_block_order() {
     let (h, f, f2) = (24, 40, 32);
@@ -362,7 +394,7 @@ fn recorded_chains_equal_the_ops_in_any_block_order() {
         add_norm(w, x, None, g1, xf);
         mv(w, wa, xf, head, h);
     }
-    for fold in [true, false] {
+    for (fold, pair) in [(true, false), (false, false), (true, true), (false, true)] {
         // Recorded as the backend does; the Q8_0-like GEMV (wq) runs between chains.
         let mut r = Recorder::new(fold);
         let mut done = Vec::new();
@@ -384,8 +416,19 @@ fn recorded_chains_equal_the_ops_in_any_block_order() {
         r.push(glu, vec![xn], vec![g, u], d);
         r.push(gemv(wd, g, o2, h, f, 2), vec![g], vec![o2], d);
         r.norm(nrm(ADD_NORM, x, Some(o2), g2, xn2), x, Some(o2), xn2, d);
-        r.push(gemv(wa, xn2, qa, 2 * h, h, 1), vec![xn2], vec![qa], d);
-        r.push(gemv(wb, xn2, qb, 16, h, 1), vec![xn2], vec![qb], d);
+        if pair {
+            let ab = Ins {
+                w1: wb,
+                o1: qb.0,
+                rows: (2 * h + 16) as u32,
+                rows0: (2 * h) as u32,
+                ..gemv(wa, xn2, qa, 2 * h, h, 2)
+            };
+            r.push(ab, vec![xn2], vec![qa, qb], d);
+        } else {
+            r.push(gemv(wa, xn2, qa, 2 * h, h, 1), vec![xn2], vec![qa], d);
+            r.push(gemv(wb, xn2, qb, 16, h, 1), vec![xn2], vec![qb], d);
+        }
         r.flush(d);
         let first = d.len();
         let add = Ins {
@@ -400,8 +443,17 @@ fn recorded_chains_equal_the_ops_in_any_block_order() {
         r.push(gemv(wa, xf, head, 2 * h, h, 1), vec![xf], vec![head], d);
         r.flush(d);
         assert_eq!((first, done.len()), (1, 2), "fold {fold}: chains");
-        eprintln!("fold {fold}: {}", trace(&done[0]));
-        if fold {
+        eprintln!("fold {fold} pair {pair}: {}", trace(&done[0]));
+        if fold && pair {
+            let kinds: Vec<u32> = done[0].iter().map(|i| i.kind).collect();
+            assert_eq!(
+                kinds,
+                [GEMV, GLU, ADD, GEMV, GEMV, ADD],
+                "fold, pair: first chain"
+            );
+            assert_eq!((done[0][4].norm, done[0][4].mat, done[0][4].w1), (2, 1, wb));
+        }
+        if fold && !pair {
             // Both norms taken in: no norm instruction, the residual adds after.
             let kinds: Vec<u32> = done[0].iter().map(|i| i.kind).collect();
             assert_eq!(
@@ -437,7 +489,7 @@ fn recorded_chains_equal_the_ops_in_any_block_order() {
                 assert_eq!(
                     got.get(s.0, n),
                     want.get(s.0, n),
-                    "fold {fold}, order {seed}: {name}"
+                    "fold {fold}, pair {pair}, order {seed}: {name}"
                 );
             }
         }

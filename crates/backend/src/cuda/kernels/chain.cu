@@ -11,7 +11,9 @@
 // Instructions (`CIns`, chain.rs `Ins`, the same layout):
 // - GEMV: o0[rows] = W0 · x[K]. A unit is 16 rows × one of nkc K parts; with nkc > 1 the
 //   parts' sums go to `part` and the unit that completes a tile (a counter a tile, reset by
-//   it) adds them in part order: deterministic.
+//   it) adds them in part order: deterministic. With w1 two matrices of one input and K
+//   are one GEMV: o0[rows0] = W0 · x, o1[rows − rows0] = W1 · x, W0's tiles first (so
+//   a DeltaNet's 48-row β and α ride with its in-projections, not after them).
 // - GLU: o0 = act(W0 · x) ⊙ (W1 · x), o1 = W1 · x; a unit is 8 rows of each matrix.
 // - ADD_NORM: x += y; o0 = x · rsqrt(mean(x²) + eps) · γ — block 0 alone (a row of a few
 //   thousand values: one block's work; the others go on). Only where no GEMV takes the
@@ -89,7 +91,8 @@ struct CIns {
                       // bit 1: so is the norm scale it computed (the same norm's input)
     u32 norm;         // GEMV, GLU: 0 x as it is; 1 x = norm(nx)·γ; 2 x = norm(nx + ny)·γ
     u32 mat;          // … and this instruction writes x (a slice a block)
-    u32 pad;
+    u32 rows0;        // GEMV with w1 (two matrices of one input): w0's rows, its tiles
+                      // first, then w1's (outputs o0, o1)
     u64 map0, map1;   // GEMV, GLU: w0's, w1's tensor maps (TMap [2]: boxes of a group × 16
                       // rows, × 8 rows), in global memory
 };
@@ -192,6 +195,14 @@ __device__ __forceinline__ int cn_chunk_groups(u32 fmt) { return fmt == CF_TQ2_0
 // A chunk row's stride in its slot: 16 bytes × an odd count, so the 8 rows a warp reads at
 // once fall in different banks.
 __device__ __forceinline__ int cn_stride(int bytes) { return bytes + (((bytes >> 4) & 1) ? 0 : 16); }
+
+// A GEMV tile's matrix: 1 where it is W1's (tiles from rows0 / 16 on; `t` its tile there).
+__device__ __forceinline__ int cn_second(const CIns& in, int tile, int& t) {
+    const int t0 = (int)in.rows0 / 16;
+    const int second = in.kind == CK_GEMV && in.w1 != 0 && tile >= t0;
+    t = second ? tile - t0 : tile;
+    return second;
+}
 
 // Block b of nb's share of a GEMV or GLU: units [u0, u1) (K part major: a unit u is tile
 // u % tiles of part u / tiles), each in nch chunks of ≤ CN_CH groups.
@@ -516,7 +527,9 @@ __device__ __forceinline__ void cn_tq2(const u8* ra, const u8* rb, int gs, int a
 __device__ __forceinline__ void cn_store(const CIns& in, int tile, float v) {
     const int lane = threadIdx.x & 31;
     if (in.kind == CK_GEMV) {
-        if (lane < 16) ((float*)in.o0)[tile * 16 + lane] = v;
+        int t;
+        float* o = (float*)(cn_second(in, tile, t) ? in.o1 : in.o0);
+        if (lane < 16) o[t * 16 + lane] = v;
     } else {
         const float up = __shfl_down_sync(0xffffffffu, v, 8);
         if (lane < 8) {
@@ -735,11 +748,14 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                         // (r < 8), then the same up rows.
                         const bool glu = in.kind == CK_GLU;
                         const int gb = cn_group_bytes(in.fmt);
+                        int mt;
+                        const int second = cn_second(in, tile, mt);
                         if (geo.whole(in, a, e)) {
                             // Two copies of 8 whole rows each.
                             mbar_expect(&full[s], 16 * (u32)rb);
-                            const u8* src0 = (const u8*)in.w0 + (glu ? (i64)tile * 8 : (i64)tile * 16) * rb;
-                            const u8* src1 = glu ? (const u8*)in.w1 + (i64)tile * 8 * rb : src0 + 8 * rb;
+                            const u8* w = (const u8*)(second ? in.w1 : in.w0);
+                            const u8* src0 = w + (glu ? (i64)mt * 8 : (i64)mt * 16) * rb;
+                            const u8* src1 = glu ? (const u8*)in.w1 + (i64)mt * 8 * rb : src0 + 8 * rb;
                             bulk_load(dst, src0, 8 * (u32)rb, &full[s]);
                             bulk_load(dst + 8 * rb, src1, 8 * (u32)rb, &full[s]);
                         } else {
@@ -747,14 +763,14 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                             // took the producer ~100 ns each (session 33's profile).
                             // Boxes are whole (zeros past a row's end: TQ2_0's short group).
                             mbar_expect(&full[s], 16 * gb * (e - a));
-                            const TMap* m0 = (const TMap*)in.map0;
+                            const TMap* m0 = (const TMap*)(second ? in.map1 : in.map0);
                             for (int j = a; j < e; j++) {
                                 u8* d = dst + (j - a) * 16 * gb;
                                 if (glu) {
-                                    tma_load_2d(d, m0 + 1, j * (gb >> 2), tile * 8, &full[s]);
-                                    tma_load_2d(d + 8 * gb, (const TMap*)in.map1 + 1, j * (gb >> 2), tile * 8, &full[s]);
+                                    tma_load_2d(d, m0 + 1, j * (gb >> 2), mt * 8, &full[s]);
+                                    tma_load_2d(d + 8 * gb, (const TMap*)in.map1 + 1, j * (gb >> 2), mt * 8, &full[s]);
                                 } else {
-                                    tma_load_2d(d, m0, j * (gb >> 2), tile * 16, &full[s]);
+                                    tma_load_2d(d, m0, j * (gb >> 2), mt * 16, &full[s]);
                                 }
                             }
                         }
