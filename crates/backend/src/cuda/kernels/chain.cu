@@ -581,6 +581,12 @@ __device__ void cn_delta(const CIns& in, u32* cnt, int b, int nb, float* sm) {
     int* last = (int*)(gd + 2);
     for (int h = b; h < nv; h += nb) {
         const int kh = in.act ? h % nk : h / (nv / nk);
+        // The gate of the norm at the end (the z GEMV before wrote it): asked for now.
+        float zv[4];
+        if (warp == 0) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) zv[e] = __ldcg((const float*)in.y + (i64)h * DV + 4 * lane + e);
+        }
         // The conv, right-aligned as delta_rows: the window then the input, taps before
         // the kernel's start 0.
         for (int lc = tid; lc < 2 * DK + DV; lc += CN_C) {
@@ -682,8 +688,7 @@ __device__ void cn_delta(const CIns& in, u32* cnt, int b, int nb, float* sm) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int j = 4 * lane + e;
-                const float zv = __ldcg((const float*)in.y + (i64)h * DV + j);
-                ((float*)in.o0)[(i64)h * DV + j] = o[e] * inv * __ldg((const float*)in.gamma + j) * silu_f(zv);
+                ((float*)in.o0)[(i64)h * DV + j] = o[e] * inv * __ldg((const float*)in.gamma + j) * silu_f(zv[e]);
             }
         }
         named_sync(1, CN_C);
@@ -805,6 +810,13 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
         if (pf && ctid == 0) pf[CP_WAIT] = cn_time();
         // The instructions this one reads after or writes over.
         if (ctid == 0) {
+            // A DELTA's state is no input of this step (its layer's DELTA of the step
+            // before wrote it, from DRAM by now): the block's head's 64 KB into L2 while
+            // the block waits, a hint the copy engine serves.
+            if (in.kind == CK_DELTA && b < (int)in.rows)
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const float*)in.w0 + (i64)b * 128 * 128),
+                             "r"(128 * 128 * 4)
+                             : "memory");
             u32 d = in.deps;
             while (d) {
                 const int j = __ffs(d) - 1;
