@@ -457,8 +457,11 @@ __device__ __forceinline__ void q4k_chunk(const u8* ra, const u8* rb, int a, int
 // Work order, the producer's and the consumers' alike: an op's units in batches of NW (unit
 // ub + w to warp w), a batch's chunks chunk-major (chunk c of every unit of the batch, then
 // c + 1), so warp w takes slots base + c·nbw + w and keeps its unit's sums in registers.
-// MINB 2: two blocks an SM (a small ring), so under programmatic dependent launch the next
-// op's blocks can start beside this one's.
+// A consumer waits for its slot by mbarrier parity, which tells the fill it wants from the
+// one before only once that one is done: warp w's chunks are nbw ≤ NW apart, so the ring
+// needs ns ≥ NW slots (session 34: the 6-slot runs broke this and trapped in session 32).
+// MINB 2 (two blocks an SM, so that under programmatic dependent launch the next op's
+// blocks start beside this one's) wants a ring of ≤ 6 slots, fewer than NW: not run.
 template <int MINB>
 __global__ void __launch_bounds__(NT, MINB) chain(const Op* __restrict__ ops, int op0, int op1, u32* done,
                                                const u32* epoch_p, int ns, int flags, u64* stamps) {
@@ -1099,7 +1102,7 @@ int main(int argc, char** argv) {
             at[0].val.programmaticStreamSerializationAllowed = 1;
             cfg.attrs = at;
             cfg.numAttrs = pdl ? 1 : 0;
-            CK(cudaLaunchKernelEx(&cfg, ns <= 6 ? chain<2> : chain<1>, (const Op*)dops, o0, o1, (u32*)done,
+            CK(cudaLaunchKernelEx(&cfg, chain<1>, (const Op*)dops, o0, o1, (u32*)done,
                                   (const u32*)epoch, ns, pdl ? (int)PDL : 0, (u64*)nullptr));
         }
     };
@@ -1191,7 +1194,7 @@ int main(int argc, char** argv) {
             }
         }
         reset();
-        for (int ns : {14, 10, 6})
+        for (int ns : {14, 10, 8})
             timeit((std::string("persistent, ring ") + std::to_string(ns)).c_str(), gb, [&] { persistent(c, ns, 0); });
         timeit("persistent, ring 14, 2-D tensor copies", gb, [&] { persistent(c, 14, TMA2D); });
         timeit("persistent, ring 14, no waits (ceiling)", gb, [&] { persistent(c, 14, NODEP); });
@@ -1213,8 +1216,8 @@ int main(int argc, char** argv) {
                                  {"one launch an op", &one, 14, true},
                                  {"one launch an op", &one, 6, true}};
         if (rec) {
-            for (int ns : {14, 6}) runs.push_back({"mixers apart, GEMVs between in one", &mixer_apart, ns, true});
-            runs.push_back({"MLP in one launch, the rest an op a launch", &mlp_only, 6, true});
+            for (int ns : {14, 8}) runs.push_back({"mixers apart, GEMVs between in one", &mixer_apart, ns, true});
+            runs.push_back({"MLP in one launch, the rest an op a launch", &mlp_only, 8, true});
         }
         for (const Run& r : runs) {
             cudaGraph_t gr;
