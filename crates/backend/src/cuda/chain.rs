@@ -20,15 +20,21 @@ pub(super) const CHAIN: &str = include_str!("kernels/chain.cu");
 
 /// The chain module's defines (its compile key): Q1_0 on int8 MMA (the default), or with
 /// NEAGARI_CUDA_CHAIN_Q1=p128 on binary MMA over an activation with a scale a 128-value
-/// block (CN_Q1_P128, not yet measured); then the block's `Shape`.
+/// block (CN_Q1_P128, not yet measured); CN_TAIL 0 with NEAGARI_CUDA_CHAIN_TAIL=0; then
+/// the block's `Shape`.
 pub(super) fn defines() -> String {
-    let q1 = match std::env::var("NEAGARI_CUDA_CHAIN_Q1").as_deref() {
+    let mut q1 = match std::env::var("NEAGARI_CUDA_CHAIN_Q1").as_deref() {
         Ok("p128") => "#define CN_Q1_P128 1\n",
         _ => "",
-    };
+    }
+    .to_string();
+    // NEAGARI_CUDA_CHAIN_TAIL=0: a last short round's units are not split by K (CnGeo).
+    if std::env::var("NEAGARI_CUDA_CHAIN_TAIL").as_deref() == Ok("0") {
+        q1 += "#define CN_TAIL 0\n";
+    }
     let sh = Shape::get();
     if sh.warps == SHAPES[0].warps {
-        q1.into()
+        q1
     } else {
         format!("{q1}#define CN_W {}\n#define CN_CH {}\n", sh.warps, sh.ch)
     }

@@ -176,7 +176,8 @@ fn step(m: &Mem, i: &Ins, b: usize, nb: usize) -> Writes {
 
 /// The ring as chain.cu runs it, one block, in random schedules: the producer fills
 /// seq into slot seq % ns once the reader of seq − ns has released it; warp w reads
-/// seq = base + c·nbw + w of each round; both wait by mbarrier parity (`full`, `empty`
+/// seq = base + c·nit + w of each round (nit items: units, or a short last round's units
+/// split by K); both wait by mbarrier parity (`full`, `empty`
 /// count completed phases; a wait for parity p passes while the count's parity is not
 /// p). Returns the reads that passed before their fill and whether it ran to the end.
 fn ring(warps: usize, ns: usize, units: usize, nch: usize, seed: u64) -> (usize, bool) {
@@ -187,14 +188,25 @@ fn ring(warps: usize, ns: usize, units: usize, nch: usize, seed: u64) -> (usize,
         rng ^= rng << 17;
         (rng % n as u64) as usize
     };
+    // chain.cu's rounds (CnGeo::round): W units at a time, a last one of ≤ W / 2 units
+    // split by K into W / r items each (fewer chunks an item).
     let mut prog = vec![Vec::new(); warps];
-    let mut base = 0;
-    for ub in (0..units).step_by(warps) {
-        let nbw = warps.min(units - ub);
-        for (w, p) in prog.iter_mut().enumerate().take(nbw) {
-            p.extend((0..nch).map(|c| base + c * nbw + w));
+    let (mut base, mut ub) = (0, 0);
+    while ub < units {
+        let left = units - ub;
+        let nu = warps.min(left);
+        let p = if left < warps && 2 * left <= warps {
+            warps / left
+        } else {
+            1
+        };
+        let k = if p == 1 { nch } else { nch.div_ceil(p) };
+        let nit = nu * p;
+        for (w, prg) in prog.iter_mut().enumerate().take(nit) {
+            prg.extend((0..k).map(|c| base + c * nit + w));
         }
-        base += nch * nbw;
+        base += k * nit;
+        ub += nu;
     }
     let (mut full, mut empty) = (vec![0usize; ns], vec![0usize; ns]);
     let (mut pc, mut held) = (vec![0usize; warps], vec![None::<usize>; warps]);
@@ -243,13 +255,16 @@ fn ring(warps: usize, ns: usize, units: usize, nch: usize, seed: u64) -> (usize,
 #[test]
 fn ring_waits_pass_only_after_their_fill() {
     for sh in SHAPES {
-        for seed in 1..200 {
-            assert_eq!(
-                ring(sh.warps, sh.slots, 37, 3, seed),
-                (0, true),
-                "{} warps",
-                sh.warps
-            );
+        // A last round of 5 units (not split), of 2 or 3 (split by K), and one unit alone.
+        for units in [37, 34, 35, 1] {
+            for seed in 1..100 {
+                assert_eq!(
+                    ring(sh.warps, sh.slots, units, 3, seed),
+                    (0, true),
+                    "{} warps, {units} units",
+                    sh.warps
+                );
+            }
         }
     }
     assert!((1..50).all(|seed| ring(16, 14, 37, 3, seed) != (0, true)));
