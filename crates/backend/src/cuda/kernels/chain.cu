@@ -776,8 +776,8 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                         if (geo.whole(in, a, e)) {
                             // Two copies of 8 whole rows each.
                             mbar_expect(&full[s], 16 * (u32)rb);
-                            const u8* w = (const u8*)(second ? in.w1 : in.w0);
-                            const u8* src0 = w + (glu ? (i64)mt * 8 : (i64)mt * 16) * rb;
+                            const u8* wm = (const u8*)(second ? in.w1 : in.w0);
+                            const u8* src0 = wm + (glu ? (i64)mt * 8 : (i64)mt * 16) * rb;
                             const u8* src1 = glu ? (const u8*)in.w1 + (i64)mt * 8 * rb : src0 + 8 * rb;
                             bulk_load(dst, src0, 8 * (u32)rb, &full[s]);
                             bulk_load(dst + 8 * rb, src1, 8 * (u32)rb, &full[s]);
