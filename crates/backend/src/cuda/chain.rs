@@ -23,21 +23,20 @@ pub(super) const CHAIN: &str = include_str!("kernels/chain.cu");
 /// block (CN_Q1_P128, not yet measured); CN_TAIL 0 with NEAGARI_CUDA_CHAIN_TAIL=0; then
 /// the block's `Shape`.
 pub(super) fn defines() -> String {
-    let mut q1 = match std::env::var("NEAGARI_CUDA_CHAIN_Q1").as_deref() {
+    let mut d = match std::env::var("NEAGARI_CUDA_CHAIN_Q1").as_deref() {
         Ok("p128") => "#define CN_Q1_P128 1\n",
         _ => "",
     }
     .to_string();
     // NEAGARI_CUDA_CHAIN_TAIL=0: a last short round's units are not split by K (CnGeo).
     if std::env::var("NEAGARI_CUDA_CHAIN_TAIL").as_deref() == Ok("0") {
-        q1 += "#define CN_TAIL 0\n";
+        d += "#define CN_TAIL 0\n";
     }
     let sh = Shape::get();
-    if sh.warps == SHAPES[0].warps {
-        q1
-    } else {
-        format!("{q1}#define CN_W {}\n#define CN_CH {}\n", sh.warps, sh.ch)
+    if sh.warps != SHAPES[0].warps {
+        d += &format!("#define CN_W {}\n#define CN_CH {}\n", sh.warps, sh.ch);
     }
+    d
 }
 
 /// A block's make-up: consumer warps (chain.cu CN_W), groups a chunk's row at most (CN_CH)
@@ -187,7 +186,8 @@ fn overlaps(a: &[Span], b: &[Span]) -> bool {
 fn chain_parts(n_sm: usize, warps: usize, tiles: usize, groups: usize) -> usize {
     let rounds = |nkc: usize| (tiles * nkc).div_ceil(n_sm.max(1)).div_ceil(warps);
     if rounds(1) > 2 {
-        // Enough rounds that the last one's idle warps matter little.
+        // Enough rounds that the last one's idle warps matter little (and a short last
+        // round is split by K inside the block: chain.cu `CnGeo::round`).
         return 1;
     }
     (1..=groups.clamp(1, 8))
