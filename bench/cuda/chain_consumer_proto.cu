@@ -44,50 +44,21 @@
 
 constexpr int NG = 6;  // groups a chunk (CN_CH)
 
-// cn_q1i with two groups an iteration (same sums, same order a group).
+// cn_q1i with two groups an iteration (each group's sums in its own accumulators, added
+// in group order).
 __device__ __forceinline__ void q1i_pair(const u8* ra, const u8* rb, int gs, int ng, const u8* act,
                                          float& acc0, float& acc1) {
-    const int lane = threadIdx.x & 31, t = lane & 3;
-    const float2* ds = (const float2*)(act + CN_MAXK);
-    const u32 M = 0x01010101u;
     int j = 0;
     for (; j + 1 < ng; j += 2) {
         float p0[2] = {0.f, 0.f}, p1[2] = {0.f, 0.f};
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int grp = j + h;
-            const u8* ga = ra + grp * gs;
-            const u8* gb = rb + grp * gs;
-            const uint4 sa = *(const uint4*)ga, sb = *(const uint4*)gb;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const uint4 wa = *(const uint4*)(ga + 16 + 16 * i);
-                const uint4 wb = *(const uint4*)(gb + 16 + 16 * i);
-                const int unit0 = (grp * 8 + i) * 4;
-                int c0 = 0, c2 = 0;
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const uint2 x = *(const uint2*)(act + (unit0 + u) * 32 + 8 * t);
-                    const u32 va = cn_w4(wa, u) >> (2 * t), vb = cn_w4(wb, u) >> (2 * t);
-                    int cc[4] = {0, 0, 0, 0};
-                    cn_imma(cc, va & M, vb & M, (va >> 1) & M, (vb >> 1) & M, x.x, x.y);
-                    if (u == t) {
-                        c0 = cc[0];
-                        c2 = cc[2];
-                    }
-                }
-                const float2 xd = ds[unit0 + t];
-                p0[h] += cn_hw(sa, i) * (xd.x * (float)(2 * c0) - xd.y);
-                p1[h] += cn_hw(sb, i) * (xd.x * (float)(2 * c2) - xd.y);
-            }
-        }
-        // cn_q1i adds a group's blocks into acc in order; so does this, group by group.
+        for (int h = 0; h < 2; h++) cn_q1i_group(ra + (j + h) * gs, rb + (j + h) * gs, j + h, act, p0[h], p1[h]);
         acc0 += p0[0];
         acc0 += p0[1];
         acc1 += p1[0];
         acc1 += p1[1];
     }
-    if (j < ng) cn_q1i(ra + j * gs, rb + j * gs, gs, j, 1, act, acc0, acc1);
+    if (j < ng) cn_q1i_group(ra + j * gs, rb + j * gs, j, act, acc0, acc1);
 }
 
 // cn_q1i's loop with a part taken out (the sums are then wrong; timing only): MODE 1 no
@@ -248,6 +219,13 @@ int main() {
     std::mt19937 rng(7);
     std::normal_distribution<float> nd(0.f, 1.f);
     auto scale = [&](float lo) { return f2h_host(lo + lo * (rng() % 1000) / 1000.f); };
+    // A repacked group's 8 f16 block scales.
+    auto scales8 = [&](u8* p) {
+        for (int b = 0; b < 8; b++) {
+            const uint16_t h = scale(0.01f);
+            memcpy(p + 2 * b, &h, 2);
+        }
+    };
     std::vector<int> q;
     std::vector<float> dq;
 
@@ -257,10 +235,7 @@ int main() {
     for (int j = 0; j < NG; j++)
         for (int r = 0; r < 16; r++) {
             u8* p = &c1.w[(j * 16 + r) * CN_GB];
-            for (int b = 0; b < 8; b++) {
-                const uint16_t h = scale(0.01f);
-                memcpy(p + 2 * b, &h, 2);
-            }
+            scales8(p);
             for (int i = 16; i < CN_GB; i++) p[i] = (u8)rng();
         }
     c1.x.resize(c1.K());
@@ -324,10 +299,7 @@ int main() {
     for (int j = 0; j < NG; j++)
         for (int r = 0; r < 16; r++) {
             u8* p = &c2.w[(j * 16 + r) * GT];
-            for (int b = 0; b < 8; b++) {
-                const uint16_t h = scale(0.01f);
-                memcpy(p + 2 * b, &h, 2);
-            }
+            scales8(p);
             // Codes 0..2 (3 is not a TQ2_0 code).
             for (int i = 16; i < GT; i++) {
                 u8 v = 0;

@@ -174,6 +174,17 @@ fn step(m: &Mem, i: &Ins, b: usize, nb: usize) -> Writes {
     w
 }
 
+/// A seeded xorshift draw in 0..n (the random schedules and block orders below).
+fn xorshift(seed: u64) -> impl FnMut(usize) -> usize {
+    let mut rng = seed.max(1);
+    move |n| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n as u64) as usize
+    }
+}
+
 /// The ring as chain.cu runs it, one block, in random schedules: the producer fills
 /// seq into slot seq % ns once the reader of seq − ns has released it; warp w reads
 /// seq = base + c·nit + w of each round (nit items: units, or a short last round's units
@@ -181,13 +192,7 @@ fn step(m: &Mem, i: &Ins, b: usize, nb: usize) -> Writes {
 /// count completed phases; a wait for parity p passes while the count's parity is not
 /// p). Returns the reads that passed before their fill and whether it ran to the end.
 fn ring(warps: usize, ns: usize, units: usize, nch: usize, seed: u64) -> (usize, bool) {
-    let mut rng = seed.max(1);
-    let mut rand = |n: usize| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        (rng % n as u64) as usize
-    };
+    let mut rand = xorshift(seed);
     // chain.cu's rounds (CnGeo::round): W units at a time, a last one of ≤ W / 2 units
     // split by K into W / r items each (fewer chunks an item).
     let mut prog = vec![Vec::new(); warps];
@@ -274,13 +279,7 @@ fn ring_waits_pass_only_after_their_fill() {
 /// each block takes the instructions in order; one reads its inputs once the counters of
 /// its deps are full, and writes later, at a moment of its own.
 fn run_blocks(m: &mut Mem, chains: &[Vec<Ins>], nb: usize, seed: u64) {
-    let mut rng = seed.max(1);
-    let mut rand = |n: usize| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        (rng % n as u64) as usize
-    };
+    let mut rand = xorshift(seed);
     for ins in chains {
         let single = |i: &Ins| i.kind == ADD_NORM || i.kind == NORM;
         let mut cnt = vec![0usize; ins.len()];

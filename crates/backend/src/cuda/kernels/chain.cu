@@ -414,38 +414,39 @@ __device__ __forceinline__ void cn_q1p(const u8* ra, const u8* rb, int gs, int a
 // (repack.rs: weight 4k + j is bit 8j + k) — and B every column the activation's bytes
 // 8t .. 8t+7 (cn_q4k's slots). Σ ±q = 2·Σ_{bit set} q − Σq; lane t scales unit t of each
 // block, the quad's reduction adds them.
-__device__ __forceinline__ void cn_q1i(const u8* ra, const u8* rb, int gs, int a, int ng, const u8* act,
-                                       float& acc0, float& acc1) {
+// One group (ga, gb: its rows g, g + 8 in the slot; grp: its index in the activation).
+__device__ __forceinline__ void cn_q1i_group(const u8* ga, const u8* gb, int grp, const u8* act,
+                                             float& acc0, float& acc1) {
     const int lane = threadIdx.x & 31, t = lane & 3;
     const float2* ds = (const float2*)(act + CN_MAXK);
     const u32 M = 0x01010101u;
-    for (int j = 0; j < ng; j++) {
-        const int grp = a + j;
-        const u8* ga = ra + j * gs;
-        const u8* gb = rb + j * gs;
-        const uint4 sa = *(const uint4*)ga, sb = *(const uint4*)gb;
+    const uint4 sa = *(const uint4*)ga, sb = *(const uint4*)gb;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const uint4 wa = *(const uint4*)(ga + 16 + 16 * i);
-            const uint4 wb = *(const uint4*)(gb + 16 + 16 * i);
-            const int unit0 = (grp * 8 + i) * 4;
-            int c0 = 0, c2 = 0;
+    for (int i = 0; i < 8; i++) {
+        const uint4 wa = *(const uint4*)(ga + 16 + 16 * i);
+        const uint4 wb = *(const uint4*)(gb + 16 + 16 * i);
+        const int unit0 = (grp * 8 + i) * 4;
+        int c0 = 0, c2 = 0;
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const uint2 x = *(const uint2*)(act + (unit0 + u) * 32 + 8 * t);
-                const u32 va = cn_w4(wa, u) >> (2 * t), vb = cn_w4(wb, u) >> (2 * t);
-                int cc[4] = {0, 0, 0, 0};
-                cn_imma(cc, va & M, vb & M, (va >> 1) & M, (vb >> 1) & M, x.x, x.y);
-                if (u == t) {
-                    c0 = cc[0];
-                    c2 = cc[2];
-                }
+        for (int u = 0; u < 4; u++) {
+            const uint2 x = *(const uint2*)(act + (unit0 + u) * 32 + 8 * t);
+            const u32 va = cn_w4(wa, u) >> (2 * t), vb = cn_w4(wb, u) >> (2 * t);
+            int cc[4] = {0, 0, 0, 0};
+            cn_imma(cc, va & M, vb & M, (va >> 1) & M, (vb >> 1) & M, x.x, x.y);
+            if (u == t) {
+                c0 = cc[0];
+                c2 = cc[2];
             }
-            const float2 xd = ds[unit0 + t];
-            acc0 += cn_hw(sa, i) * (xd.x * (float)(2 * c0) - xd.y);
-            acc1 += cn_hw(sb, i) * (xd.x * (float)(2 * c2) - xd.y);
         }
+        const float2 xd = ds[unit0 + t];
+        acc0 += cn_hw(sa, i) * (xd.x * (float)(2 * c0) - xd.y);
+        acc1 += cn_hw(sb, i) * (xd.x * (float)(2 * c2) - xd.y);
     }
+}
+
+__device__ __forceinline__ void cn_q1i(const u8* ra, const u8* rb, int gs, int a, int ng, const u8* act,
+                                       float& acc0, float& acc1) {
+    for (int j = 0; j < ng; j++) cn_q1i_group(ra + j * gs, rb + j * gs, a + j, act, acc0, acc1);
 }
 
 // Q4_K's scale and min of sub-block s, times d and dmin (h: the block's first 16 bytes).
