@@ -528,6 +528,29 @@ pub trait Backend: Send + Sync + 'static {
         Ok(top_k_rows_host(&mut host, cols, k, pen))
     }
 
+    /// The last row of `x` as the candidates of a sampling chain without a top-k: the `k`
+    /// best after `pen` as `top_k` gives them, with the row's largest value and Σ exp(v −
+    /// max) over its values that are not NaN, where `enough(top, max, sum)` says those
+    /// settle the draw; else the whole row after `pen`. The default reads the row back and
+    /// returns it whole; a device backend selects and sums on the device and reads the
+    /// row back only where `enough` says no.
+    fn candidates(
+        &self,
+        x: &Self::Buf,
+        k: usize,
+        pen: &Penalties,
+        enough: &Settles<'_>,
+    ) -> Result<Candidates> {
+        let _ = (k, enough);
+        let (rows, cols) = self.buf_shape(x);
+        let mut row = vec![0f32; cols];
+        if rows > 0 {
+            self.read(x, rows - 1, 1, &mut row)?;
+        }
+        pen.apply(&mut row);
+        Ok(Candidates::All(row))
+    }
+
     /// Brackets a decode step: `tokens` (one, or a few: the verify forward of a speculative
     /// block) at positions from `kv_len(kv)`. Between `step_begin` and `step_end` the
     /// model's calls are the same every step of that many tokens, so a device backend may
@@ -867,6 +890,40 @@ pub fn argmax_host(v: &[f32]) -> u32 {
         }
     }
     best.map_or(0, |(i, _)| i as u32)
+}
+
+/// `Backend::candidates`'s test: whether a row's k best (index, value) with its largest
+/// value and Σ exp(v − max) settle the draw.
+pub type Settles<'a> = dyn Fn(&[(u32, f32)], f32, f32) -> bool + 'a;
+
+/// What `Backend::candidates` brings back of a row of logits.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Candidates {
+    /// The k best (index, value) after the penalties, highest first, the lowest index among
+    /// equals, NaN left out (fewer where the row has fewer); the row's largest value that is
+    /// not NaN, and Σ exp(v − max) over those values (−∞ and 0 for a row of NaNs).
+    Top {
+        top: Vec<(u32, f32)>,
+        max: f32,
+        sum: f32,
+    },
+    /// The whole row after the penalties.
+    All(Vec<f32>),
+}
+
+/// `Candidates::Top`'s max and sum of a row on the host (f32, in index order, as the
+/// sampler's softmax sums).
+pub fn softmax_sum_host(v: &[f32]) -> (f32, f32) {
+    let max = v
+        .iter()
+        .filter(|x| !x.is_nan())
+        .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let sum = v
+        .iter()
+        .filter(|x| !x.is_nan())
+        .map(|&x| (x - max).exp())
+        .sum();
+    (max, sum)
 }
 
 /// Repetition penalties as llama.cpp's `penalties` sampler applies them to a row of logits

@@ -16,7 +16,7 @@ use std::io::Write;
 
 use neagari_backend::cuda::CudaBackend;
 use neagari_backend::{
-    Attn, Backend, GluAct, HostTensor, KvShape, KvType, Penalties, QkPrep, Rope,
+    Attn, Backend, Candidates, GluAct, HostTensor, KvShape, KvType, Penalties, QkPrep, Rope,
 };
 use neagari_quant::GgmlType;
 use rand::{rngs::StdRng, Rng};
@@ -659,6 +659,85 @@ fn top_k_equals_host_rule_with_ties() {
             }
         }
     }
+}
+
+/// `candidates` (top-k with the row's softmax sums, `topk_chunks` + `topk_merge` with `ms`)
+/// against the host: the same k best as `top_k_host` after the penalties, the row's max
+/// exactly and Σ exp(v − max) within 1e-5 of an f64 sum; where `enough` says no, the whole
+/// penalized row, exactly; a row of NaN gives (−∞, 0); a row too wide for one merge takes
+/// the host path and comes back whole.
+#[test]
+fn candidates_carry_the_rows_softmax_sums() {
+    let Some(g) = gpu() else { return };
+    let mut r = rng();
+    for &(rows, cols, k) in &[
+        (1, 248_320, 64),
+        (2, 151_936, 64),
+        (1, 1000, 16),
+        (1, 33, 64),
+        (1, 300_000, 64),
+    ] {
+        let mut x = randv(&mut r, rows * cols, 6.0);
+        for v in x.iter_mut().step_by(11) {
+            *v = f32::NAN;
+        }
+        x[5] = f32::NEG_INFINITY;
+        let pen = Penalties {
+            repeat: 1.2,
+            tokens: (0..40).map(|i| (i * 97 % cols as u32, 0.5)).collect(),
+        };
+        let last = &x[(rows - 1) * cols..];
+        let mut want = last.to_vec();
+        pen.apply(&mut want);
+        let wide = cols.div_ceil(4096).next_power_of_two() * k > 4096;
+        for settle in [true, false] {
+            let mut b = g.buf(rows, cols).unwrap();
+            g.write(&mut b, &x, rows, cols).unwrap();
+            let got = g.candidates(&b, k, &pen, &|_, _, _| settle).unwrap();
+            let tag = format!("{rows}x{cols} k {k} settle {settle}");
+            match got {
+                Candidates::Top { top, max, sum } => {
+                    assert!(settle && !wide, "{tag}: Top");
+                    assert_eq!(top, neagari_backend::top_k_host(&want, k), "{tag}");
+                    let m = want
+                        .iter()
+                        .filter(|v| !v.is_nan())
+                        .fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+                    assert_eq!(max, m, "{tag}");
+                    let s: f64 = want
+                        .iter()
+                        .filter(|v| !v.is_nan())
+                        .map(|&v| f64::from(v - m).exp())
+                        .sum();
+                    let e = (f64::from(sum) - s).abs() / s;
+                    assert!(e < 1e-5, "{tag}: sum {sum} vs {s} ({e:e})");
+                }
+                Candidates::All(row) => {
+                    assert!(!settle || wide, "{tag}: All");
+                    let same = row
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same && row.len() == cols, "{tag}: row");
+                }
+            }
+        }
+    }
+    // A row of NaN: nothing to select, sums (−∞, 0).
+    let x = vec![f32::NAN; 5000];
+    let mut b = g.buf(1, 5000).unwrap();
+    g.write(&mut b, &x, 1, 5000).unwrap();
+    let got = g
+        .candidates(&b, 64, &Penalties::default(), &|_, _, _| true)
+        .unwrap();
+    assert_eq!(
+        got,
+        Candidates::Top {
+            top: Vec::new(),
+            max: f32::NEG_INFINITY,
+            sum: 0.0
+        }
+    );
 }
 
 #[test]

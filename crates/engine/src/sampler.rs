@@ -85,6 +85,13 @@ impl SamplerConfig {
         (self.temperature > 0.0 && (1..=max).contains(&k)).then_some(k)
     }
 
+    /// A chain without top-k that truncates by top-p or min-p: its draw is often settled
+    /// by the best few penalized logits and the row's softmax sums, so a device can bring
+    /// back those instead of the logits (`Session::decode_next`, [`Sampler::settles`]).
+    pub fn truncates_without_top_k(&self) -> bool {
+        self.temperature > 0.0 && self.top_k <= 0 && (self.top_p < 1.0 || self.min_p > 0.0)
+    }
+
     fn penalties_active(&self) -> bool {
         self.repeat_last_n != 0
             && !(self.repeat_penalty == 1.0
@@ -269,6 +276,92 @@ impl Sampler {
         }
         let r = self.rng.next_f64();
         pick(&self.cand, r).unwrap_or(0)
+    }
+
+    /// For a chain with [`SamplerConfig::truncates_without_top_k`]: whether the `k` best
+    /// penalized logits of a row (`top`: highest first, as `Backend::candidates` gives them;
+    /// fewer than `k` where the row has fewer that are not NaN) with the row's largest value
+    /// `max` and Σ exp(v − max) over it (`sum`) settle the draw — whether top-p's nucleus
+    /// or min-p's survivors lie among them, so that no other value of the row survives.
+    pub fn settles(&self, top: &[(u32, f32)], k: usize, max: f32, sum: f32) -> bool {
+        self.survivors(top, k, max, sum).is_some()
+    }
+
+    /// [`Sampler::sample`] for a chain with [`SamplerConfig::truncates_without_top_k`] from
+    /// what [`Sampler::settles`] accepted: the same chain on the survivors, so the same
+    /// token for the same RNG state where `sum` is the sum `sample`'s top-p makes (f32, in
+    /// id order; a device's differs in the last bits). 0 where they do not settle it.
+    pub fn sample_candidates(&mut self, top: &[(u32, f32)], k: usize, max: f32, sum: f32) -> u32 {
+        self.cand = self.survivors(top, k, max, sum).unwrap_or_default();
+        if !self.cand.is_empty() {
+            for c in &mut self.cand {
+                c.logit /= self.cfg.temperature;
+            }
+            softmax(&mut self.cand);
+        }
+        let r = self.rng.next_f64();
+        pick(&self.cand, r).unwrap_or(0)
+    }
+
+    /// [`Sampler::sample`] of logits the chain's penalties were already applied to (as
+    /// `Backend::candidates` brings back a whole row).
+    pub fn sample_penalized(&mut self, logits: &[f32]) -> u32 {
+        self.run_chain(logits, false);
+        let r = self.rng.next_f64();
+        pick(&self.cand, r).unwrap_or(0)
+    }
+
+    /// The survivors of top-p and min-p (before temperature) in the order `sample` draws
+    /// them, from `settles`'s inputs; `None` where values outside `top` might survive or
+    /// the sums are not finite (the whole row decides then).
+    fn survivors(
+        &self,
+        top: &[(u32, f32)],
+        k: usize,
+        max: f32,
+        sum: f32,
+    ) -> Option<Vec<Candidate>> {
+        let cfg = &self.cfg;
+        // Every value of the row that is not NaN is in `top`.
+        let whole = top.len() < k;
+        let mut cand: Vec<Candidate> = top
+            .iter()
+            .map(|&(id, logit)| Candidate { id, logit, p: 0.0 })
+            .collect();
+        // `sample`'s order (a device ranks −0 with +0).
+        cand.sort_by(by_logit_desc);
+        if cfg.top_p < 1.0 {
+            if !(max.is_finite() && sum.is_finite() && sum > 0.0) {
+                return None;
+            }
+            // softmax_f32's probabilities, summed in `top_p`'s order.
+            let mut cum = 0.0f32;
+            let keep = cand.iter().position(|c| {
+                cum += (c.logit - max).exp() / sum;
+                cum >= cfg.top_p
+            });
+            match keep {
+                Some(i) => cand.truncate(i + 1),
+                None if whole => {}
+                None => return None,
+            }
+        }
+        if cfg.min_p > 0.0 {
+            let best = *cand.first()?;
+            let threshold = best.logit + cfg.min_p.ln();
+            if cfg.top_p >= 1.0 && !whole && cand.last().is_some_and(|c| c.logit >= threshold) {
+                return None;
+            }
+            cand.retain(|c| c.logit >= threshold);
+            if cand.is_empty() {
+                cand.push(best);
+            }
+            if cfg.top_p >= 1.0 {
+                // Without top-p, `sample` keeps the row's (id) order.
+                cand.sort_by_key(|c| c.id);
+            }
+        }
+        Some(cand)
     }
 
     /// The distribution the chain leaves: surviving candidates with their probabilities
@@ -629,6 +722,89 @@ mod tests {
             ..SamplerConfig::default()
         };
         assert_eq!(no_top_k.top_k_only(64), None);
+    }
+
+    /// A chain without top-k that truncates (top-p, min-p or both): where the 64 best
+    /// penalized logits and the row's softmax sums settle the draw (`settles`),
+    /// `sample_candidates` draws the token `sample` draws from every logit; elsewhere
+    /// `sample_penalized` of the penalized row does — step after step, each pick accepted.
+    /// Rows of a peaked and of a flat kind, so that both happen; a 40-token vocabulary is
+    /// whole among the 64 and always settles.
+    #[test]
+    fn candidates_settle_and_sample_as_the_full_logits() {
+        let mut r = Rng::new(11);
+        let cases = [
+            (0.95, 0.0, 0.8, 1.0, 0.0),
+            (0.5, 0.05, 1.2, 1.1, 0.2),
+            (1.0, 0.05, 0.7, 1.0, 0.0),
+            (1.0, 0.3, 1.0, 1.3, 0.0),
+            (0.9, 2.0, 0.5, 1.0, 0.0),
+        ];
+        for (i, (top_p, min_p, temp, rp, freq)) in cases.into_iter().enumerate() {
+            let cfg = SamplerConfig {
+                top_k: if i % 2 == 0 { 0 } else { -1 },
+                top_p,
+                min_p,
+                temperature: temp,
+                repeat_penalty: rp,
+                frequency_penalty: freq,
+                presence_penalty: 0.0,
+                repeat_last_n: 16,
+                seed: Some(i as u64),
+            };
+            assert!(cfg.truncates_without_top_k() && cfg.top_k_only(64).is_none());
+            let (mut full, mut cand) = (Sampler::new(cfg.clone()), Sampler::new(cfg));
+            let (mut settled, mut whole) = (0, 0);
+            for step in 0..300 {
+                let n = if step % 10 == 9 { 40 } else { 3000 };
+                // Flat rows on a grid (ties), or the same with 1–40 tokens raised by 4–10
+                // (a model's peaked rows); a NaN now and then; a few tokens favoured so
+                // that the window repeats them.
+                let grid = |r: &mut Rng, w: f64| ((r.next_f64() * w * 8.0).floor() / 8.0) as f32;
+                let mut logits: Vec<f32> = (0..n).map(|_| grid(&mut r, 4.0) - 4.0).collect();
+                if step % 3 != 0 {
+                    let m = 1 + (r.next_u64() % 40) as usize;
+                    for _ in 0..m {
+                        let t = (r.next_u64() % n as u64) as usize;
+                        logits[t] += 4.0 + grid(&mut r, 6.0);
+                    }
+                }
+                for t in 0..8 {
+                    logits[t * 37 % n] += 1.0;
+                }
+                logits[step * 5 % n] = f32::NAN;
+                let mut pen = logits.clone();
+                cand.penalties().apply(&mut pen);
+                let top = neagari_backend::top_k_host(&pen, 64);
+                let (max, sum) = neagari_backend::softmax_sum_host(&pen);
+                let b = if cand.settles(&top, 64, max, sum) {
+                    settled += 1;
+                    cand.sample_candidates(&top, 64, max, sum)
+                } else {
+                    whole += 1;
+                    cand.sample_penalized(&pen)
+                };
+                let a = full.sample(&mut logits);
+                assert_eq!(a, b, "case {i} step {step}");
+                full.accept(a);
+                cand.accept(b);
+                if n == 40 {
+                    assert!(cand.settles(&top, 64, max, sum), "case {i} step {step}");
+                }
+            }
+            eprintln!("case {i}: {settled} settled, {whole} whole rows");
+            assert!(settled >= 30, "case {i}: {settled} settled");
+            if min_p < 1.0 {
+                assert!(whole >= 10, "case {i}: {whole} whole rows");
+            }
+        }
+        // A row of NaN, or sums that are not finite: the row decides.
+        let s = Sampler::new(SamplerConfig {
+            top_k: 0,
+            ..SamplerConfig::default()
+        });
+        assert!(!s.settles(&[], 64, f32::NEG_INFINITY, 0.0));
+        assert!(!s.settles(&[(3, 1.0)], 64, f32::INFINITY, f32::NAN));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! batches of `n_batch` tokens through the matrix-matrix kernels; a new prompt that shares a
 //! prefix with what the cache holds only prefills the part that differs.
 
-use neagari_backend::{Backend, BackendError, KvType, Penalties};
+use neagari_backend::{Backend, BackendError, Candidates, KvType, Penalties, Settles};
 use neagari_model::{CausalLm, ModelError};
 
 use crate::sampler::{Sampler, TOP_K_CANDIDATES_MAX};
@@ -225,11 +225,34 @@ impl<B: Backend> Session<B> {
         Ok(top)
     }
 
+    /// Runs one token and returns its logits after `pen` as `Backend::candidates` gives
+    /// them (`CausalLm::forward_candidates`): the `k` best with the row's softmax sums
+    /// where `enough` says they settle the draw, else the whole penalized row.
+    pub fn decode_candidates(
+        &mut self,
+        model: &dyn CausalLm<B>,
+        be: &B,
+        token: u32,
+        k: usize,
+        pen: &Penalties,
+        enough: &Settles<'_>,
+    ) -> Result<Candidates, ModelError> {
+        be.step_begin(&self.kv, &[token])?;
+        let c = model.forward_candidates(be, &mut self.kv, &[token], k, pen, enough);
+        be.step_end();
+        let c = c?;
+        self.tokens.push(token);
+        Ok(c)
+    }
+
     /// Runs one token and draws the next with `sampler` where its chain lets the draw be
     /// made from what a device brings back: greedy without penalties (`decode_greedy`: the
-    /// id), or a chain whose first truncation is a top-k of at most TOP_K_CANDIDATES_MAX
-    /// (`decode_top_k` with the sampler's penalties, then `Sampler::sample_top_k`: the token
-    /// `sample` would draw from all the logits). Otherwise, or where the caller needs the
+    /// id); greedy with them (the best penalized logit: a top-1); a chain whose first
+    /// truncation is a top-k of at most TOP_K_CANDIDATES_MAX (`decode_top_k` with the
+    /// sampler's penalties, then `Sampler::sample_top_k`: the token `sample` would draw from
+    /// all the logits); a chain without top-k that truncates by top-p or min-p
+    /// (`decode_candidates`: the best TOP_K_CANDIDATES_MAX and the row's softmax sums where
+    /// they settle the draw, else the row). Otherwise, or where the caller needs the
     /// logits (`want_logits`: a grammar mask, logprobs), the logits; the caller samples
     /// (and accepts) as before.
     pub fn decode_next(
@@ -241,16 +264,30 @@ impl<B: Backend> Session<B> {
         want_logits: bool,
     ) -> Result<Next, ModelError> {
         let cfg = sampler.config();
-        if !want_logits && cfg.is_plain_greedy() {
+        if want_logits {
+            return Ok(Next::Logits(self.decode(model, be, token)?));
+        }
+        if cfg.is_plain_greedy() {
             return Ok(Next::Token(self.decode_greedy(model, be, token)?));
         }
-        match cfg.top_k_only(TOP_K_CANDIDATES_MAX) {
-            Some(k) if !want_logits => {
-                let top = self.decode_top_k(model, be, token, k, &sampler.penalties())?;
-                Ok(Next::Token(sampler.sample_top_k(&top)))
-            }
-            _ => Ok(Next::Logits(self.decode(model, be, token)?)),
+        if cfg.temperature <= 0.0 {
+            let top = self.decode_top_k(model, be, token, 1, &sampler.penalties())?;
+            return Ok(Next::Token(top.first().map_or(0, |&(id, _)| id)));
         }
+        if let Some(k) = cfg.top_k_only(TOP_K_CANDIDATES_MAX) {
+            let top = self.decode_top_k(model, be, token, k, &sampler.penalties())?;
+            return Ok(Next::Token(sampler.sample_top_k(&top)));
+        }
+        if cfg.truncates_without_top_k() {
+            let k = TOP_K_CANDIDATES_MAX;
+            let enough = |top: &[(u32, f32)], max, sum| sampler.settles(top, k, max, sum);
+            let c = self.decode_candidates(model, be, token, k, &sampler.penalties(), &enough)?;
+            return Ok(Next::Token(match c {
+                Candidates::Top { top, max, sum } => sampler.sample_candidates(&top, k, max, sum),
+                Candidates::All(row) => sampler.sample_penalized(&row),
+            }));
+        }
+        Ok(Next::Logits(self.decode(model, be, token)?))
     }
 
     /// Runs a few `tokens` (a speculative block: the last accepted token and the drafts) as

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use neagari_backend::cpu::{CpuBackend, CpuOptions};
 use neagari_backend::cuda::{probe, CudaBackend};
-use neagari_backend::{Backend, KvType};
+use neagari_backend::{Backend, Candidates, KvType};
 use neagari_engine::session::Session;
 use neagari_formats::Gguf;
 use neagari_model::gguf::GgufSource;
@@ -283,8 +283,9 @@ fn gpu_vs_cpu(
 /// attention split class changes every 64; from 257 visible positions the eager path splits
 /// by the exact count and the graph by its class's lowest, so only there may they differ by
 /// summation order). `decode_greedy` (argmax on the device, in graphs) must pick the host
-/// rule's token of the graph's logits at every step, and `decode_top_k` (the 40 best on the
-/// device) bring back the host's top 40 of them.
+/// rule's token of the graph's logits at every step, `decode_top_k` (the 40 best on the
+/// device) bring back the host's top 40 of them, and `decode_candidates` their 64 best with
+/// the row's max and Σ exp(v − max) (within 1e-5 of an f64 sum).
 #[test]
 fn graph_replayed_decode_equals_eager_decode() {
     let Some(g) = gpu() else { return };
@@ -310,13 +311,20 @@ fn graph_replayed_decode_equals_eager_decode() {
             Logits,
             Greedy,
             TopK,
+            Cands,
         }
-        type Steps = (Vec<Vec<f32>>, Vec<u32>, Vec<Vec<(u32, f32)>>);
+        type Steps = (
+            Vec<Vec<f32>>,
+            Vec<u32>,
+            Vec<Vec<(u32, f32)>>,
+            Vec<Candidates>,
+        );
         let run = |be: &CudaBackend, model: &dyn CausalLm<CudaBackend>, mode: Mode| -> Steps {
             let mut s = Session::new(model, be, n_ctx, KvType::F16).expect("session");
             s.prefill(model, be, &prompt, 512, |_, _| true)
                 .expect("prefill");
-            let (mut logits, mut picks, mut tops) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut logits, mut picks, mut tops, mut cands) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for &t in &toks {
                 match mode {
                     Mode::Greedy => picks.push(s.decode_greedy(model, be, t).expect("greedy")),
@@ -324,16 +332,21 @@ fn graph_replayed_decode_equals_eager_decode() {
                         s.decode_top_k(model, be, t, 40, &Default::default())
                             .expect("top_k"),
                     ),
+                    Mode::Cands => cands.push(
+                        s.decode_candidates(model, be, t, 64, &Default::default(), &|_, _, _| true)
+                            .expect("candidates"),
+                    ),
                     Mode::Logits => logits.push(s.decode(model, be, t).expect("decode")),
                 }
             }
-            (logits, picks, tops)
+            (logits, picks, tops, cands)
         };
         let (c0, r0) = g.graph_stats();
         let (lg, ..) = run(&g, mg.as_ref(), Mode::Logits);
         let (c1, r1) = g.graph_stats();
-        let (_, picks, _) = run(&g, mg.as_ref(), Mode::Greedy);
-        let (.., tops) = run(&g, mg.as_ref(), Mode::TopK);
+        let (_, picks, ..) = run(&g, mg.as_ref(), Mode::Greedy);
+        let (_, _, tops, _) = run(&g, mg.as_ref(), Mode::TopK);
+        let (.., cands) = run(&g, mg.as_ref(), Mode::Cands);
         let (le, ..) = run(&e, me.as_ref(), Mode::Logits);
         assert_eq!(e.graph_stats(), (0, 0), "{name}: graphs off yet recorded");
         // Classes of 64 positions: each costs a warm step and a capture, plus one more warm
@@ -374,6 +387,15 @@ fn graph_replayed_decode_equals_eager_decode() {
                 neagari_backend::top_k_host(a, 40),
                 "{name}: position {pos}: device top-k"
             );
+            let Candidates::Top { top, max, sum } = &cands[i] else {
+                panic!("{name}: position {pos}: candidates came back whole");
+            };
+            assert_eq!(top, &neagari_backend::top_k_host(a, 64), "{name}: {pos}");
+            let m = a.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let want: f64 = a.iter().map(|&v| f64::from(v - m).exp()).sum();
+            assert_eq!(*max, m, "{name}: position {pos}: max");
+            let err = (f64::from(*sum) - want).abs() / want;
+            assert!(err < 1e-5, "{name}: position {pos}: sum {sum} vs {want}");
         }
         note(&format!(
             "{name}: graph decode = eager to 256 positions, then max |Δ|/scale {worst:.1e}; \

@@ -3,7 +3,9 @@
 //! `1 + w` into the weights); q/k norms before NeoX RoPE; sliding-window layers with their
 //! own RoPE base, every sixth layer global; GeGLU MLP; tied output head.
 
-use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, Penalties, QkPrep, Rope};
+use neagari_backend::{
+    Attn, Backend, Candidates, GluAct, KvShape, KvType, Penalties, QkPrep, Rope, Settles,
+};
 
 use crate::dump::Dump;
 use crate::source::{ModelSource, SourceExt};
@@ -274,6 +276,19 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
     ) -> Result<Vec<(u32, f32)>> {
         let (x, _) = self.hidden(be, kv, tokens, false)?;
         self.head().top_k(be, &x, k, pen)
+    }
+
+    fn forward_candidates(
+        &self,
+        be: &B,
+        kv: &mut B::Kv,
+        tokens: &[u32],
+        k: usize,
+        pen: &Penalties,
+        enough: &Settles<'_>,
+    ) -> Result<Candidates> {
+        let (x, _) = self.hidden(be, kv, tokens, false)?;
+        self.head().candidates(be, &x, k, pen, enough)
     }
 }
 

@@ -14,7 +14,7 @@ pub mod qwen35;
 pub mod source;
 pub mod synth;
 
-use neagari_backend::{Backend, BackendError, KvType, Penalties};
+use neagari_backend::{Backend, BackendError, Candidates, KvType, Penalties, Settles};
 
 pub use source::ModelSource;
 
@@ -127,6 +127,27 @@ pub trait CausalLm<B: Backend>: Send + Sync {
         Ok(neagari_backend::top_k_host(&logits, k))
     }
 
+    /// Runs `tokens` like `forward` and returns the last token's logits after `pen` as
+    /// `Backend::candidates` gives them: the `k` best with the row's softmax sums where
+    /// `enough` says those settle the draw, else the whole penalized row (a sampling chain
+    /// without a top-k: `Sampler::settles`). Families that override it call
+    /// `Backend::candidates`, so a device backend brings back k pairs and two numbers
+    /// instead of the logits where it can.
+    fn forward_candidates(
+        &self,
+        be: &B,
+        kv: &mut B::Kv,
+        tokens: &[u32],
+        k: usize,
+        pen: &Penalties,
+        enough: &Settles<'_>,
+    ) -> Result<Candidates> {
+        let _ = (k, enough);
+        let mut logits = self.forward(be, kv, tokens, false)?;
+        pen.apply(&mut logits);
+        Ok(Candidates::All(logits))
+    }
+
     /// Runs `tokens` and returns the greedy pick of every token's logits (the check of a
     /// speculative block's drafts). Families that override it pick on the device, as
     /// `forward_greedy`.
@@ -217,6 +238,18 @@ impl<B: Backend> OutputHead<'_, B> {
     pub fn top_k(&self, be: &B, x: &B::Buf, k: usize, pen: &Penalties) -> Result<Vec<(u32, f32)>> {
         let mut rows = be.top_k(&self.project(be, x, false)?, k, pen)?;
         Ok(rows.pop().unwrap_or_default())
+    }
+
+    /// `Backend::candidates` of the last row's logits.
+    pub fn candidates(
+        &self,
+        be: &B,
+        x: &B::Buf,
+        k: usize,
+        pen: &Penalties,
+        enough: &Settles<'_>,
+    ) -> Result<Candidates> {
+        Ok(be.candidates(&self.project(be, x, false)?, k, pen, enough)?)
     }
 
     /// The greedy pick of every row of `x`.

@@ -3,7 +3,9 @@
 //! (per-head q/k RMSNorm before NeoX RoPE, explicit head_dim). Pre-norm blocks, GQA,
 //! SwiGLU MLP, optional tied output head and Llama 3.1 `rope_freqs`.
 
-use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, Penalties, QkPrep, Rope};
+use neagari_backend::{
+    Attn, Backend, Candidates, GluAct, KvShape, KvType, Penalties, QkPrep, Rope, Settles,
+};
 
 use crate::source::{ModelSource, SourceExt};
 use crate::{check_room, CausalLm, ModelError, ModelInfo, OutputHead, Result};
@@ -246,6 +248,19 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
     ) -> Result<Vec<(u32, f32)>> {
         let x = self.hidden(be, kv, tokens)?;
         self.head().top_k(be, &x, k, pen)
+    }
+
+    fn forward_candidates(
+        &self,
+        be: &B,
+        kv: &mut B::Kv,
+        tokens: &[u32],
+        k: usize,
+        pen: &Penalties,
+        enough: &Settles<'_>,
+    ) -> Result<Candidates> {
+        let x = self.hidden(be, kv, tokens)?;
+        self.head().candidates(be, &x, k, pen, enough)
     }
 
     fn forward_greedy_all(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<Vec<u32>> {

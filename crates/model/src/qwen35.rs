@@ -16,8 +16,8 @@
 //! `nextn_predict_layers` blocks) are loaded and kept for speculative decoding.
 
 use neagari_backend::{
-    Attn, Backend, DeltaNet, GluAct, HeadMap, HostTensor, KvShape, KvType, Penalties, QkPrep,
-    RecShape, Rope,
+    Attn, Backend, Candidates, DeltaNet, GluAct, HeadMap, HostTensor, KvShape, KvType, Penalties,
+    QkPrep, RecShape, Rope, Settles,
 };
 
 use crate::source::{ModelSource, SourceExt};
@@ -888,6 +888,19 @@ impl<B: Backend> CausalLm<B> for Qwen35<B> {
     ) -> Result<Vec<(u32, f32)>> {
         let x = self.hidden(be, kv, tokens)?;
         self.head().top_k(be, &x, k, pen)
+    }
+
+    fn forward_candidates(
+        &self,
+        be: &B,
+        kv: &mut B::Kv,
+        tokens: &[u32],
+        k: usize,
+        pen: &Penalties,
+        enough: &Settles<'_>,
+    ) -> Result<Candidates> {
+        let x = self.hidden(be, kv, tokens)?;
+        self.head().candidates(be, &x, k, pen, enough)
     }
 
     fn forward_greedy_all(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<Vec<u32>> {

@@ -36,7 +36,7 @@ use std::sync::atomic::Ordering;
 use cudarc::driver::{CudaGraph, CudaSlice, LaunchConfig};
 
 use super::{drv, CudaBackend, CudaBuf, CudaKv, TOPK_N, TOPK_THREADS};
-use crate::{Backend, BackendError, Penalties, Result};
+use crate::{Backend, BackendError, Candidates, Penalties, Result, Settles};
 
 /// Positions per attention split class (the split count changes at multiples of 64).
 pub(super) const POS_CLASS: usize = 64;
@@ -475,18 +475,62 @@ impl CudaBackend {
         k: usize,
         pen: &Penalties,
     ) -> Result<Vec<Vec<(u32, f32)>>> {
+        if x.rows == 0 || k.min(x.cols) == 0 {
+            return Ok(vec![Vec::new(); x.rows]);
+        }
+        match self.select(x, k, pen, false)? {
+            Selected::Host(mut host) => Ok(crate::top_k_rows_host(&mut host, x.cols, k, pen)),
+            Selected::Device(rows) => Ok(rows.into_iter().map(|(top, _)| top).collect()),
+        }
+    }
+
+    /// `Backend::candidates` on the device: `select` with the softmax sums of the last row;
+    /// the row (penalized in place) comes back only where `enough` says no.
+    pub(super) fn candidates_impl(
+        &self,
+        x: &CudaBuf,
+        k: usize,
+        pen: &Penalties,
+        enough: &Settles<'_>,
+    ) -> Result<Candidates> {
+        let (rows, cols) = (x.rows, x.cols);
+        let mut row = vec![0f32; cols];
+        if rows == 0 || cols == 0 {
+            return Ok(Candidates::All(row));
+        }
+        match self.select(x, k.max(1), pen, true)? {
+            Selected::Host(host) => {
+                // Read back as it was: penalized here.
+                row.copy_from_slice(&host[(rows - 1) * cols..]);
+                pen.apply(&mut row);
+                Ok(Candidates::All(row))
+            }
+            Selected::Device(mut sel) => {
+                let (top, (max, sum)) = sel.pop().unwrap_or_default();
+                if enough(&top, max, sum) {
+                    return Ok(Candidates::Top { top, max, sum });
+                }
+                // The penalties were applied in place.
+                Backend::read(self, x, rows - 1, 1, &mut row)?;
+                Ok(Candidates::All(row))
+            }
+        }
+    }
+
+    /// The k (≥ 1) best of each row after `pen`, and with `sums` each row's softmax sums
+    /// (its largest value and Σ exp(v − max)), selected on the device with the penalties
+    /// applied in place; or, where the device's selection does not take this k and width,
+    /// the rows read back as they are.
+    fn select(&self, x: &CudaBuf, k: usize, pen: &Penalties, sums: bool) -> Result<Selected> {
         let (rows, cols) = (x.rows, x.cols);
         let k = k.min(cols);
-        if rows == 0 || k == 0 {
-            return Ok(vec![Vec::new(); rows]);
-        }
         let big_k = k.next_power_of_two();
         let chunks = cols.div_ceil(TOPK_N);
         let runs = chunks.next_power_of_two();
         if big_k > 64 || runs * big_k > TOPK_N {
             let mut host = vec![0f32; rows * cols];
             Backend::read(self, x, 0, rows, &mut host)?;
-            return Ok(crate::top_k_rows_host(&mut host, cols, k, pen));
+            return Ok(Selected::Host(host));
         }
         self.step_finish()?;
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
@@ -528,8 +572,10 @@ impl CudaBackend {
                 &rp
             )?;
         }
-        // [rows, chunks, K] chunk keys, then [rows, K] merged keys.
-        let need = rows * (chunks + 1) * big_k;
+        // [rows, chunks, K] chunk keys, then [rows, K] merged keys; with `sums`, then
+        // [rows, chunks] chunk sums and [rows] row sums (a float2 in a word each).
+        let keys_len = rows * (chunks + 1) * big_k;
+        let need = keys_len + if sums { rows * (chunks + 1) } else { 0 };
         if sc.topk.as_ref().is_none_or(|s| s.len() < need) {
             sc.topk = Some(self.stream.alloc_zeros::<u64>(need).map_err(drv)?);
         }
@@ -539,6 +585,13 @@ impl CudaBackend {
         let part = self.dptr(buf);
         let off = rows * chunks * big_k;
         let keys = part + (off * 8) as u64;
+        // Null pointers: no sums.
+        let (ms, ms_row) = if sums {
+            let ms = part + (keys_len * 8) as u64;
+            (ms, ms + (rows * chunks * 8) as u64)
+        } else {
+            (0u64, 0u64)
+        };
         let (cols_i, k_i, chunks_i, runs_i) =
             (cols as i32, big_k as i32, chunks as i32, runs as i32);
         let cfg = LaunchConfig {
@@ -546,7 +599,16 @@ impl CudaBackend {
             block_dim: (TOPK_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        launch!(self, &self.ops.topk_chunks, cfg, &xp, &cols_i, &k_i, &part)?;
+        launch!(
+            self,
+            &self.ops.topk_chunks,
+            cfg,
+            &xp,
+            &cols_i,
+            &k_i,
+            &part,
+            &ms
+        )?;
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (TOPK_THREADS, 1, 1),
@@ -560,33 +622,62 @@ impl CudaBackend {
             &chunks_i,
             &runs_i,
             &k_i,
-            &keys
+            &keys,
+            &ms,
+            &ms_row
         )?;
         let mut host = vec![0u64; rows * big_k];
         self.stream
             .memcpy_dtoh(&buf.slice(off..off + rows * big_k), &mut host)
             .map_err(drv)?;
+        let mut row_sums = vec![0u64; if sums { rows } else { 0 }];
+        if sums {
+            let at = keys_len + rows * chunks;
+            self.stream
+                .memcpy_dtoh(&buf.slice(at..at + rows), &mut row_sums)
+                .map_err(drv)?;
+        }
         self.synchronize()?;
         self.step_stats_done();
         // Zero keys (NaN, or past a short row) end a row's list; else the monotone bits of
-        // the value (amax_key) and the complement of the index.
-        Ok(host
-            .chunks(big_k)
-            .map(|r| {
-                r.iter()
-                    .take(k)
-                    .take_while(|&&key| key != 0)
-                    .map(|&key| {
-                        let o = (key >> 32) as u32;
-                        let b = if o & 0x8000_0000 != 0 {
-                            o & 0x7fff_ffff
-                        } else {
-                            !o
-                        };
-                        (!(key as u32), f32::from_bits(b))
-                    })
-                    .collect()
+        // the value (amax_key) and the complement of the index. A row's sums are a float2
+        // (max, sum): the low word first.
+        let sums_of = |r: usize| {
+            row_sums.get(r).map_or((f32::NEG_INFINITY, 0.0), |&w| {
+                (f32::from_bits(w as u32), f32::from_bits((w >> 32) as u32))
             })
-            .collect())
+        };
+        Ok(Selected::Device(
+            host.chunks(big_k)
+                .enumerate()
+                .map(|(r, keys)| {
+                    let top = keys
+                        .iter()
+                        .take(k)
+                        .take_while(|&&key| key != 0)
+                        .map(|&key| {
+                            let o = (key >> 32) as u32;
+                            let b = if o & 0x8000_0000 != 0 {
+                                o & 0x7fff_ffff
+                            } else {
+                                !o
+                            };
+                            (!(key as u32), f32::from_bits(b))
+                        })
+                        .collect();
+                    (top, sums_of(r))
+                })
+                .collect(),
+        ))
     }
+}
+
+/// A row's k best and its softmax sums (`select`).
+type RowSel = (Vec<(u32, f32)>, (f32, f32));
+
+/// What `select` brings back: each row's k best and softmax sums (max, Σ exp(v − max)),
+/// or the rows as they are where the device's selection does not take the shape.
+enum Selected {
+    Device(Vec<RowSel>),
+    Host(Vec<f32>),
 }

@@ -997,6 +997,16 @@ impl Backend for CudaBackend {
         self.top_k_impl(x, k, pen)
     }
 
+    fn candidates(
+        &self,
+        x: &CudaBuf,
+        k: usize,
+        pen: &Penalties,
+        enough: &crate::Settles<'_>,
+    ) -> Result<crate::Candidates> {
+        self.candidates_impl(x, k, pen, enough)
+    }
+
     fn step_begin(&self, kv: &CudaKv, tokens: &[u32]) -> Result<()> {
         self.step_begin_impl(kv, tokens)
     }

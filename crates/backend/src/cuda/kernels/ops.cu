@@ -502,17 +502,61 @@ __device__ __forceinline__ void topk_reduce(u64* s, int runs, int K) {
     __syncthreads();
 }
 
-// Grid (chunks of TOPK_N values, rows): part[row][chunk][0..K) = the chunk's K best keys.
+// Softmax sums: (m, s) = (largest value, Σ exp(v − m)) of the values not NaN; −∞ adds
+// nothing, so a row of them (or of NaN) is (−∞, 0). `sm_add` takes one value, `sm_merge`
+// another pair.
+__device__ __forceinline__ void sm_add(float& m, float& s, float v) {
+    if (isnan(v) || v == NEG_INF) return;
+    if (v > m) {
+        s = s * expf(m - v) + 1.0f;
+        m = v;
+    } else {
+        s += expf(v - m);
+    }
+}
+__device__ __forceinline__ void sm_merge(float& m, float& s, float m2, float s2) {
+    if (m2 == NEG_INF) return;
+    if (m2 > m) {
+        s = s * expf(m - m2) + s2;
+        m = m2;
+    } else {
+        s += s2 * expf(m2 - m);
+    }
+}
+// A block's pairs merged in a fixed order (lanes, then warps); the block's pair in thread 0.
+__device__ __forceinline__ void sm_block(float& m, float& s) {
+    __shared__ float2 w[TOPK_THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_down_sync(0xffffffffu, m, o);
+        const float s2 = __shfl_down_sync(0xffffffffu, s, o);
+        sm_merge(m, s, m2, s2);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) w[warp] = make_float2(m, s);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < (int)(blockDim.x >> 5); i++) sm_merge(m, s, w[i].x, w[i].y);
+    }
+}
+
+// Grid (chunks of TOPK_N values, rows): part[row][chunk][0..K) = the chunk's K best keys;
+// with `ms`, ms[row][chunk] = the chunk's softmax sums (sm_add).
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
-    topk_chunks(const float* x, int cols, int K, u64* part) {
+    topk_chunks(const float* x, int cols, int K, u64* part, float2* ms) {
     gdc_wait();
     __shared__ u64 s[TOPK_N];
     const float* row = x + (i64)blockIdx.y * cols;
     const int c0 = blockIdx.x * TOPK_N;
+    float m = NEG_INF, e = 0.0f;
     for (int j = threadIdx.x; j < TOPK_N; j += TOPK_THREADS) {
         const int c = c0 + j;
         const float v = c < cols ? row[c] : 0.0f;
         s[j] = c >= cols || isnan(v) ? 0ull : amax_key(v, c);
+        if (c < cols) sm_add(m, e, v);
+    }
+    if (ms) {
+        sm_block(m, e);
+        if (threadIdx.x == 0) ms[(i64)blockIdx.y * gridDim.x + blockIdx.x] = make_float2(m, e);
     }
     // Each run of K sorted descending (bitonic; a run's last pass is all descending).
     for (int size = 2; size <= K; size <<= 1) {
@@ -531,14 +575,25 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
 }
 
 // Grid (rows): keys[row][0..K) = the K best of the row's `chunks` runs of K chunk keys
-// (padded with empty runs to `runs`, a power of two; runs·K ≤ TOPK_N).
+// (padded with empty runs to `runs`, a power of two; runs·K ≤ TOPK_N); with `ms`,
+// ms_row[row] = the row's softmax sums from its chunks' ms[row][chunk].
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
-    topk_merge(const u64* part, int chunks, int runs, int K, u64* keys) {
+    topk_merge(const u64* part, int chunks, int runs, int K, u64* keys, const float2* ms,
+               float2* ms_row) {
     gdc_wait();
     __shared__ u64 s[TOPK_N];
     const u64* in = part + (i64)blockIdx.x * chunks * K;
     const int n = chunks * K;
     for (int j = threadIdx.x; j < runs * K; j += TOPK_THREADS) s[j] = j < n ? in[j] : 0ull;
+    if (ms) {
+        float m = NEG_INF, e = 0.0f;
+        for (int j = threadIdx.x; j < chunks; j += TOPK_THREADS) {
+            const float2 p = ms[(i64)blockIdx.x * chunks + j];
+            sm_merge(m, e, p.x, p.y);
+        }
+        sm_block(m, e);
+        if (threadIdx.x == 0) ms_row[blockIdx.x] = make_float2(m, e);
+    }
     topk_reduce(s, runs, K);
     for (int j = threadIdx.x; j < K; j += TOPK_THREADS) keys[(i64)blockIdx.x * K + j] = s[j];
 }
