@@ -20,8 +20,9 @@ pub(super) const CHAIN: &str = include_str!("kernels/chain.cu");
 
 /// The chain module's defines (its compile key): Q1_0 on int8 MMA (the default), or with
 /// NEAGARI_CUDA_CHAIN_Q1=p128 on binary MMA over an activation with a scale a 128-value
-/// block (CN_Q1_P128, not yet measured); CN_TAIL 0 with NEAGARI_CUDA_CHAIN_TAIL=0; then
-/// the block's `Shape`.
+/// block (CN_Q1_P128, not yet measured; a speed experiment only: rounding per 128 values
+/// triples the KL divergence of per-32 on the test model, BENCHMARKS session 35); CN_TAIL
+/// 0 with NEAGARI_CUDA_CHAIN_TAIL=0; then the block's `Shape`.
 pub(super) fn defines() -> String {
     let mut d = match std::env::var("NEAGARI_CUDA_CHAIN_Q1").as_deref() {
         Ok("p128") => "#define CN_Q1_P128 1\n",
