@@ -389,8 +389,11 @@ struct Q_Q1_0R {
 };
 
 // TQ2_0: a step is half a block (32 bytes: units 4c .. 4c+3 share them, unit l takes bits
-// 2l of every byte). (word << (6 − 2l)) & 0xC0C0C0C0 is 64·code per byte; weights are
-// (code − 1)·d, so the dot is d·(dx·Σcode·q − dx·Σq).
+// 2l of every byte). word & (3 << 2l in every byte) is 4^l·code per byte (≤ 128: dp4a's
+// unsigned bytes), so the unit's eight dp4a sum 4^l·Σcode·q and one shift at the end gives
+// Σcode·q — exactly what shifting every word to the top bits first gave, one instruction a
+// word fewer (a third of the loop); weights are (code − 1)·d, so the dot is
+// d·(dx·Σcode·q − dx·Σq).
 struct Q_TQ2_0R {
     static constexpr int STEP = 4;
     struct W {
@@ -414,11 +417,12 @@ struct Q_TQ2_0R {
         for (int r = 0; r < NR; r++) s[r] = 0;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            const u32 m = (q[k] << (6 - 2 * l)) & 0xC0C0C0C0u;
+            const u32 m = q[k] & (0x03030303u << (2 * l));
 #pragma unroll
             for (int r = 0; r < NR; r++) s[r] = dp4a_us(m, x[r][k], s[r]);
         }
 #pragma unroll
-        for (int r = 0; r < NR; r++) acc[r] += w.d * (ds[r].x * (float)(s[r] >> 6) - ds[r].y);
+        for (int r = 0; r < NR; r++)
+            acc[r] += w.d * (ds[r].x * (float)(s[r] >> (2 * l)) - ds[r].y);
     }
 };
