@@ -139,12 +139,6 @@ pub(super) fn fmt_module(n: &FmtNames) -> (String, String, String) {
         Some(b @ 1..=4) => format!("{minb}\n#define MVRT_MINB {b}"),
         _ => minb,
     };
-    // NEAGARI_CUDA_Q4K_MASK=1: Q4_K's nibbles masked in place (vecdot.cuh `acc_nibbles`).
-    let minb = if std::env::var("NEAGARI_CUDA_Q4K_MASK").as_deref() == Ok("1") {
-        format!("{minb}\n#define Q4K_MASK")
-    } else {
-        minb
-    };
     match (n.q.as_deref(), n.rows.as_deref()) {
         (Some(q), Some(r)) => (
             format!("matmul_{st}"),

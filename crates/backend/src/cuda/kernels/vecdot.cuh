@@ -145,33 +145,19 @@ struct Q_Q8_0 {
 
 struct Q_Q4_K {
     // A unit's 32 nibbles (the low or high halves of q's bytes, by nsh) times the NR
-    // activation rows, scaled: `dot`'s and `dot_u`'s shared arithmetic. With Q4K_MASK
-    // (NEAGARI_CUDA_Q4K_MASK=1, to measure) the nibbles are masked where they lie
-    // (2^nsh·code a byte, ≤ 240: dp4a's unsigned bytes) and the sums shifted once: the
-    // same integers, a shift a word fewer (ptxas 13: mvqm1x4's loop 288 → 245
-    // instructions), but 54 registers against 44 — fewer blocks an SM, which lost for
-    // this kernel before (BENCHMARKS session 23).
+    // activation rows, scaled: `dot`'s and `dot_u`'s shared arithmetic. (Masking the
+    // nibbles in place and shifting the sums once cut mvqm1x4's loop 288 → 245 SASS but
+    // took it from 44 to 54 registers: tg64 166.3 / 166.9 → 164.3, H200, session 35.)
     template <int NR>
     static __device__ __forceinline__ void acc_nibbles(const u32 (&q)[8], int nsh, float d1,
                                                        float m1, const int (&x)[NR][8],
                                                        const float2 (&ds)[NR], float (&acc)[NR]) {
-#ifdef Q4K_MASK
-        const u32 mk = 0x0F0F0F0Fu << nsh;
-#pragma unroll
-        for (int r = 0; r < NR; r++) {
-            int s = 0;
-#pragma unroll
-            for (int k = 0; k < 8; k++) s = dp4a_us(q[k] & mk, x[r][k], s);
-            acc[r] += d1 * ds[r].x * (float)(s >> nsh) - m1 * ds[r].y;
-        }
-#else
         int w[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) w[k] = (q[k] >> nsh) & 0x0F0F0F0F;
 #pragma unroll
         for (int r = 0; r < NR; r++)
             acc[r] += d1 * ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) - m1 * ds[r].y;
-#endif
     }
     template <int NR>
     static __device__ __forceinline__ void dot(const u8* row, int u, const int (&x)[NR][8],
