@@ -15,38 +15,14 @@
 // of a BMMA holds word t of rows g and g + 8), f16 scales [row][block]; planes
 // [block][lane = token·4 + word][plane] (two 16-byte loads a lane a block), d and Σq
 // [block][token].
-#include <cuda_fp16.h>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <random>
-#include <vector>
-typedef uint8_t u8;
-typedef uint32_t u32;
-typedef long long i64;
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e = (x);                                                                   \
-        if (e != cudaSuccess) {                                                                \
-            printf("CUDA %s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));              \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "proto_common.cuh"
 
 __device__ __forceinline__ void bmma(int (&c)[4], u32 a0, u32 a1, u32 b) {
     asm("mma.sync.aligned.m16n8k128.row.col.s32.b1.b1.s32.and.popc {%0,%1,%2,%3}, {%4,%5}, "
         "{%6}, {%0,%1,%2,%3};"
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
         : "r"(a0), "r"(a1), "r"(b));
-}
-__device__ __forceinline__ uint4 ldg4(const void* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
 }
 __device__ __forceinline__ u32 w4(const uint4& v, int j) {
     return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
@@ -85,8 +61,8 @@ __global__ void __launch_bounds__(256) mvbr(const u8* __restrict__ W, const __ha
         uint2 s[MT][2];
 #pragma unroll
         for (int m = 0; m < MT; m++) {
-            a[m][0] = ldg4(wr[m][0] + 64 * c);
-            a[m][1] = ldg4(wr[m][1] + 64 * c);
+            a[m][0] = ld_stream(wr[m][0] + 64 * c);
+            a[m][1] = ld_stream(wr[m][1] + 64 * c);
             s[m][0] = *(const uint2*)(sr[m][0] + 4 * c);
             s[m][1] = *(const uint2*)(sr[m][1] + 4 * c);
         }
@@ -158,27 +134,15 @@ __global__ void __launch_bounds__(256) readk(const uint4* __restrict__ p, i64 n,
     for (; i + (U - 1) * stride < n; i += U * stride) {
         uint4 v[U];
 #pragma unroll
-        for (int k = 0; k < U; k++) v[k] = ldg4(p + i + k * stride);
+        for (int k = 0; k < U; k++) v[k] = ld_stream(p + i + k * stride);
 #pragma unroll
         for (int k = 0; k < U; k++) x ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
     }
     for (; i < n; i += stride) {
-        uint4 v = ldg4(p + i);
+        uint4 v = ld_stream(p + i);
         x ^= v.x ^ v.y ^ v.z ^ v.w;
     }
     if (x == 0x12345678u) out[0] = x;
-}
-
-static uint16_t f2h_host(float f) {
-    __half x = __float2half(f);
-    uint16_t h;
-    memcpy(&h, &x, 2);
-    return h;
-}
-static float h2f_host(uint16_t h) {
-    __half x;
-    memcpy(&x, &h, 2);
-    return __half2float(x);
 }
 
 struct Shape {
@@ -264,32 +228,9 @@ int main() {
         CK(cudaMalloc(&dXs, xs.size() * 4));
         CK(cudaMemcpy(dXs, xs.data(), xs.size() * 4, cudaMemcpyHostToDevice));
         CK(cudaMalloc(&dy, (size_t)NT * rows * 4));
-        std::vector<float> hy((size_t)NT * rows);
-        cudaEvent_t e0, e1;
-        cudaEventCreate(&e0);
-        cudaEventCreate(&e1);
         const double bytes = (double)(wb + sb);
-        auto check = [&]() {
-            CK(cudaMemcpy(hy.data(), dy, hy.size() * 4, cudaMemcpyDeviceToHost));
-            double md = 0, mr = 0;
-            for (size_t i = 0; i < hy.size(); i++) {
-                md = fmax(md, fabs(hy[i] - ref[i]));
-                mr = fmax(mr, fabs(ref[i]));
-            }
-            return md / mr;
-        };
-        auto timeit = [&](auto launch) {
-            for (int i = 0; i < 3; i++) launch(i % COPIES);
-            CK(cudaDeviceSynchronize());
-            const int N = 200;
-            cudaEventRecord(e0);
-            for (int i = 0; i < N; i++) launch(i % COPIES);
-            cudaEventRecord(e1);
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            cudaEventElapsedTime(&ms, e0, e1);
-            return ms * 1000.f / N;
-        };
+        auto check = [&]() { return rel_err(dy, ref, ref.size()); };
+        auto timeit = [&](auto launch) { return time_us(launch, COPIES); };
         printf("%s: %d x %d, 8 tokens, %.1f MB (weights + scales)\n", sh.name, rows, K, bytes / 1e6);
 #define RUN(MT, KS, WARPS)                                                                          \
     {                                                                                               \
@@ -299,7 +240,7 @@ int main() {
             mvbr<MT, KS><<<blocks, WARPS * 32>>>(dW + wb * c, (const __half*)((u8*)dS + sb * c), dP, \
                                                  dXd, dXs, dy, rows, nb);                           \
         };                                                                                          \
-        CK(cudaMemset(dy, 0, hy.size() * 4));                                                       \
+        CK(cudaMemset(dy, 0, ref.size() * 4));                                                       \
         L(0);                                                                                       \
         CK(cudaDeviceSynchronize());                                                                \
         const double err = check();                                                                 \

@@ -15,38 +15,13 @@
 // 8-row int8 MMA (u8 × s8, m16n8k32, one unit an MMA) the A registers are one LOP3 each
 // instead of a shift and a LOP3. Same sums, other layout: both variants are checked
 // against one host reference.
-#include <cuda_fp16.h>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <random>
-#include <vector>
-typedef uint8_t u8;
-typedef uint32_t u32;
-typedef int8_t i8;
-typedef long long i64;
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e = (x);                                                                   \
-        if (e != cudaSuccess) {                                                                \
-            printf("CUDA %s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));              \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "proto_common.cuh"
 
 __device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
     int r;
     asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
     return r;
-}
-__device__ __forceinline__ uint4 ld_stream(const void* p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
 }
 __device__ __forceinline__ u32 w8(const uint4& a, const uint4& b, int i) {
     const uint4& v = i < 4 ? a : b;
@@ -220,18 +195,6 @@ __global__ void __launch_bounds__(256) mv8(const u8* __restrict__ W, const __hal
         }
 }
 
-static uint16_t f2h_host(float f) {
-    __half x = __float2half(f);
-    uint16_t h;
-    memcpy(&h, &x, 2);
-    return h;
-}
-static float h2f_host(uint16_t h) {
-    __half x;
-    memcpy(&x, &h, 2);
-    return __half2float(x);
-}
-
 struct Shape {
     const char* name;
     int rows, cols;
@@ -317,32 +280,9 @@ int main() {
         CK(cudaMalloc(&dds, ds.size() * 8));
         CK(cudaMemcpy(dds, ds.data(), ds.size() * 8, cudaMemcpyHostToDevice));
         CK(cudaMalloc(&dy, (size_t)NT * rows * 4));
-        std::vector<float> hy((size_t)NT * rows);
-        cudaEvent_t e0, e1;
-        cudaEventCreate(&e0);
-        cudaEventCreate(&e1);
         const double bytes = (double)(wbytes + sbytes);
-        auto check = [&](int nt) {
-            CK(cudaMemcpy(hy.data(), dy, (size_t)nt * rows * 4, cudaMemcpyDeviceToHost));
-            double md = 0, mr = 0;
-            for (size_t i = 0; i < (size_t)nt * rows; i++) {
-                md = fmax(md, fabs(hy[i] - ref[i]));
-                mr = fmax(mr, fabs(ref[i]));
-            }
-            return md / mr;
-        };
-        auto timeit = [&](auto launch) {
-            for (int i = 0; i < 3; i++) launch(i % COPIES);
-            CK(cudaDeviceSynchronize());
-            const int N = 200;
-            cudaEventRecord(e0);
-            for (int i = 0; i < N; i++) launch(i % COPIES);
-            cudaEventRecord(e1);
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            cudaEventElapsedTime(&ms, e0, e1);
-            return ms * 1000.f / N;
-        };
+        auto check = [&](int nt) { return rel_err(dy, ref, (size_t)nt * rows); };
+        auto timeit = [&](auto launch) { return time_us(launch, COPIES); };
         printf("%s: %d x %d, %.1f MB\n", sh.name, rows, K, bytes / 1e6);
 #define RUN1(SL, R, G)                                                                             \
     {                                                                                              \
