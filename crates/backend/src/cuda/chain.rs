@@ -20,79 +20,32 @@ pub(super) const CHAIN: &str = include_str!("kernels/chain.cu");
 
 /// The chain module's defines (its compile key): Q1_0 on int8 MMA (the default), or with
 /// NEAGARI_CUDA_CHAIN_Q1=p128 on binary MMA over an activation with a scale a 128-value
-/// block (CN_Q1_P128, not yet measured; a speed experiment only: rounding per 128 values
-/// triples the KL divergence of per-32 on the test model, BENCHMARKS session 35); CN_TAIL
-/// 0 with NEAGARI_CUDA_CHAIN_TAIL=0; then the block's `Shape`.
+/// block (CN_Q1_P128; a speed experiment only: rounding per 128 values triples the KL
+/// divergence of per-32 on the test model, BENCHMARKS session 35).
 pub(super) fn defines() -> String {
-    let mut d = match std::env::var("NEAGARI_CUDA_CHAIN_Q1").as_deref() {
+    match std::env::var("NEAGARI_CUDA_CHAIN_Q1").as_deref() {
         Ok("p128") => "#define CN_Q1_P128 1\n",
         _ => "",
     }
-    .to_string();
-    // NEAGARI_CUDA_CHAIN_TAIL=0: a last short round's units are not split by K (CnGeo).
-    if std::env::var("NEAGARI_CUDA_CHAIN_TAIL").as_deref() == Ok("0") {
-        d += "#define CN_TAIL 0\n";
-    }
-    let sh = Shape::get();
-    if sh.warps != SHAPES[0].warps {
-        d += &format!("#define CN_W {}\n#define CN_CH {}\n", sh.warps, sh.ch);
-    }
-    d
+    .to_string()
 }
 
-/// A block's make-up: consumer warps (chain.cu CN_W), groups a chunk's row at most (CN_CH)
-/// and ring slots (`ns`). A consumer's parity wait on its next slot needs the slot's fill
-/// before it done, so warps ≤ slots (16 warps on 14 slots hung in session 33).
-#[derive(Clone, Copy)]
-struct Shape {
-    warps: usize,
-    ch: usize,
-    slots: usize,
-}
-
-/// 8 warps (the default) and, with NEAGARI_CUDA_CHAIN_WARPS=16 (an experiment: more warps
-/// to hide the consumers' latency), 16 on smaller chunks so that 16 slots fit.
-const SHAPES: [Shape; 2] = [
-    Shape {
-        warps: 8,
-        ch: 6,
-        slots: 14,
-    },
-    Shape {
-        warps: 16,
-        ch: 5,
-        slots: 16,
-    },
-];
-
-impl Shape {
-    fn get() -> Shape {
-        match std::env::var("NEAGARI_CUDA_CHAIN_WARPS").as_deref() {
-            Ok("16") => SHAPES[1],
-            _ => SHAPES[0],
-        }
-    }
-    /// chain.cu's CN_SLOT: 16 rows of a chunk (+ 16 bytes a row).
-    const fn slot(self) -> usize {
-        16 * (self.ch * 144 + 16)
-    }
-    const fn smem(self) -> usize {
-        self.slots * self.slot() + ACT
-    }
-    const fn threads(self) -> u32 {
-        32 * (self.warps as u32 + 1)
-    }
-}
+/// A block's make-up (chain.cu CN_W, CN_CH): 8 consumer warps, chunks of at most 6 groups a
+/// row, 14 ring slots. A consumer's parity wait on its next slot needs the slot's fill
+/// before it done, so warps ≤ slots (16 warps on 14 slots hung in session 33; 16 on 16
+/// slots ran at 75.9 tok/s against 8 warps' 129.5, session 35).
+const WARPS: usize = 8;
+const CHUNK_GROUPS: usize = 6;
+const SLOTS: usize = 14;
+/// chain.cu's CN_SLOT: 16 rows of a chunk (+ 16 bytes a row).
+const SLOT: usize = 16 * (CHUNK_GROUPS * 144 + 16);
+const SMEM: usize = SLOTS * SLOT + ACT;
+const THREADS: u32 = 32 * (WARPS as u32 + 1);
 
 const _: () = {
-    let mut i = 0;
-    while i < SHAPES.len() {
-        let s = SHAPES[i];
-        // TQ2_0's chunk is one 528-byte group.
-        assert!(s.warps <= s.slots && s.slots <= MAXNS && s.smem() <= 227 * 1024);
-        assert!(16 * (528 + 16) <= s.slot());
-        i += 1;
-    }
+    // TQ2_0's chunk is one 528-byte group.
+    assert!(WARPS <= SLOTS && SLOTS <= MAXNS && SMEM <= 227 * 1024);
+    assert!(16 * (528 + 16) <= SLOT);
 };
 
 /// chain.cu's CN_MAXI, CN_MAXNS, CN_MAXK, CN_ACT.
@@ -187,8 +140,7 @@ fn overlaps(a: &[Span], b: &[Span]) -> bool {
 fn chain_parts(n_sm: usize, warps: usize, tiles: usize, groups: usize) -> usize {
     let rounds = |nkc: usize| (tiles * nkc).div_ceil(n_sm.max(1)).div_ceil(warps);
     if rounds(1) > 2 {
-        // Enough rounds that the last one's idle warps matter little (and a short last
-        // round is split by K inside the block: chain.cu `CnGeo::round`).
+        // Enough rounds that the last one's idle warps matter little.
         return 1;
     }
     (1..=groups.clamp(1, 8))
@@ -572,8 +524,6 @@ impl Recorder {
 /// The chain's kernel and its device memory.
 pub(super) struct Chain {
     func: CudaFunction,
-    /// Warps, chunk and ring size the kernel was compiled for (`defines`).
-    shape: Shape,
     cnt: CudaSlice<u32>,
     part: CudaSlice<f32>,
     rec: Mutex<Recorder>,
@@ -619,9 +569,8 @@ impl Chain {
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(drv)?;
         let func = m.load_function("chain").map_err(drv)?;
-        let shape = Shape::get();
         let smem = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-        func.set_attribute(smem, shape.smem() as i32).map_err(drv)?;
+        func.set_attribute(smem, SMEM as i32).map_err(drv)?;
         let env = |k: &str| std::env::var(k).ok();
         let fold = env("NEAGARI_CUDA_CHAIN_FOLD").as_deref() != Some("0");
         let prof = match env("NEAGARI_CUDA_CHAIN_PROF").as_deref() {
@@ -630,7 +579,6 @@ impl Chain {
         };
         Ok(Chain {
             func,
-            shape,
             cnt: stream.alloc_zeros::<u32>(COUNTERS).map_err(drv)?,
             part: stream.alloc_zeros::<f32>(PART).map_err(drv)?,
             rec: Mutex::new(Recorder {
@@ -704,7 +652,7 @@ impl CudaBackend {
     /// row's worth of work (a part is 1/nkc of a row), the fewer parts at a tie.
     fn chain_parts(&self, ch: &Chain, tiles: usize, groups: usize) -> usize {
         if ch.split {
-            chain_parts(self.n_sm, ch.shape.warps, tiles, groups)
+            chain_parts(self.n_sm, WARPS, tiles, groups)
         } else {
             1
         }
@@ -749,7 +697,7 @@ impl CudaBackend {
             ins: [Ins::default(); MAXI],
             cnt: self.dptr(&ch.cnt),
             n: ins.len() as u32,
-            ns: ch.shape.slots as u32,
+            ns: SLOTS as u32,
             prof: prof.map_or(0, |p| self.dptr(p)),
         };
         let recorded = prof.map(|_| ins.clone());
@@ -763,8 +711,8 @@ impl CudaBackend {
         }
         let cfg = LaunchConfig {
             grid_dim: (self.n_sm as u32, 1, 1),
-            block_dim: (ch.shape.threads(), 1, 1),
-            shared_mem_bytes: ch.shape.smem() as u32,
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: SMEM as u32,
         };
         self.launches.fetch_add(1, Ordering::Relaxed);
         ch.launched.fetch_add(1, Ordering::Relaxed);

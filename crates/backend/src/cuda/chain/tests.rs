@@ -187,30 +187,20 @@ fn xorshift(seed: u64) -> impl FnMut(usize) -> usize {
 
 /// The ring as chain.cu runs it, one block, in random schedules: the producer fills
 /// seq into slot seq % ns once the reader of seq − ns has released it; warp w reads
-/// seq = base + c·nit + w of each round (nit items: units, or a short last round's units
-/// split by K); both wait by mbarrier parity (`full`, `empty`
+/// seq = base + c·nu + w of each round of nu units; both wait by mbarrier parity (`full`, `empty`
 /// count completed phases; a wait for parity p passes while the count's parity is not
 /// p). Returns the reads that passed before their fill and whether it ran to the end.
 fn ring(warps: usize, ns: usize, units: usize, nch: usize, seed: u64) -> (usize, bool) {
     let mut rand = xorshift(seed);
-    // chain.cu's rounds (CnGeo::round): W units at a time, a last one of ≤ W / 2 units
-    // split by K into W / r items each (fewer chunks an item).
+    // chain.cu's rounds (CnGeo::round): W units at a time.
     let mut prog = vec![Vec::new(); warps];
     let (mut base, mut ub) = (0, 0);
     while ub < units {
-        let left = units - ub;
-        let nu = warps.min(left);
-        let p = if left < warps && 2 * left <= warps {
-            warps / left
-        } else {
-            1
-        };
-        let k = if p == 1 { nch } else { nch.div_ceil(p) };
-        let nit = nu * p;
-        for (w, prg) in prog.iter_mut().enumerate().take(nit) {
-            prg.extend((0..k).map(|c| base + c * nit + w));
+        let nu = warps.min(units - ub);
+        for (w, prg) in prog.iter_mut().enumerate().take(nu) {
+            prg.extend((0..nch).map(|c| base + c * nu + w));
         }
-        base += k * nit;
+        base += nch * nu;
         ub += nu;
     }
     let (mut full, mut empty) = (vec![0usize; ns], vec![0usize; ns]);
@@ -255,21 +245,18 @@ fn ring(warps: usize, ns: usize, units: usize, nch: usize, seed: u64) -> (usize,
     }
 }
 
-/// Every shape keeps the parity waits sound (warps ≤ slots) and runs to the end; 16
+/// The kernel's shape keeps the parity waits sound (warps ≤ slots) and runs to the end; 16
 /// warps on 14 slots (session 33's hang) does neither.
 #[test]
 fn ring_waits_pass_only_after_their_fill() {
-    for sh in SHAPES {
-        // A last round of 5 units (not split), of 2 or 3 (split by K), and one unit alone.
-        for units in [37, 34, 35, 1] {
-            for seed in 1..100 {
-                assert_eq!(
-                    ring(sh.warps, sh.slots, units, 3, seed),
-                    (0, true),
-                    "{} warps, {units} units",
-                    sh.warps
-                );
-            }
+    // Last rounds of 5, 2 and 3 units, and one unit alone.
+    for units in [37, 34, 35, 1] {
+        for seed in 1..100 {
+            assert_eq!(
+                ring(WARPS, SLOTS, units, 3, seed),
+                (0, true),
+                "{units} units"
+            );
         }
     }
     assert!((1..50).all(|seed| ring(16, 14, 37, 3, seed) != (0, true)));

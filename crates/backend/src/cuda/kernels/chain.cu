@@ -47,21 +47,14 @@
 // be short) on IMMA m16n8k32 (gemv_rows.cu's lane layout). Groups of 144 bytes (1024 and
 // 256 weights) and 528 (TQ2_0's 2048).
 
-#ifndef CN_W
 #define CN_W 8                        // consumer warps (at most the ring's slots: below)
-#endif
 #define CN_C (CN_W * 32)              // consumer threads
 #define CN_T (CN_C + 32)              // + the producer warp
 #define CN_GB 144                     // bytes a group
 #ifndef CN_Q1_P128
 #define CN_Q1_P128 0                  // Q1_0: 0 int8 MMA (0/1 codes); 1 binary (above)
 #endif
-#ifndef CN_CH
 #define CN_CH 6                       // groups of a chunk's row at most
-#endif
-#ifndef CN_TAIL
-#define CN_TAIL 1                     // a last round of ≤ CN_W / 2 units split by K (CnGeo)
-#endif
 #define CN_SLOT (16 * (CN_CH * CN_GB + 16))
 #define CN_MAXK 17408
 #define CN_ACT (CN_MAXK + CN_MAXK / 32 * 8)
@@ -209,30 +202,24 @@ __device__ __forceinline__ int cn_second(const CIns& in, int tile, int& t) {
 
 // Block b of nb's share of a GEMV or GLU: units [u0, u1) (K part major: a unit u is tile
 // u % tiles of part u / tiles), each in nch chunks of ≤ CN_CH groups.
-// The units go to the warps a round of CN_W at a time; a last round of r ≤ CN_W / 2 units
-// (CN_TAIL) has each split into P = CN_W / r items by K, summed in the block: the 27B's GLU
-// (16.5 units a block) took three rounds, the last with one warp of eight busy.
+// The units go to the warps a round of CN_W at a time. (Splitting a short last round's units
+// by K across the idle warps measured slower: 129.5 against 137.6 tok/s, session 35.)
 struct CnGeo {
-    int tiles, G, nkc, u0, u1, nch, per, ch;
+    int tiles, G, nkc, u0, u1, nch;
     __device__ CnGeo(const CIns& in, int b, int nb) {
         tiles = in.kind == CK_GLU ? in.rows / 8 : in.rows / 16;
         nkc = in.nkc;
         const int gw = cn_group_weights(in.fmt);
-        ch = cn_chunk_groups(in.fmt);
+        const int ch = cn_chunk_groups(in.fmt);
         G = ((int)in.K + gw - 1) / gw;
         const i64 U = (i64)tiles * nkc;
         u0 = (int)(U * b / nb);
         u1 = (int)(U * (b + 1) / nb);
-        per = (G + nkc - 1) / nkc;
+        const int per = (G + nkc - 1) / nkc;
         nch = (per + ch - 1) / ch;
     }
-    // The round at unit ub: its units nu, the items P a unit and chunks k an item.
-    __device__ void round(int ub, int& nu, int& P, int& k) const {
-        const int left = u1 - ub;
-        nu = min(CN_W, left);
-        P = CN_TAIL && left < CN_W && 2 * left <= CN_W ? CN_W / left : 1;
-        k = P == 1 ? nch : ((per + P - 1) / P + ch - 1) / ch;
-    }
+    // The units of the round at unit ub.
+    __device__ int round(int ub) const { return min(CN_W, u1 - ub); }
     // The bytes of groups [a, e) of a row of rb bytes.
     __device__ int bytes(const CIns& in, int a, int e) const {
         const int gb = cn_group_bytes(in.fmt);
@@ -246,12 +233,11 @@ struct CnGeo {
     __device__ bool whole(const CIns& in, int a, int e) const {
         return cn_stride(bytes(in, a, e)) == (int)in.row_bytes;
     }
-    // Groups [a, e) of chunk c (of k) of item p (of P) of unit u.
-    __device__ void chunk(int u, int p, int P, int c, int k, int& a, int& e) const {
+    // Groups [a, e) of chunk c (of nch) of unit u.
+    __device__ void chunk(int u, int c, int& a, int& e) const {
         const int kc = u / tiles, ua = part(kc), n = part(kc + 1) - ua;
-        const int sa = ua + p * n / P, sn = ua + (p + 1) * n / P - sa;
-        a = sa + c * sn / k;
-        e = sa + (c + 1) * sn / k;
+        a = ua + c * n / nch;
+        e = ua + (c + 1) * n / nch;
     }
 };
 
@@ -719,7 +705,6 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
     u8* act = sm + ns * CN_SLOT;  // [CN_ACT]
     __shared__ u64 full[CN_MAXNS], empty[CN_MAXNS];
     __shared__ double red[CN_W];
-    __shared__ float tail[CN_W][16];  // a split unit's items' sums (CnGeo::round)
     __shared__ int last_sh;
     const int nb = gridDim.x, b = blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -749,12 +734,10 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
             u64 stall = 0;
             if (pf) pf[CP_P0] = cn_time();
             for (int ub = geo.u0; ub < geo.u1;) {
-                int nu, P, k;
-                geo.round(ub, nu, P, k);
-                const int nit = nu * P;
-                for (int c = 0; c < k; c++)
-                    for (int w = 0; w < nit; w++, seq++) {
-                        const int u = ub + w / P, tile = u % geo.tiles;
+                const int nu = geo.round(ub);
+                for (int c = 0; c < geo.nch; c++)
+                    for (int w = 0; w < nu; w++, seq++) {
+                        const int u = ub + w, tile = u % geo.tiles;
                         const int s = seq % ns;
                         if (seq >= (u32)ns) {
                             const u64 t = pf ? cn_time() : 0;
@@ -763,7 +746,7 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                         }
                         u8* dst = ring + s * CN_SLOT;
                         int a, e;
-                        geo.chunk(u, w % P, P, c, k, a, e);
+                        geo.chunk(u, c, a, e);
                         if (e == a) {
                             mbar_arrive(&full[s]);
                             continue;
@@ -895,27 +878,24 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
             }
             named_sync(1, CN_C);
             for (int ub = geo.u0; ub < geo.u1;) {
-                int nu, P, k;
-                geo.round(ub, nu, P, k);
-                const int nit = nu * P;
-                // Warp w takes item w: part w % P of unit ub + w / P.
-                float v = 0.f;
-                if (warp < nit) {
-                    const int u = ub + warp / P;
+                const int nu = geo.round(ub);
+                // Warp w takes unit ub + w.
+                if (warp < nu) {
+                    const int u = ub + warp;
                     float acc0 = 0.f, acc1 = 0.f;
-                    for (int c = 0; c < k; c++) {
+                    for (int c = 0; c < geo.nch; c++) {
                         // The parity wait below tells the phase of seq from the one before
                         // in its slot only if that one (seq − ns) has been filled: this
-                        // warp's previous chunk was seq − nit, so nit ≤ CN_W ≤ ns keeps it
+                        // warp's previous chunk was seq − nu, so nu ≤ CN_W ≤ ns keeps it
                         // (16 warps on 14 slots broke it and hung, session 33).
-                        const u32 seq = base + c * nit + warp;
+                        const u32 seq = base + c * nu + warp;
                         const int s = seq % ns;
                         const u64 t = pf ? cn_time() : 0;
                         cn_wait_slot(&full[s], (seq / ns) & 1);
                         if (pf) cstall += cn_time() - t;
                         const u8* slot = ring + s * CN_SLOT;
                         int a, e;
-                        geo.chunk(u, warp % P, P, c, k, a, e);
+                        geo.chunk(u, c, a, e);
                         const int ng = e - a, gb = cn_group_bytes(in.fmt);
                         // The producer's layout (`CnGeo::whole`): row stride, group stride.
                         const bool wh = geo.whole(in, a, e);
@@ -938,19 +918,8 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                     // Lane r < 16 takes row r of the tile: rows g from lanes 4g, g + 8 from 4g.
                     const float r0 = __shfl_sync(0xffffffffu, acc0, 4 * (lane & 7));
                     const float r1 = __shfl_sync(0xffffffffu, acc1, 4 * (lane & 7));
-                    v = lane < 8 ? r0 : r1;
-                }
-                if (P > 1) {
-                    // A split unit's items added in item order by the unit's warp.
-                    if (warp < nit && lane < 16) tail[warp][lane] = v;
-                    named_sync(1, CN_C);
-                    if (warp < nu) {
-                        v = 0.f;
-                        for (int p = 0; p < P; p++) v += lane < 16 ? tail[warp * P + p][lane] : 0.f;
-                    }
-                }
-                if (warp < nu) {
-                    const int u = ub + warp, tile = u % geo.tiles, kc = u / geo.tiles;
+                    float v = lane < 8 ? r0 : r1;
+                    const int tile = u % geo.tiles, kc = u / geo.tiles;
                     if (geo.nkc == 1) {
                         cn_store(in, tile, v);
                     } else {
@@ -972,7 +941,7 @@ extern "C" __global__ void __launch_bounds__(CN_T, 1) chain(const __grid_constan
                         }
                     }
                 }
-                base += k * nit;
+                base += geo.nch * nu;
                 ub += nu;
             }
         }
