@@ -3,7 +3,7 @@
 # target/cuda-stage/bin; bench/cuda/stage.sh makes both): the GPU suites, then `neagari
 # bench` on random-weight files of real shapes (neagari synth), each run's figures as the
 # CLI prints them. Environment (all optional):
-#   TESTS=1            run the six GPU suites first (in parallel; logs in $OUT/suites.log)
+#   TESTS=1            run the five GPU suites first (in parallel; logs in $OUT/suites.log)
 #   OPS_FILTER="a b"   only these cuda_ops tests (ROWS_FILTER: cuda_gemv_rows tests)
 #   TYPES="Q1_0 TQ2_0 Q4_K gemma"   files to bench: 27B shapes of those types, Gemma 3 270M
 #   AB_<TYPE>="def VAR=1,VAR2=x prev"  runs per file, each an env (commas between
@@ -65,12 +65,11 @@ if [ -n "${TESTS:-}" ]; then
     suite crates/backend cuda_ops "" "${OPS_FILTER:-}"
     suite crates/backend cuda_gemv_rows "" "${ROWS_FILTER:-}"
     suite crates/backend cuda_hybrid
-    suite crates/backend cuda_chain
     suite crates/engine cuda_hybrid_models
     synth gemma
     suite crates/engine cuda_models "NEAGARI_GPU_VS_CPU=$(file_of gemma)"
     wait
-    SUITES="cuda_ops cuda_gemv_rows cuda_hybrid cuda_chain cuda_hybrid_models cuda_models"
+    SUITES="cuda_ops cuda_gemv_rows cuda_hybrid cuda_hybrid_models cuda_models"
     for s in $SUITES; do
         grep -E "^test result|rc [0-9]+$|FAILED|panicked|^note" "$W/$s.log" | head -8
     done

@@ -68,21 +68,8 @@ pub fn tensor(name: &str, ty: GgmlType, shape: Vec<usize>, bytes: Vec<u8>) -> Ho
 /// 32 values, d = max|v| / 127, ties to even), up to f32 sums: held to that product, on
 /// the host in f64, within 1e-4.
 pub fn check_q8_1(got: &[f32], deq: &[f32], x: &[f32], rows: usize, cols: usize, what: &str) {
-    check_q8(got, deq, x, rows, cols, 32, what)
-}
-
-/// `check_q8_1` with int8 codes a `block` values (the chain's CN_Q1 2 takes 128).
-pub fn check_q8(
-    got: &[f32],
-    deq: &[f32],
-    x: &[f32],
-    rows: usize,
-    cols: usize,
-    block: usize,
-    what: &str,
-) {
     let xr: Vec<f32> = x
-        .chunks(block)
+        .chunks(32)
         .flat_map(|u| {
             let amax = u.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
