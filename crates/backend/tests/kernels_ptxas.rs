@@ -3,8 +3,7 @@
 //! registers that let two of its blocks share an SM (gemv_stream.cu's MVS_MINB: unbounded,
 //! ptxas took up to 255 and the 27B decode ran 9% slower), and the shapes the 27B's decode
 //! runs (Q1_0's `mvs_8`, TQ2_0's `mvs_4`, the gated delta rule's `delta_rows` and
-//! `gated_delta`, attention, the cluster norm, Gemma's `norm_add_norm_q_1`, the decode
-//! chain) spill nothing
+//! `gated_delta`, attention, the cluster norm, Gemma's `norm_add_norm_q_1`) spill nothing
 //! (the old one-token DeltaNet kernel at four state columns a warp and 1024 threads spilled
 //! 40 bytes under its 64-register bound; `norm_add_norm_q` with 8 values a thread 32). Every kernel that spills
 //! is printed: with NVRTC 13.5, `norm_add_norm*_8` (rows over 1,024 values; 4–32 bytes),
@@ -41,7 +40,6 @@ fn kernels_fit_their_registers_on_hopper() {
         ("ops", "add_rms_norm_cl"),
         ("ops", "norm_add_norm_q_1"),
         ("pair_Q_Q5_0_Q_Q8_0", "mvqp1x2"),
-        ("chain", "chain"),
     ];
     // Q4_K has one layout, so its module comes twice.
     let mut hot_seen = std::collections::HashSet::new();

@@ -54,17 +54,14 @@ impl Backend for CudaBackend {
             .stream
             .clone_htod(&bytes)
             .map_err(|e| BackendError::OutOfMemory(format!("{}: {e:?}", t.name)))?;
-        let mut m = CudaMat {
+        Ok(CudaMat {
             ty: t.ty,
             rows,
             cols,
             row_bytes,
             data,
             k,
-            chain_maps: None,
-        };
-        m.chain_maps = self.chain_maps(&m)?;
-        Ok(m)
+        })
     }
 
     fn load_vector(&self, t: &HostTensor) -> Result<CudaVector> {
@@ -109,7 +106,6 @@ impl Backend for CudaBackend {
                 "cuda graph: a host upload inside a recorded decode step".into(),
             ));
         }
-        self.chain_flush()?;
         self.bump();
         let mut view = dst.data.slice_mut(0..host.len());
         self.stream.memcpy_htod(host, &mut view).map_err(drv)
@@ -162,7 +158,6 @@ impl Backend for CudaBackend {
             return Err(shape_err("copy_row", format!("row {row} of {}", src.rows)));
         }
         self.reshape(dst, 1, src.cols)?;
-        self.chain_flush()?;
         self.bump();
         self.launches.fetch_add(1, Ordering::Relaxed);
         if self.replaying() {
@@ -178,16 +173,10 @@ impl Backend for CudaBackend {
     }
 
     fn matmul(&self, w: &CudaMat, x: &CudaBuf, out: &mut CudaBuf) -> Result<()> {
-        if self.chain_matmul(&[w], x, &mut [out])? {
-            return Ok(());
-        }
         self.matmul_op(w, x, out)
     }
 
     fn matmul_multi(&self, ws: &[&CudaMat], x: &CudaBuf, outs: &mut [&mut CudaBuf]) -> Result<()> {
-        if ws.len() == outs.len() && self.chain_matmul(ws, x, outs)? {
-            return Ok(());
-        }
         self.matmul_multi_op(ws, x, outs)
     }
 
@@ -219,9 +208,6 @@ impl Backend for CudaBackend {
         eps: f32,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        if x.rows * x.cols == y.rows * y.cols && self.chain_norm(x, Some(y), w, eps, out)? {
-            return Ok(());
-        }
         self.add_rms_norm_op(x, y, w, eps, out)
     }
 
@@ -238,9 +224,6 @@ impl Backend for CudaBackend {
     }
 
     fn rms_norm(&self, x: &CudaBuf, w: &CudaVector, eps: f32, out: &mut CudaBuf) -> Result<()> {
-        if self.chain_norm(x, None, w, eps, out)? {
-            return Ok(());
-        }
         self.reshape(out, x.rows, x.cols)?;
         let op = self.dptr(&out.data);
         self.rms_norm_into(x, w, eps, op)
@@ -257,9 +240,6 @@ impl Backend for CudaBackend {
                 "add",
                 format!("{}x{} + {}x{}", x.rows, x.cols, y.rows, y.cols),
             ));
-        }
-        if self.chain_add(x, y)? {
-            return Ok(());
         }
         self.elementwise(&self.ops.add, x, Some(y))
     }
@@ -333,9 +313,6 @@ impl Backend for CudaBackend {
         g: &mut CudaBuf,
         u: &mut CudaBuf,
     ) -> Result<()> {
-        if self.chain_glu(gate, up, x, act, g, u)? {
-            return Ok(());
-        }
         self.matmul_glu_op(gate, up, x, act, g, u)
     }
 
@@ -539,11 +516,6 @@ impl Backend for CudaBackend {
         eps: f32,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        if self.chain_delta(
-            kv, layer, qkv, conv, alpha, beta, a_neg, dt_bias, net, norm, z, eps, out,
-        )? {
-            return Ok(());
-        }
         self.hy_delta_net(
             kv, layer, qkv, conv, alpha, beta, a_neg, dt_bias, net, norm, z, eps, out,
         )

@@ -287,8 +287,6 @@ impl CudaBackend {
         if mode == OFF {
             return Ok(());
         }
-        // The decode chain's last launch belongs to the step.
-        self.chain_flush()?;
         self.mode.store(OFF, Ordering::Relaxed);
         let mut st = self.step.lock().unwrap_or_else(|e| e.into_inner());
         st.finished = true;
@@ -349,8 +347,6 @@ impl CudaBackend {
     }
 
     pub(super) fn step_end_impl(&self) {
-        // Left over only where the step failed before its read.
-        self.chain_discard();
         let mode = self.mode.swap(OFF, Ordering::Relaxed);
         let mut st = self.step.lock().unwrap_or_else(|e| e.into_inner());
         if mode == CAPTURE {

@@ -449,7 +449,6 @@ impl CudaBackend {
             row_bytes: w.row_bytes,
             data,
             k: w.k.clone(),
-            chain_maps: None,
         };
         self.matmul(&m, x, out)
     }
@@ -526,27 +525,6 @@ impl CudaBackend {
             sc.fuse_cnt = Some(self.stream.alloc_zeros::<u32>(n.max(4096)).map_err(drv)?);
         }
         Ok(sc.fuse_cnt.as_ref().map_or(0, |c| self.dptr(c)))
-    }
-
-    /// Layer `layer`'s conv window and state in `kv`: (window address, its f32 values,
-    /// state address, its f32 values, the cache's recurrent shape), for the decode chain.
-    pub(super) fn rec_layer(
-        &self,
-        kv: &CudaKv,
-        layer: usize,
-    ) -> Option<(u64, usize, u64, usize, RecShape)> {
-        let rec = kv.rec.as_ref().filter(|r| layer < r.shape.n_layers)?;
-        let (cl, sl) = (
-            CudaRec::conv_len(&rec.shape),
-            CudaRec::state_len(&rec.shape),
-        );
-        Some((
-            self.dptr(&rec.conv) + (layer * cl * 4) as u64,
-            cl,
-            self.dptr(&rec.state) + (layer * sl * 4) as u64,
-            sl,
-            rec.shape.clone(),
-        ))
     }
 
     /// `Backend::delta_net`: 1..=8 rows (a decode step, a verify) in one `delta_rows` launch

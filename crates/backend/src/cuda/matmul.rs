@@ -730,7 +730,6 @@ impl CudaBackend {
                 return Err(BackendError::Other("cuda: id scratch missing".into()));
             };
             let mut view = idb.slice_mut(0..ids.len());
-            self.chain_flush()?;
             self.stream.memcpy_htod(ids, &mut view).map_err(drv)?;
             self.dptr(idb)
         };

@@ -59,8 +59,7 @@ use neagari_quant::GgmlType;
 use modules::*;
 
 use crate::{
-    Attn, Backend, BackendError, DeltaNet, GluAct, HostTensor, KvShape, KvType, QkPrep, Result,
-    Rope,
+    Attn, Backend, BackendError, GluAct, HostTensor, KvShape, KvType, QkPrep, Result, Rope,
 };
 
 /// Rows a GEMV kernel handles per launch (the largest `mvN`).
@@ -382,8 +381,6 @@ pub struct CudaBackend {
     pdl: bool,
     /// The next GEMV's weights a small kernel asks L2 for (prefetch.rs).
     pf: prefetch::Prefetch,
-    /// The decode chain (chain.rs): with NEAGARI_CUDA_CHAIN=1 on sm_90 and newer.
-    chain: Option<chain::Chain>,
     /// Launches are timed (profile.rs) and recorded steps are not replayed.
     profiling: AtomicBool,
     profile: Mutex<Option<profile::Profile>>,
@@ -407,8 +404,6 @@ pub struct CudaMat {
     row_bytes: usize,
     data: CudaSlice<u8>,
     k: Arc<FmtKernels>,
-    /// The decode chain's tensor maps of the matrix (chain.rs `chain_maps`).
-    chain_maps: Option<CudaSlice<gemv_rows::TMap>>,
 }
 
 /// A small f32 vector in device memory.
@@ -434,25 +429,16 @@ macro_rules! launch {
     // Without marking device buffers written (the caller keeps `Scratch::xq_key` right), in
     // thread-block clusters of $c blocks along x (see `launch_raw`).
     (@keep_cluster $c:expr, $be:expr, $f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
-        // What the decode chain holds runs first (chain.rs).
-        match $be.chain_flush() {
-            Err(e) => Err(e),
-            Ok(()) => {
-                $be.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if $be.replaying() {
-                    // A replayed decode step: the graph launches it at the step's read.
-                    Ok(())
-                } else {
-                    // One expression: temporaries among the arguments live until the
-                    // launch returns.
-                    // SAFETY: every pointer argument is a live device allocation of the
-                    // size the kernel indexes (checked by the caller), and scalars match
-                    // the kernel's parameter types.
-                    unsafe {
-                        $be.launch_raw($f, $cfg, $c, &mut [$( $crate::cuda::karg($a) ),*])
-                    }
-                }
-            }
+        $be.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if $be.replaying() {
+            // A replayed decode step: the graph launches it at the step's read.
+            Ok(())
+        } else {
+            // One expression: temporaries among the arguments live until the launch returns.
+            // SAFETY: every pointer argument is a live device allocation of the size the
+            // kernel indexes (checked by the caller), and scalars match the kernel's
+            // parameter types.
+            unsafe { $be.launch_raw($f, $cfg, $c, &mut [$( $crate::cuda::karg($a) ),*]) }
         }
     }};
     (@keep $be:expr, $f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
@@ -477,7 +463,6 @@ fn karg<T: DeviceRepr>(a: &T) -> *mut c_void {
 // After `launch!`, which they use (macros are in scope textually).
 mod attention;
 mod backend;
-mod chain;
 mod fused;
 mod gemv_rows;
 mod graph;
@@ -521,17 +506,14 @@ impl CudaBackend {
             )
             .map_err(drv)? as usize;
         let name = ctx.name().map_err(drv)?;
-        // The two modules every model needs (and the decode chain's, where it is on),
-        // compiled side by side where not cached.
-        let chain_on = maj >= 9 && std::env::var("NEAGARI_CUDA_CHAIN").as_deref() == Ok("1");
-        let mut first = vec![
-            ("ops".into(), String::new(), OPS.into()),
-            ("hybrid".into(), String::new(), hybrid::HYBRID.into()),
-        ];
-        if chain_on {
-            first.push(("chain".into(), chain::defines(), chain::CHAIN.into()));
-        }
-        modules::compile_parallel(&arch, first)?;
+        // The two modules every model needs, compiled side by side where not cached.
+        modules::compile_parallel(
+            &arch,
+            vec![
+                ("ops".into(), String::new(), OPS.into()),
+                ("hybrid".into(), String::new(), hybrid::HYBRID.into()),
+            ],
+        )?;
         let ptx = compile("ops", &arch, "", OPS)?;
         let m = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
@@ -577,11 +559,6 @@ impl CudaBackend {
             qk_norm_rope_q8: f("qk_norm_rope_q8")?,
         };
         let hybrid = hybrid::HybridKernels::load(&ctx, &arch)?;
-        let chain = if chain_on {
-            Some(chain::Chain::new(&ctx, &stream, &arch, n_sm)?)
-        } else {
-            None
-        };
         // cuBLAS is optional: without it, batches run through the GEMV 8 rows at a time.
         // SAFETY: only checks whether the shared library can be opened.
         let blas = if unsafe { cudarc::cublas::sys::is_culib_present() } {
@@ -682,7 +659,6 @@ impl CudaBackend {
             graphs_on: AtomicBool::new(std::env::var("NEAGARI_CUDA_GRAPH").as_deref() != Ok("0")),
             pdl: maj >= 9 && std::env::var("NEAGARI_CUDA_PDL").as_deref() != Ok("0"),
             pf: prefetch::Prefetch::from_env(),
-            chain,
             profiling: AtomicBool::new(false),
             profile: Mutex::new(None),
         })

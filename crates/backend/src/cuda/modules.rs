@@ -291,11 +291,6 @@ pub(super) fn module_sources(ty: Option<GgmlType>) -> Result<Vec<(String, String
         return Ok(vec![
             ("ops".into(), String::new(), OPS.into()),
             ("hybrid".into(), String::new(), super::hybrid::HYBRID.into()),
-            (
-                "chain".into(),
-                super::chain::defines(),
-                super::chain::CHAIN.into(),
-            ),
         ]);
     };
     // Both layouts of the formats that are repacked at upload.
