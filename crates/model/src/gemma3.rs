@@ -3,9 +3,7 @@
 //! `1 + w` into the weights); q/k norms before NeoX RoPE; sliding-window layers with their
 //! own RoPE base, every sixth layer global; GeGLU MLP; tied output head.
 
-use neagari_backend::{
-    Attn, Backend, Candidates, GluAct, KvShape, KvType, Penalties, QkPrep, Rope, Settles,
-};
+use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, QkPrep, Rope};
 
 use crate::dump::Dump;
 use crate::source::{ModelSource, SourceExt};
@@ -261,34 +259,15 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
         Ok(logits)
     }
 
-    fn forward_greedy(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<u32> {
-        let (x, _) = self.hidden(be, kv, tokens, false)?;
-        self.head().argmax(be, &x)
-    }
-
-    fn forward_top_k(
+    fn hidden_head(
         &self,
         be: &B,
         kv: &mut B::Kv,
         tokens: &[u32],
-        k: usize,
-        pen: &Penalties,
-    ) -> Result<Vec<(u32, f32)>> {
-        let (x, _) = self.hidden(be, kv, tokens, false)?;
-        self.head().top_k(be, &x, k, pen)
-    }
-
-    fn forward_candidates(
-        &self,
-        be: &B,
-        kv: &mut B::Kv,
-        tokens: &[u32],
-        k: usize,
-        pen: &Penalties,
-        enough: &Settles<'_>,
-    ) -> Result<Candidates> {
-        let (x, _) = self.hidden(be, kv, tokens, false)?;
-        self.head().candidates(be, &x, k, pen, enough)
+        every_row: bool,
+    ) -> Result<Option<(B::Buf, OutputHead<'_, B>)>> {
+        let (x, _) = self.hidden(be, kv, tokens, every_row)?;
+        Ok(Some((x, self.head())))
     }
 }
 

@@ -99,11 +99,28 @@ pub trait CausalLm<B: Backend>: Send + Sync {
     fn forward(&self, be: &B, kv: &mut B::Kv, tokens: &[u32], all_logits: bool)
         -> Result<Vec<f32>>;
 
+    /// Runs `tokens` and returns the residual stream before the output head with the head
+    /// itself: every row of it where `every_row`, else at least the last. Families whose
+    /// logits come from an [`OutputHead`] (all here) return it, and the `forward_*` picks
+    /// below then select on the backend (a device brings back ids or k pairs instead of
+    /// the logits); `None` (the default) runs nothing, and they go through `forward`.
+    fn hidden_head(
+        &self,
+        be: &B,
+        kv: &mut B::Kv,
+        tokens: &[u32],
+        every_row: bool,
+    ) -> Result<Option<(B::Buf, OutputHead<'_, B>)>> {
+        let _ = (be, kv, tokens, every_row);
+        Ok(None)
+    }
+
     /// Runs `tokens` like `forward` and returns the greedy pick of the last token's logits:
     /// the highest, the lowest id among equals, NaN ignored (the sampler's greedy rule).
-    /// Families that override it find the pick with `Backend::argmax`, so a device backend
-    /// brings back one id instead of the logits.
     fn forward_greedy(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<u32> {
+        if let Some((x, head)) = self.hidden_head(be, kv, tokens, false)? {
+            return head.argmax(be, &x);
+        }
         let logits = self.forward(be, kv, tokens, false)?;
         Ok(neagari_backend::argmax_host(&logits))
     }
@@ -112,8 +129,6 @@ pub trait CausalLm<B: Backend>: Send + Sync {
     /// after `pen` as (id, logit), highest first, the lowest id among equals, NaN left out:
     /// top-k sampling's candidates (`Sampler::sample_top_k` runs the rest of the chain on
     /// them).
-    /// Families that override it select with `Backend::top_k`, so a device backend brings
-    /// back k pairs instead of the logits.
     fn forward_top_k(
         &self,
         be: &B,
@@ -122,6 +137,9 @@ pub trait CausalLm<B: Backend>: Send + Sync {
         k: usize,
         pen: &Penalties,
     ) -> Result<Vec<(u32, f32)>> {
+        if let Some((x, head)) = self.hidden_head(be, kv, tokens, false)? {
+            return head.top_k(be, &x, k, pen);
+        }
         let mut logits = self.forward(be, kv, tokens, false)?;
         pen.apply(&mut logits);
         Ok(neagari_backend::top_k_host(&logits, k))
@@ -130,9 +148,7 @@ pub trait CausalLm<B: Backend>: Send + Sync {
     /// Runs `tokens` like `forward` and returns the last token's logits after `pen` as
     /// `Backend::candidates` gives them: the `k` best with the row's softmax sums where
     /// `enough` says those settle the draw, else the whole penalized row (a sampling chain
-    /// without a top-k: `Sampler::settles`). Families that override it call
-    /// `Backend::candidates`, so a device backend brings back k pairs and two numbers
-    /// instead of the logits where it can.
+    /// without a top-k: `Sampler::settles`).
     fn forward_candidates(
         &self,
         be: &B,
@@ -142,16 +158,20 @@ pub trait CausalLm<B: Backend>: Send + Sync {
         pen: &Penalties,
         enough: &Settles<'_>,
     ) -> Result<Candidates> {
-        let _ = (k, enough);
+        if let Some((x, head)) = self.hidden_head(be, kv, tokens, false)? {
+            return head.candidates(be, &x, k, pen, enough);
+        }
         let mut logits = self.forward(be, kv, tokens, false)?;
         pen.apply(&mut logits);
         Ok(Candidates::All(logits))
     }
 
     /// Runs `tokens` and returns the greedy pick of every token's logits (the check of a
-    /// speculative block's drafts). Families that override it pick on the device, as
-    /// `forward_greedy`.
+    /// speculative block's drafts).
     fn forward_greedy_all(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<Vec<u32>> {
+        if let Some((x, head)) = self.hidden_head(be, kv, tokens, true)? {
+            return head.argmax_rows(be, &x);
+        }
         let logits = self.forward(be, kv, tokens, true)?;
         let n_vocab = self.info().n_vocab.max(1);
         Ok(logits
@@ -184,12 +204,12 @@ pub(crate) fn check_room(pos: usize, tokens: usize, n_ctx: usize) -> Result<()> 
 
 /// The output head shared by the families: the final RMSNorm and the vocabulary projection
 /// (optionally soft-capped) of the residual stream `x` (`[n, H]`).
-pub(crate) struct OutputHead<'a, B: Backend> {
-    pub norm: &'a B::Vector,
-    pub eps: f32,
-    pub mat: &'a B::Mat,
-    pub n_vocab: usize,
-    pub softcap: Option<f32>,
+pub struct OutputHead<'a, B: Backend> {
+    pub(crate) norm: &'a B::Vector,
+    pub(crate) eps: f32,
+    pub(crate) mat: &'a B::Mat,
+    pub(crate) n_vocab: usize,
+    pub(crate) softcap: Option<f32>,
 }
 
 impl<B: Backend> OutputHead<'_, B> {
@@ -215,7 +235,7 @@ impl<B: Backend> OutputHead<'_, B> {
 
     /// The logits of the last row of `x`, or of every row when `all_logits`, on the host
     /// (`[rows, n_vocab]`).
-    pub fn logits(&self, be: &B, x: &B::Buf, all_logits: bool) -> Result<Vec<f32>> {
+    pub(crate) fn logits(&self, be: &B, x: &B::Buf, all_logits: bool) -> Result<Vec<f32>> {
         let logits = self.project(be, x, all_logits)?;
         let rows = be.buf_shape(&logits).0;
         let mut host = vec![0f32; rows * self.n_vocab];
@@ -224,7 +244,7 @@ impl<B: Backend> OutputHead<'_, B> {
     }
 
     /// The greedy pick of the last row (`Backend::argmax`: only the id comes back).
-    pub fn argmax(&self, be: &B, x: &B::Buf) -> Result<u32> {
+    pub(crate) fn argmax(&self, be: &B, x: &B::Buf) -> Result<u32> {
         let ids = be.argmax(&self.project(be, x, false)?)?;
         ids.first().copied().ok_or_else(|| {
             ModelError::Backend(neagari_backend::BackendError::Other(
@@ -235,13 +255,19 @@ impl<B: Backend> OutputHead<'_, B> {
 
     /// The `k` best logits of the last row after `pen` (`Backend::top_k`: only k pairs
     /// come back).
-    pub fn top_k(&self, be: &B, x: &B::Buf, k: usize, pen: &Penalties) -> Result<Vec<(u32, f32)>> {
+    pub(crate) fn top_k(
+        &self,
+        be: &B,
+        x: &B::Buf,
+        k: usize,
+        pen: &Penalties,
+    ) -> Result<Vec<(u32, f32)>> {
         let mut rows = be.top_k(&self.project(be, x, false)?, k, pen)?;
         Ok(rows.pop().unwrap_or_default())
     }
 
     /// `Backend::candidates` of the last row's logits.
-    pub fn candidates(
+    pub(crate) fn candidates(
         &self,
         be: &B,
         x: &B::Buf,
@@ -253,7 +279,7 @@ impl<B: Backend> OutputHead<'_, B> {
     }
 
     /// The greedy pick of every row of `x`.
-    pub fn argmax_rows(&self, be: &B, x: &B::Buf) -> Result<Vec<u32>> {
+    pub(crate) fn argmax_rows(&self, be: &B, x: &B::Buf) -> Result<Vec<u32>> {
         Ok(be.argmax(&self.project(be, x, true)?)?)
     }
 }

@@ -3,9 +3,7 @@
 //! (per-head q/k RMSNorm before NeoX RoPE, explicit head_dim). Pre-norm blocks, GQA,
 //! SwiGLU MLP, optional tied output head and Llama 3.1 `rope_freqs`.
 
-use neagari_backend::{
-    Attn, Backend, Candidates, GluAct, KvShape, KvType, Penalties, QkPrep, Rope, Settles,
-};
+use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, QkPrep, Rope};
 
 use crate::source::{ModelSource, SourceExt};
 use crate::{check_room, CausalLm, ModelError, ModelInfo, OutputHead, Result};
@@ -233,39 +231,14 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
         self.head().logits(be, &x, all_logits)
     }
 
-    fn forward_greedy(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<u32> {
-        let x = self.hidden(be, kv, tokens)?;
-        self.head().argmax(be, &x)
-    }
-
-    fn forward_top_k(
+    fn hidden_head(
         &self,
         be: &B,
         kv: &mut B::Kv,
         tokens: &[u32],
-        k: usize,
-        pen: &Penalties,
-    ) -> Result<Vec<(u32, f32)>> {
-        let x = self.hidden(be, kv, tokens)?;
-        self.head().top_k(be, &x, k, pen)
-    }
-
-    fn forward_candidates(
-        &self,
-        be: &B,
-        kv: &mut B::Kv,
-        tokens: &[u32],
-        k: usize,
-        pen: &Penalties,
-        enough: &Settles<'_>,
-    ) -> Result<Candidates> {
-        let x = self.hidden(be, kv, tokens)?;
-        self.head().candidates(be, &x, k, pen, enough)
-    }
-
-    fn forward_greedy_all(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<Vec<u32>> {
-        let x = self.hidden(be, kv, tokens)?;
-        self.head().argmax_rows(be, &x)
+        _every_row: bool,
+    ) -> Result<Option<(B::Buf, OutputHead<'_, B>)>> {
+        Ok(Some((self.hidden(be, kv, tokens)?, self.head())))
     }
 }
 

@@ -16,8 +16,7 @@
 //! `nextn_predict_layers` blocks) are loaded and kept for speculative decoding.
 
 use neagari_backend::{
-    Attn, Backend, Candidates, DeltaNet, GluAct, HeadMap, HostTensor, KvShape, KvType, Penalties,
-    QkPrep, RecShape, Rope, Settles,
+    Attn, Backend, DeltaNet, GluAct, HeadMap, HostTensor, KvShape, KvType, QkPrep, RecShape, Rope,
 };
 
 use crate::source::{ModelSource, SourceExt};
@@ -873,39 +872,14 @@ impl<B: Backend> CausalLm<B> for Qwen35<B> {
         self.head().logits(be, &x, all_logits)
     }
 
-    fn forward_greedy(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<u32> {
-        let x = self.hidden(be, kv, tokens)?;
-        self.head().argmax(be, &x)
-    }
-
-    fn forward_top_k(
+    fn hidden_head(
         &self,
         be: &B,
         kv: &mut B::Kv,
         tokens: &[u32],
-        k: usize,
-        pen: &Penalties,
-    ) -> Result<Vec<(u32, f32)>> {
-        let x = self.hidden(be, kv, tokens)?;
-        self.head().top_k(be, &x, k, pen)
-    }
-
-    fn forward_candidates(
-        &self,
-        be: &B,
-        kv: &mut B::Kv,
-        tokens: &[u32],
-        k: usize,
-        pen: &Penalties,
-        enough: &Settles<'_>,
-    ) -> Result<Candidates> {
-        let x = self.hidden(be, kv, tokens)?;
-        self.head().candidates(be, &x, k, pen, enough)
-    }
-
-    fn forward_greedy_all(&self, be: &B, kv: &mut B::Kv, tokens: &[u32]) -> Result<Vec<u32>> {
-        let x = self.hidden(be, kv, tokens)?;
-        self.head().argmax_rows(be, &x)
+        _every_row: bool,
+    ) -> Result<Option<(B::Buf, OutputHead<'_, B>)>> {
+        Ok(Some((self.hidden(be, kv, tokens)?, self.head())))
     }
 }
 
