@@ -4,7 +4,7 @@
 //! 8 activation rows (the verify of a speculative block) instead of one. The kernels' knobs
 //! are the backend's NEAGARI_CUDA_* variables (cuda/mod.rs).
 //!
-//!     [ROWS=N] cargo run --release -p neagari-backend --example cuda_gemv -- [TYPE ...]
+//!     [ROWS=N] [SHAPES="name=RxC+RxC;…"] cargo run --release -p neagari-backend --example cuda_gemv -- [TYPE ...]
 #![cfg_attr(not(feature = "cuda"), allow(unused))]
 
 #[cfg(feature = "cuda")]
@@ -45,13 +45,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         types
     };
     // (name, matrices [rows, cols] that read one input in one `matmul_multi`).
-    let shapes: [(&str, &[(usize, usize)]); 5] = [
-        ("gate+up", &[(17408, 5120), (17408, 5120)]),
-        ("qkv+z", &[(10240, 5120), (6144, 5120)]),
-        ("down", &[(5120, 17408)]),
-        ("ssm_out", &[(5120, 6144)]),
-        ("head", &[(248320, 5120)]),
-    ];
+    // `SHAPES="name=ROWSxCOLS+ROWSxCOLS;…"` times those instead (a matrix count or row
+    // count the model does not have: how a kernel's time follows its grid).
+    let shapes: Vec<(String, Vec<(usize, usize)>)> = match std::env::var("SHAPES") {
+        Ok(v) => parse_shapes(&v)?,
+        Err(_) => [
+            ("gate+up", vec![(17408, 5120), (17408, 5120)]),
+            ("qkv+z", vec![(10240, 5120), (6144, 5120)]),
+            ("down", vec![(5120, 17408)]),
+            ("ssm_out", vec![(5120, 6144)]),
+            ("head", vec![(248320, 5120)]),
+        ]
+        .into_iter()
+        .map(|(n, m)| (n.to_string(), m))
+        .collect(),
+    };
     // Pseudo-random floats (xorshift), quantized per row.
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut rnd = move || {
@@ -70,7 +78,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .into_iter()
         .find(|ty| ty.name() == t)
         .ok_or(format!("type {t}: one of Q1_0, TQ2_0, Q4_K, Q8_0"))?;
-        for (name, mats) in shapes {
+        for (name, mats) in &shapes {
+            let (name, mats) = (name.as_str(), mats.as_slice());
             let cols = mats[0].1;
             let rb = ty.row_bytes(cols).ok_or("row of whole blocks")?;
             // 64 distinct quantized rows, repeated.
@@ -161,6 +170,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+/// `name=ROWSxCOLS+ROWSxCOLS;…` (the matrices of one `matmul_multi`, all COLS wide).
+#[cfg(feature = "cuda")]
+type Shapes = Vec<(String, Vec<(usize, usize)>)>;
+#[cfg(feature = "cuda")]
+fn parse_shapes(v: &str) -> Result<Shapes, String> {
+    let bad = || format!("SHAPES={v}: name=ROWSxCOLS+ROWSxCOLS;…");
+    let mut out = Vec::new();
+    for item in v.split(';').filter(|s| !s.trim().is_empty()) {
+        let (name, mats) = item.split_once('=').ok_or_else(bad)?;
+        let mats: Vec<(usize, usize)> = mats
+            .split('+')
+            .map(|m| {
+                let (r, c) = m.trim().split_once('x')?;
+                Some((r.parse().ok()?, c.parse().ok()?))
+            })
+            .collect::<Option<_>>()
+            .ok_or_else(bad)?;
+        if mats.is_empty() || mats.len() > 4 || mats.iter().any(|m| m.1 != mats[0].1) {
+            return Err(bad());
+        }
+        out.push((name.trim().to_string(), mats));
+    }
+    Ok(out)
 }
 
 #[cfg(not(feature = "cuda"))]

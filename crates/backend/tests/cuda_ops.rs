@@ -1055,7 +1055,18 @@ fn fused_matmul_glu() {
     std::env::set_var("NEAGARI_CUDA_MVSG", "8x2x4");
     let g8 = CudaBackend::new(0).expect("open GPU 0");
     std::env::remove_var("NEAGARI_CUDA_MVSG");
+    // 3–8 rows of Q1_0 take gemv_rows.cu's `mvrtg_4`; capped at one block an SM, a block
+    // takes several tile blocks (8192 rows: 256 of them), the next one's copy in flight
+    // (`gl2`) or after the current one (`gl1`).
+    std::env::set_var("NEAGARI_CUDA_GLU_LOOP", "1");
+    let gl2 = CudaBackend::new(0).expect("open GPU 0");
+    std::env::set_var("NEAGARI_CUDA_GLU_BUFS", "1");
+    let gl1 = CudaBackend::new(0).expect("open GPU 0");
+    std::env::remove_var("NEAGARI_CUDA_GLU_LOOP");
+    std::env::remove_var("NEAGARI_CUDA_GLU_BUFS");
     let cases = [
+        (&gl2, GgmlType::Q1_0, 8192, 5120),
+        (&gl1, GgmlType::Q1_0, 8192, 5120),
         (&g8, GgmlType::Q1_0, 1024, 5120),
         (&g0, GgmlType::Q1_0, 1024, 5120),
         (&g0, GgmlType::TQ2_0, 512, 5120),

@@ -197,19 +197,36 @@ impl CudaBackend {
         self.reshape(g, n, rows)?;
         self.reshape(u, n, rows)?;
         let (oq, ods) = self.xq_alt_reserve(&mut sc, n, rows / 32)?;
+        // A block a tile block, or (glu_loop) fewer blocks taking several each, two tiles
+        // of shared memory where they fit (MVR_TMA_MAX is the kernel's limit).
+        let nblk = rows / 32;
+        let grid = match self.glu_loop {
+            0 => nblk,
+            n => nblk.min(n * self.n_sm),
+        };
+        let bufs: u32 = if grid < nblk && self.glu_bufs == 2 && 2 * p.smem as usize <= MVR_TMA_MAX {
+            2
+        } else {
+            1
+        };
         let cfg = LaunchConfig {
-            grid_dim: ((rows / 32) as u32, 1, 1),
+            grid_dim: (grid as u32, 1, 1),
             block_dim: ((MVR_WARPS * 32) as u32, 1, 1),
-            shared_mem_bytes: p.smem,
+            shared_mem_bytes: bufs * p.smem,
         };
         let (gp, up_) = (self.dptr(&g.data), self.dptr(&u.data));
-        let (rows_i, units_i, rb, nr_i) =
-            (rows as i32, units as i32, gate.row_bytes as i64, n as i32);
+        let (rows_i, units_i, rb, nr_i, bufs_i) = (
+            rows as i32,
+            units as i32,
+            gate.row_bytes as i64,
+            n as i32,
+            bufs as i32,
+        );
         let act_i = glu_act_code(act);
         // `@keep`: x's q8_1 stays valid for other matmuls of x.
         launch!(
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
-            &nr_i, &act_i, &oq, &ods
+            &nr_i, &act_i, &oq, &ods, &bufs_i
         )?;
         self.glu_written(&mut sc, (gp, up_), n, rows, true);
         Ok(true)

@@ -326,6 +326,12 @@ pub struct CudaBackend {
     /// 3–8 rows of `matmul_glu` take `mvrtg_4` (fused.rs `matmul_glu_rows`) where it runs,
     /// unless NEAGARI_CUDA_GLU_ROWS=0 (the GEMV and the GLU kernel, for measuring).
     glu_rows: bool,
+    /// `mvrtg_4`'s grid: NEAGARI_CUDA_GLU_LOOP=N caps it at N blocks an SM, each block then
+    /// taking several tile blocks, the next one's copy in flight with
+    /// NEAGARI_CUDA_GLU_BUFS=2 (the default) where two tiles fit; 0 (the default): a block
+    /// a tile block.
+    glu_loop: usize,
+    glu_bufs: usize,
     /// … a head's blocks in one cluster, which normalizes the head's rows in shared memory
     /// (Hopper and later), unless NEAGARI_CUDA_DR_CLUSTER=0 (the last block through L2).
     dr_cluster: bool,
@@ -615,6 +621,14 @@ impl CudaBackend {
                 .filter(|n| (1..=16).contains(n))
                 .unwrap_or(4),
             glu_rows: std::env::var("NEAGARI_CUDA_GLU_ROWS").as_deref() != Ok("0"),
+            glu_loop: std::env::var("NEAGARI_CUDA_GLU_LOOP")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            glu_bufs: match std::env::var("NEAGARI_CUDA_GLU_BUFS").as_deref() {
+                Ok("1") => 1,
+                _ => 2,
+            },
             dr_cluster: maj >= 9 && std::env::var("NEAGARI_CUDA_DR_CLUSTER").as_deref() != Ok("0"),
             mvs: mvs_shape(std::env::var("NEAGARI_CUDA_MVS").ok().as_deref()),
             mvsg: mvs_shape(std::env::var("NEAGARI_CUDA_MVSG").ok().as_deref()),

@@ -651,56 +651,79 @@ MVRT(1, 3)
 MVRT(2, 2)
 MVRT(4, MVRT_MINB)
 
-// `matmul_glu` of 3–8 rows on `mvrt_4`'s tile: block b's 64 rows are gate rows 32b .. +31,
-// then the same rows of up (one bulk copy each), so the block ends with both sums of each
-// of its 32 outputs and writes g = act(gate)·up, u = up and g's q8_1 (oq, ods: its 32
+// `matmul_glu` of 3–8 rows on `mvrt_4`'s tile: tile block b's 64 rows are gate rows 32b ..
+// +31, then the same rows of up (one bulk copy each), so the block ends with both sums of
+// each of its 32 outputs and writes g = act(gate)·up, u = up and g's q8_1 (oq, ods: its 32
 // outputs are one unit of each activation row) — the separate ops' sums (the same
 // `mvrb_impl` per row) and `glu_*_q`'s arithmetic, one launch instead of two. Rows a
 // multiple of 32 (the host's condition); g, u [nr, rows].
+//
+// A block takes tile blocks blockIdx.x, + gridDim.x, …: one where the grid is rows / 32
+// (the default). With a smaller grid and `bufs` = 2 (two tiles of dynamic shared memory),
+// the next tile's copy is in flight while the block computes the current one: the 27B's
+// 544 tile blocks are 2.06 waves at two blocks an SM, and each block's compute waited
+// for its whole tile first (ncu: 15–19% of the warp samples at that wait).
 extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
     mvrtg_4(const u8* wg, const u8* wu, const i8* xq, const float2* xds, float* g, float* u,
-            int rows, int units, i64 row_bytes, int nr, int act, i8* oq, float2* ods) {
+            int rows, int units, i64 row_bytes, int nr, int act, i8* oq, float2* ods, int bufs) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
-    __shared__ u64 bar;
+    __shared__ u64 bar[2];
     // The block's sums: activation row c's gate rows at [c][0, 32), up rows at [c][32, 64).
     __shared__ float ys[8][64];
-    const int stride = mvrt_stride(row_bytes), blk = blockIdx.x;
-    if (threadIdx.x < 32) {
-        if (threadIdx.x == 0) {
-            mbar_init(&bar);
-            mbar_init_fence();
-            mbar_expect(&bar, (u32)(64 * row_bytes));
-        }
+    const int stride = mvrt_stride(row_bytes), nblk = rows / 32, tile = 64 * stride;
+    // Warp 0: tile block `blk`'s 64 rows into buffer `b`.
+    auto fetch = [&](int blk, int b) {
+        if (threadIdx.x == 0) mbar_expect(&bar[b], (u32)(64 * row_bytes));
         // The expected bytes are set before any copy can land.
         __syncwarp();
 #pragma unroll
         for (int m = 0; m < 2; m++) {
             const u8* src = (m ? wu : wg) + (i64)blk * 32 * row_bytes;
-            u8* dst = sm + m * 32 * stride;
+            u8* dst = sm + b * tile + m * 32 * stride;
             if (stride == row_bytes) {
-                if (threadIdx.x == 0) bulk_load(dst, src, (u32)(32 * row_bytes), &bar);
+                if (threadIdx.x == 0) bulk_load(dst, src, (u32)(32 * row_bytes), &bar[b]);
             } else {
                 bulk_load(dst + threadIdx.x * stride, src + threadIdx.x * row_bytes,
-                          (u32)row_bytes, &bar);
+                          (u32)row_bytes, &bar[b]);
             }
         }
+    };
+    if (threadIdx.x == 0) {
+        mbar_init(&bar[0]);
+        mbar_init(&bar[1]);
+        mbar_init_fence();
     }
-    // The barrier is initialised before any thread waits on it.
+    // The barriers are initialised before any thread waits on them.
     __syncthreads();
+    // The weights do not depend on the kernel before (the host keeps the grid ≤ nblk).
+    if (threadIdx.x < 32) fetch(blockIdx.x, 0);
     gdc_wait();
-    mbar_wait(&bar, 0);
-    mvrb_impl<FMTB, 4>(sm, xq, xds, &ys[0][0], 64, units, units, stride, FMTB::GROUP_BYTES,
-                       nullptr, nr, 0, 0, 1);
-    __syncthreads();
-    // Warp c: activation row c's 32 outputs, a lane each.
     const int lane = threadIdx.x & 31, c = threadIdx.x >> 5;
-    if (c < nr) {
-        const i64 at = (i64)c * rows + blk * 32 + lane;
-        const float uv = ys[c][32 + lane], h = glu_act_mul(ys[c][lane], uv, act);
-        g[at] = h;
-        u[at] = uv;
-        if (oq) q8_1_warp(h, oq, ods, at >> 5, lane);
+    for (int blk = blockIdx.x, i = 0; blk < nblk; blk += gridDim.x, i++) {
+        const int b = bufs > 1 ? i & 1 : 0, next = blk + gridDim.x;
+        const u32 phase = (u32)((bufs > 1 ? i >> 1 : i) & 1);
+        // Buffer b ^ 1 was last read in the previous round, which ended in a barrier.
+        if (bufs > 1 && next < nblk && threadIdx.x < 32) fetch(next, b ^ 1);
+        mbar_wait(&bar[b], phase);
+        mvrb_impl<FMTB, 4>(sm + b * tile, xq, xds, &ys[0][0], 64, units, units, stride,
+                           FMTB::GROUP_BYTES, nullptr, nr, 0, 0, 1);
+        __syncthreads();
+        // Warp c: activation row c's 32 outputs, a lane each.
+        if (c < nr) {
+            const i64 at = (i64)c * rows + blk * 32 + lane;
+            const float uv = ys[c][32 + lane], h = glu_act_mul(ys[c][lane], uv, act);
+            g[at] = h;
+            u[at] = uv;
+            if (oq) q8_1_warp(h, oq, ods, at >> 5, lane);
+        }
+        if (next < nblk) {
+            // Every read of buffer b and ys is done before a copy or the next round's sums
+            // overwrite them (generic-proxy reads, then async-proxy writes: the fence).
+            fence_async_shared();
+            __syncthreads();
+            if (bufs == 1 && threadIdx.x < 32) fetch(next, 0);
+        }
     }
 #else
     __trap();
