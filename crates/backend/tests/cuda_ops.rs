@@ -1056,8 +1056,9 @@ fn fused_matmul_glu() {
     let g8 = CudaBackend::new(0).expect("open GPU 0");
     std::env::remove_var("NEAGARI_CUDA_MVSG");
     // 3–8 rows of Q1_0 take gemv_rows.cu's `mvrtg_4`; capped at one block an SM, a block
-    // takes several tile blocks (8192 rows: 256 of them), the next one's copy in flight
-    // (`gl2`) or after the current one (`gl1`).
+    // takes several tile blocks, the next one's copy in flight (`gl2`) or after the current
+    // one (`gl1`). 8192 rows are 256 tile blocks: on 132 SMs, 124 blocks take a second
+    // whole one; 8704 rows (272) leave 8 past two whole rounds, which go as 32 quarters.
     std::env::set_var("NEAGARI_CUDA_GLU_LOOP", "1");
     let gl2 = CudaBackend::new(0).expect("open GPU 0");
     std::env::set_var("NEAGARI_CUDA_GLU_BUFS", "1");
@@ -1066,7 +1067,8 @@ fn fused_matmul_glu() {
     std::env::remove_var("NEAGARI_CUDA_GLU_BUFS");
     let cases = [
         (&gl2, GgmlType::Q1_0, 8192, 5120),
-        (&gl1, GgmlType::Q1_0, 8192, 5120),
+        (&gl2, GgmlType::Q1_0, 8704, 5120),
+        (&gl1, GgmlType::Q1_0, 8704, 5120),
         (&g8, GgmlType::Q1_0, 1024, 5120),
         (&g0, GgmlType::Q1_0, 1024, 5120),
         (&g0, GgmlType::TQ2_0, 512, 5120),

@@ -329,9 +329,11 @@ pub struct CudaBackend {
     /// `mvrtg_4`'s grid: NEAGARI_CUDA_GLU_LOOP=N caps it at N blocks an SM, each block then
     /// taking several tile blocks, the next one's copy in flight with
     /// NEAGARI_CUDA_GLU_BUFS=2 (the default) where two tiles fit; 0 (the default): a block
-    /// a tile block.
+    /// a tile block. The tile blocks past the grid's whole rounds go as quarters unless
+    /// NEAGARI_CUDA_GLU_TAIL=0.
     glu_loop: usize,
     glu_bufs: usize,
+    glu_tail: bool,
     /// … a head's blocks in one cluster, which normalizes the head's rows in shared memory
     /// (Hopper and later), unless NEAGARI_CUDA_DR_CLUSTER=0 (the last block through L2).
     dr_cluster: bool,
@@ -353,7 +355,7 @@ pub struct CudaBackend {
     /// The tensor-core GEMV of the B_ formats takes its tile by bulk copies (`mvrt_*`) on
     /// sm_90 and newer, with these tiles a block (16 rows each) and K split in these many
     /// parts to choose from (`mvr_tma`): NEAGARI_CUDA_MVRT=N (1, 2 or 4; 0 = `mvr`
-    /// instead) and NEAGARI_CUDA_MVRT_SPLIT=P (1, 2 or 4) allow only that one.
+    /// instead) and NEAGARI_CUDA_MVRT_SPLIT=P (1, 2 or 4; 3 for measuring) allow only that one.
     mvrt_tiles: Vec<usize>,
     mvrt_parts: Vec<usize>,
     /// Which matrices `mvrt_*` takes by group (`mvrc_*`: a tensor copy and a barrier per
@@ -629,6 +631,7 @@ impl CudaBackend {
                 Ok("1") => 1,
                 _ => 2,
             },
+            glu_tail: std::env::var("NEAGARI_CUDA_GLU_TAIL").as_deref() != Ok("0"),
             dr_cluster: maj >= 9 && std::env::var("NEAGARI_CUDA_DR_CLUSTER").as_deref() != Ok("0"),
             mvs: mvs_shape(std::env::var("NEAGARI_CUDA_MVS").ok().as_deref()),
             mvsg: mvs_shape(std::env::var("NEAGARI_CUDA_MVSG").ok().as_deref()),
@@ -647,6 +650,8 @@ impl CudaBackend {
             mvrt_parts: match std::env::var("NEAGARI_CUDA_MVRT_SPLIT").as_deref() {
                 Ok("1") => vec![1],
                 Ok("2") => vec![2],
+                // Not among the defaults: for measuring.
+                Ok("3") => vec![3],
                 Ok("4") => vec![4],
                 _ => MVRT_PARTS.to_vec(),
             },
