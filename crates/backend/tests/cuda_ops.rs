@@ -1057,8 +1057,8 @@ fn fused_matmul_glu() {
     std::env::remove_var("NEAGARI_CUDA_MVSG");
     // 3–8 rows of Q1_0 take gemv_rows.cu's `mvrtg_4`; capped at one block an SM, a block
     // takes several tile blocks, the next one's copy in flight (`gl2`) or after the current
-    // one (`gl1`). 8192 rows are 256 tile blocks: on 132 SMs, 124 blocks take a second
-    // whole one; 8704 rows (272) leave 8 past two whole rounds, which go as 32 quarters.
+    // one (`gl1`). On 132 SMs, 8192 rows (256 tile blocks) give 124 blocks a second one,
+    // 8704 rows (272) give 8 blocks a third.
     std::env::set_var("NEAGARI_CUDA_GLU_LOOP", "1");
     let gl2 = CudaBackend::new(0).expect("open GPU 0");
     std::env::set_var("NEAGARI_CUDA_GLU_BUFS", "1");

@@ -209,14 +209,6 @@ impl CudaBackend {
         } else {
             1
         };
-        // The tile blocks past the grid's whole rounds as quarters to the first blocks
-        // (gemv_rows.cu), where the grid has a block for each, through the counters.
-        let quarters = 4 * (nblk % grid);
-        let cnt = if grid < nblk && self.glu_tail && quarters <= grid {
-            self.fuse_counters(&mut sc, nblk)?
-        } else {
-            0
-        };
         let cfg = LaunchConfig {
             grid_dim: (grid as u32, 1, 1),
             block_dim: ((MVR_WARPS * 32) as u32, 1, 1),
@@ -234,7 +226,7 @@ impl CudaBackend {
         // `@keep`: x's q8_1 stays valid for other matmuls of x.
         launch!(
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
-            &nr_i, &act_i, &oq, &ods, &bufs_i, &cnt
+            &nr_i, &act_i, &oq, &ods, &bufs_i
         )?;
         self.glu_written(&mut sc, (gp, up_), n, rows, true);
         Ok(true)

@@ -326,14 +326,12 @@ pub struct CudaBackend {
     /// 3–8 rows of `matmul_glu` take `mvrtg_4` (fused.rs `matmul_glu_rows`) where it runs,
     /// unless NEAGARI_CUDA_GLU_ROWS=0 (the GEMV and the GLU kernel, for measuring).
     glu_rows: bool,
-    /// `mvrtg_4`'s grid: NEAGARI_CUDA_GLU_LOOP=N caps it at N blocks an SM, each block then
-    /// taking several tile blocks, the next one's copy in flight with
-    /// NEAGARI_CUDA_GLU_BUFS=2 (the default) where two tiles fit; 0 (the default): a block
-    /// a tile block. The tile blocks past the grid's whole rounds go as quarters unless
-    /// NEAGARI_CUDA_GLU_TAIL=0.
+    /// `mvrtg_4`'s grid: at most NEAGARI_CUDA_GLU_LOOP=N (default 2) blocks an SM, each
+    /// block then taking several tile blocks, the next one's copy in flight with
+    /// NEAGARI_CUDA_GLU_BUFS=2 (the default) where two tiles fit; 0: a block a tile block.
+    /// 27B Q1_0 8-row greedy step (H200, four calls): 5.55–5.58 → 5.38–5.43 ms.
     glu_loop: usize,
     glu_bufs: usize,
-    glu_tail: bool,
     /// … a head's blocks in one cluster, which normalizes the head's rows in shared memory
     /// (Hopper and later), unless NEAGARI_CUDA_DR_CLUSTER=0 (the last block through L2).
     dr_cluster: bool,
@@ -626,12 +624,11 @@ impl CudaBackend {
             glu_loop: std::env::var("NEAGARI_CUDA_GLU_LOOP")
                 .ok()
                 .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
+                .unwrap_or(2),
             glu_bufs: match std::env::var("NEAGARI_CUDA_GLU_BUFS").as_deref() {
                 Ok("1") => 1,
                 _ => 2,
             },
-            glu_tail: std::env::var("NEAGARI_CUDA_GLU_TAIL").as_deref() != Ok("0"),
             dr_cluster: maj >= 9 && std::env::var("NEAGARI_CUDA_DR_CLUSTER").as_deref() != Ok("0"),
             mvs: mvs_shape(std::env::var("NEAGARI_CUDA_MVS").ok().as_deref()),
             mvsg: mvs_shape(std::env::var("NEAGARI_CUDA_MVSG").ok().as_deref()),

@@ -491,23 +491,15 @@ struct MvrbAct {
 // The end of `mvrb_impl`: warp `warp` of `nw` holds its sums of the block's MT tiles in
 // `acc`; they meet in shared memory in warp order (then, with K split, in the cluster's
 // rank 0 in rank order) and go to y. `sync` is the block's barrier of those nw warps.
-// Its shared memory, declared by the kernel (`mvrtg_4` takes two MT from one).
-template <int MT>
-struct MvrbShared {
-    float red[MVR_WARPS][MT][4][32];
-    // The block's sums when K is split: read by the cluster's rank 0.
-    float psum[MT][4][32];
-};
-
-template <int MT, int MS, class Sync>
+template <int MT, class Sync>
 __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __restrict__ y,
                                             int rows, int nr, int base, int part, int parts,
-                                            int warp, int nw, MvrbShared<MS>& sh, Sync sync) {
-    static_assert(MT <= MS, "the scratch holds MS tiles");
+                                            int warp, int nw, Sync sync) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int c0 = 2 * t, c1 = 2 * t + 1;
-    auto& red = sh.red;
-    auto& psum = sh.psum;
+    __shared__ float red[MVR_WARPS][MT][4][32];
+    // The block's sums when K is split: read by the cluster's rank 0.
+    __shared__ float psum[MT][4][32];
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
@@ -554,12 +546,11 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
 #endif
 }
 
-template <class F, int MT, bool CH = false, int MS>
+template <class F, int MT, bool CH = false>
 __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, int pu, int stride, int gp, u64* bars,
-                                          int nr, int blk, int part, int parts,
-                                          MvrbShared<MS>& sh) {
+                                          int nr, int blk, int part, int parts) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int base = blk * 16 * MT, last = rows - 1 - base;
@@ -575,7 +566,7 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
         mvrb_step<F, MT>(acc, tile, stride, gp, s, last, g, t, x, e.d0, e.d1, e.y0, e.y1, e.q0,
                          e.q1);
     }
-    mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, nw, sh, [] { __syncthreads(); });
+    mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, nw, [] { __syncthreads(); });
 }
 
 // Bytes between two rows of a tile in shared memory: the row's, plus 16 where that is an
@@ -630,9 +621,8 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
     __syncthreads();
     wait();
     mbar_wait(&bar, 0);
-    __shared__ MvrbShared<MT> sh;
     mvrb_impl<F, MT>(sm, xq + u0 * 32, xds + u0, y, rows, units, pu, stride, F::GROUP_BYTES,
-                     nullptr, nr, blk, part, parts, sh);
+                     nullptr, nr, blk, part, parts);
 #else
     // The host runs these kernels only on sm_90 and newer (CudaBackend::mvrt_mt).
     __trap();
@@ -668,51 +658,35 @@ MVRT(4, MVRT_MINB)
 // `mvrb_impl` per row) and `glu_*_q`'s arithmetic, one launch instead of two. Rows a
 // multiple of 32 (the host's condition); g, u [nr, rows].
 //
-// A block takes tile blocks blockIdx.x, + gridDim.x, …: one where the grid is rows / 32
-// (the default). With a smaller grid and `bufs` = 2 (two tiles of dynamic shared memory),
+// A block takes tile blocks blockIdx.x, + gridDim.x, …: the host caps the grid at two
+// blocks an SM (mod.rs glu_loop) and, with `bufs` = 2 (two tiles of dynamic shared memory),
 // the next tile's copy is in flight while the block computes the current one: the 27B's
 // 544 tile blocks are 2.06 waves at two blocks an SM, and each block's compute waited
-// for its whole tile first (ncu: 15–19% of the warp samples at that wait). With `cnt` (the
-// host's choice where 4 × the leftover ≤ the grid), the tile blocks past the grid's whole
-// rounds go as quarters — 8 rows of gate and the same 8 of up, one 16-row tile — to the
-// first blocks, so the last round is a quarter of a tile, not a whole one for a few
-// blocks (`cuda_gemv`, 8 rows: 17,408-row gate+up 25.5 µs, 16,896 rows 20.1). A row's sums
-// do not depend on the tiles a block takes (`mvrb_impl`), so the bits are the same. A
-// quarter's 8 outputs are a quarter of a q8_1 unit: the last of a unit's four blocks
-// (cnt[unit], back to 0 after) quantizes it.
+// for its whole tile first (ncu: 15–19% of the warp samples at that wait). 27B Q1_0 8-row
+// greedy step 5.55–5.58 → 5.38–5.43 ms (H200). Giving the 16 tile blocks past two whole
+// rounds out as 64 quarter tiles (8 + 8 rows, the last of a unit's four quantizing it)
+// instead: 5.57 ms.
 extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
     mvrtg_4(const u8* wg, const u8* wu, const i8* xq, const float2* xds, float* g, float* u,
-            int rows, int units, i64 row_bytes, int nr, int act, i8* oq, float2* ods, int bufs,
-            u32* cnt) {
+            int rows, int units, i64 row_bytes, int nr, int act, i8* oq, float2* ods, int bufs) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 bar[2];
-    // The block's sums: activation row c's gate rows at [c][0, 32), up rows at [c][32, 64)
-    // (a quarter: [c][0, 8) and [c][8, 16)).
+    // The block's sums: activation row c's gate rows at [c][0, 32), up rows at [c][32, 64).
     __shared__ float ys[8][64];
-    __shared__ int last;
-    // Both tile counts' reductions in one scratch.
-    __shared__ MvrbShared<4> sh;
     const int stride = mvrt_stride(row_bytes), nblk = rows / 32, tile = 64 * stride;
-    const int G = gridDim.x, bid = blockIdx.x;
-    // Tile blocks taken whole, quarters after them; this block's whole ones and its items.
-    const int full = cnt ? nblk / G * G : nblk, quarters = 4 * (nblk - full);
-    const int nfull = (full - bid + G - 1) / G, items = nfull + (bid < quarters ? 1 : 0);
-    // Warp 0: item `it`'s rows (n of gate, then the same n of up) into buffer `b`.
-    auto fetch = [&](int it, int b) {
-        const bool q = it >= nfull;
-        const int n = q ? 8 : 32;
-        const i64 r0 = q ? (i64)full * 32 + bid * 8 : (i64)(bid + it * G) * 32;
-        if (threadIdx.x == 0) mbar_expect(&bar[b], (u32)(2 * n * row_bytes));
+    // Warp 0: tile block `blk`'s 64 rows into buffer `b`.
+    auto fetch = [&](int blk, int b) {
+        if (threadIdx.x == 0) mbar_expect(&bar[b], (u32)(64 * row_bytes));
         // The expected bytes are set before any copy can land.
         __syncwarp();
 #pragma unroll
         for (int m = 0; m < 2; m++) {
-            const u8* src = (m ? wu : wg) + r0 * row_bytes;
-            u8* dst = sm + b * tile + m * n * stride;
+            const u8* src = (m ? wu : wg) + (i64)blk * 32 * row_bytes;
+            u8* dst = sm + b * tile + m * 32 * stride;
             if (stride == row_bytes) {
-                if (threadIdx.x == 0) bulk_load(dst, src, (u32)(n * row_bytes), &bar[b]);
-            } else if ((int)threadIdx.x < n) {
+                if (threadIdx.x == 0) bulk_load(dst, src, (u32)(32 * row_bytes), &bar[b]);
+            } else {
                 bulk_load(dst + threadIdx.x * stride, src + threadIdx.x * row_bytes,
                           (u32)row_bytes, &bar[b]);
             }
@@ -725,61 +699,33 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
     }
     // The barriers are initialised before any thread waits on them.
     __syncthreads();
-    // The weights do not depend on the kernel before.
-    if (threadIdx.x < 32 && items > 0) fetch(0, 0);
+    // The weights do not depend on the kernel before (the host keeps the grid ≤ nblk).
+    if (threadIdx.x < 32) fetch(blockIdx.x, 0);
     gdc_wait();
     const int lane = threadIdx.x & 31, c = threadIdx.x >> 5;
-    for (int it = 0; it < items; it++) {
-        const int b = bufs > 1 ? it & 1 : 0;
-        const u32 phase = (u32)((bufs > 1 ? it >> 1 : it) & 1);
-        // Buffer b ^ 1 was last read in the previous item, which ended in a barrier.
-        if (bufs > 1 && it + 1 < items && threadIdx.x < 32) fetch(it + 1, b ^ 1);
+    for (int blk = blockIdx.x, i = 0; blk < nblk; blk += gridDim.x, i++) {
+        const int b = bufs > 1 ? i & 1 : 0, next = blk + gridDim.x;
+        const u32 phase = (u32)((bufs > 1 ? i >> 1 : i) & 1);
+        // Buffer b ^ 1 was last read in the previous round, which ended in a barrier.
+        if (bufs > 1 && next < nblk && threadIdx.x < 32) fetch(next, b ^ 1);
         mbar_wait(&bar[b], phase);
-        if (it < nfull) {
-            mvrb_impl<FMTB, 4>(sm + b * tile, xq, xds, &ys[0][0], 64, units, units, stride,
-                               FMTB::GROUP_BYTES, nullptr, nr, 0, 0, 1, sh);
-            __syncthreads();
-            // Warp c: activation row c's 32 outputs, a lane each.
-            if (c < nr) {
-                const i64 at = (i64)c * rows + (bid + it * G) * 32 + lane;
-                const float uv = ys[c][32 + lane], h = glu_act_mul(ys[c][lane], uv, act);
-                g[at] = h;
-                u[at] = uv;
-                if (oq) q8_1_warp(h, oq, ods, at >> 5, lane);
-            }
-        } else {
-            mvrb_impl<FMTB, 1>(sm + b * tile, xq, xds, &ys[0][0], 64, units, units, stride,
-                               FMTB::GROUP_BYTES, nullptr, nr, 0, 0, 1, sh);
-            __syncthreads();
-            const int row = full * 32 + bid * 8, unit = row >> 5;
-            if (c < nr && lane < 8) {
-                const i64 at = (i64)c * rows + row + lane;
-                const float uv = ys[c][8 + lane], h = glu_act_mul(ys[c][lane], uv, act);
-                g[at] = h;
-                u[at] = uv;
-            }
-            if (oq) {
-                // The unit's other quarters' g are visible to whichever block is last.
-                __threadfence();
-                __syncthreads();
-                if (threadIdx.x == 0) last = atomicAdd(cnt + unit, 1u) == 3u;
-                __syncthreads();
-                if (last) {
-                    __threadfence();
-                    if (c < nr) {
-                        const i64 at = (i64)c * rows + unit * 32 + lane;
-                        q8_1_warp(((const volatile float*)g)[at], oq, ods, at >> 5, lane);
-                    }
-                    if (threadIdx.x == 0) cnt[unit] = 0;
-                }
-            }
+        mvrb_impl<FMTB, 4>(sm + b * tile, xq, xds, &ys[0][0], 64, units, units, stride,
+                           FMTB::GROUP_BYTES, nullptr, nr, 0, 0, 1);
+        __syncthreads();
+        // Warp c: activation row c's 32 outputs, a lane each.
+        if (c < nr) {
+            const i64 at = (i64)c * rows + blk * 32 + lane;
+            const float uv = ys[c][32 + lane], h = glu_act_mul(ys[c][lane], uv, act);
+            g[at] = h;
+            u[at] = uv;
+            if (oq) q8_1_warp(h, oq, ods, at >> 5, lane);
         }
-        if (it + 1 < items) {
-            // Every read of buffer b and ys is done before a copy or the next item's sums
+        if (next < nblk) {
+            // Every read of buffer b and ys is done before a copy or the next round's sums
             // overwrite them (generic-proxy reads, then async-proxy writes: the fence).
             fence_async_shared();
             __syncthreads();
-            if (bufs == 1 && threadIdx.x < 32) fetch(it + 1, 0);
+            if (bufs == 1 && threadIdx.x < 32) fetch(next, 0);
         }
     }
 #else
@@ -828,9 +774,8 @@ __device__ __forceinline__ void mvrc_impl(const TMap* tm, const i8* __restrict__
         }
     }
     wait();
-    __shared__ MvrbShared<MT> sh;
     mvrb_impl<F, MT, true>(sm, xq + u0 * 32, xds + u0, y, rows, units, pu, GB, RB * GB, bars, nr,
-                           blk, part, parts, sh);
+                           blk, part, parts);
 #else
     __trap();
 #endif
@@ -886,7 +831,6 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 full[MVRQ_MAXS], empty[MVRQ_MAXS];
-    __shared__ MvrbShared<MT> sh;
     constexpr int RB = 16 * MT, GB = F::GROUP_BYTES, GS = F::GROUP_STEPS, SLOT = RB * GB;
     // Warps computing a group's steps (each arrives on its `empty` once).
     constexpr int NW = MVR_WARPS, CW = GS < NW ? GS : NW;
@@ -948,7 +892,7 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
             if (lane == 0) mbar_arrive(&empty[sl]);
         }
     }
-    mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, NW, sh,
+    mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, NW,
                     [] { named_sync(1, MVR_WARPS * 32); });
 #else
     __trap();
