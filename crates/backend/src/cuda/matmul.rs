@@ -229,6 +229,18 @@ impl CudaBackend {
         units.div_ceil(32 * rounds).clamp(1, MVQ_WARPS)
     }
 
+    /// Whether one activation row's 4-row-block GEMV takes `mvq1x4u` on half the warps
+    /// `mv_warps` picks (`mv_half`): rows of one round of more than one warp, in too few
+    /// blocks to hide their loads. Two rounds a thread put twice the loads in flight.
+    fn half_warps(&self, k: &IntKernels, units: usize, rows: usize) -> bool {
+        self.mvq_split
+            && self.mv_warps.is_none()
+            && k.step == 1
+            && units > 32
+            && units <= self.mv_warps(units) * 32
+            && rows.div_ceil(4) < self.mv_half * self.n_sm
+    }
+
     /// Block shape `(x, y)` of the integer GEMV for `rows` weight rows of `units` units, `r`
     /// rows a thread group: `y` groups of `x` threads (gemv_int.cu). Formats of one unit a
     /// step: one group of `mv_warps` warps, or, for rows of at most 32 units, groups of one
@@ -452,6 +464,8 @@ impl CudaBackend {
             let per_block = self.mv_per_block(w.rows, w.cols, w.row_bytes, k.step);
             let tc = self.mvr_kernels(k, nr);
             let tma = tc.and_then(|_| self.mvr_tma(k, units, w.row_bytes, wp.is_multiple_of(16)));
+            let half =
+                which == 0 && per_block == 4 && tc.is_none() && self.half_warps(k, units, w.rows);
             let (func, rows_per_block) = if let Some(p) = &tma {
                 (p.func(false), p.rows)
             } else if let Some(f) = tc {
@@ -461,7 +475,7 @@ impl CudaBackend {
             } else if which == 0
                 && per_block == 4
                 && self.mvq_split
-                && units > self.mv_warps(units) * 32
+                && (half || units > self.mv_warps(units) * 32)
             {
                 // Rows of several rounds a thread: the kernel that loads a round's rows
                 // before their arithmetic (gemv_int.cu's `mvq_split`).
@@ -475,6 +489,7 @@ impl CudaBackend {
             };
             let (bx, by) = match tc {
                 Some(_) => (self.mvr_threads(units, tma.as_ref()), 1),
+                None if half => (self.mv_warps(units).div_ceil(2) * 32, 1),
                 None => self.mv_block(k, units, w.rows, rows_per_block),
             };
             let parts = tma.as_ref().map_or(1, |p| p.parts);

@@ -320,6 +320,11 @@ pub struct CudaBackend {
     /// (gemv_int.cu's `mvq_split`; NEAGARI_CUDA_MVQ_SPLIT=0 turns it off): 27B Q4_K
     /// ffn_down 23.7 → 17.6 µs, tg128 144.0 → 149.4 on the H200.
     mvq_split: bool,
+    /// One activation row's GEMV of rows of one round a thread (over one warp's units),
+    /// with fewer than this many 4-row blocks an SM, takes `mvq1x4u` on half the warps:
+    /// two rounds, the second's loads issued with the first's (NEAGARI_CUDA_MV_HALF=N,
+    /// 0 turns it off). The 27B's 5120 × 6144 ssm_out/o in Q4_K: 9.16 → 7.29 µs (H200).
+    mv_half: usize,
     /// Blocks a value head of the fused DeltaNet kernel (`delta_rows`, hybrid.cu):
     /// NEAGARI_CUDA_DS_BLOCKS=N, 1..=16, default 4.
     ds_blocks: usize,
@@ -615,6 +620,10 @@ impl CudaBackend {
                 .and_then(|v| v.parse().ok())
                 .filter(|n| (1..=MVQ_WARPS * 32).contains(n)),
             mvq_split: std::env::var("NEAGARI_CUDA_MVQ_SPLIT").as_deref() != Ok("0"),
+            mv_half: std::env::var("NEAGARI_CUDA_MV_HALF")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(12),
             ds_blocks: std::env::var("NEAGARI_CUDA_DS_BLOCKS")
                 .ok()
                 .and_then(|v| v.parse().ok())
