@@ -231,14 +231,16 @@ impl CudaBackend {
 
     /// Whether one activation row's 4-row-block GEMV takes `mvq1x4u` on half the warps
     /// `mv_warps` picks (`mv_half`): rows of one round of more than one warp, in too few
-    /// blocks to hide their loads. Two rounds a thread put twice the loads in flight.
-    fn half_warps(&self, k: &IntKernels, units: usize, rows: usize) -> bool {
+    /// blocks to hide their loads. Two rounds a thread put twice the loads in flight, where
+    /// `mvq_split` issues a round's loads apart from its arithmetic: Q4_K's (`load_u`,
+    /// vecdot.cuh), the format this was measured on; the others run `mvq_impl` there.
+    fn half_warps(&self, w: &CudaMat, units: usize) -> bool {
         self.mvq_split
+            && w.ty == GgmlType::Q4_K
             && self.mv_warps.is_none()
-            && k.step == 1
             && units > 32
             && units <= self.mv_warps(units) * 32
-            && rows.div_ceil(4) < self.mv_half * self.n_sm
+            && w.rows.div_ceil(4) < self.mv_half * self.n_sm
     }
 
     /// Block shape `(x, y)` of the integer GEMV for `rows` weight rows of `units` units, `r`
@@ -464,8 +466,7 @@ impl CudaBackend {
             let per_block = self.mv_per_block(w.rows, w.cols, w.row_bytes, k.step);
             let tc = self.mvr_kernels(k, nr);
             let tma = tc.and_then(|_| self.mvr_tma(k, units, w.row_bytes, wp.is_multiple_of(16)));
-            let half =
-                which == 0 && per_block == 4 && tc.is_none() && self.half_warps(k, units, w.rows);
+            let half = which == 0 && per_block == 4 && tc.is_none() && self.half_warps(w, units);
             let (func, rows_per_block) = if let Some(p) = &tma {
                 (p.func(false), p.rows)
             } else if let Some(f) = tc {

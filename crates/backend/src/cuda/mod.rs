@@ -320,7 +320,7 @@ pub struct CudaBackend {
     /// (gemv_int.cu's `mvq_split`; NEAGARI_CUDA_MVQ_SPLIT=0 turns it off): 27B Q4_K
     /// ffn_down 23.7 → 17.6 µs, tg128 144.0 → 149.4 on the H200.
     mvq_split: bool,
-    /// One activation row's GEMV of rows of one round a thread (over one warp's units),
+    /// One activation row's Q4_K GEMV of rows of one round a thread (over one warp's units),
     /// with fewer than this many 4-row blocks an SM, takes `mvq1x4u` on half the warps:
     /// two rounds, the second's loads issued with the first's (NEAGARI_CUDA_MV_HALF=N,
     /// 0 turns it off). The 27B's 5120 × 6144 ssm_out/o in Q4_K: 9.16 → 7.29 µs (H200).
