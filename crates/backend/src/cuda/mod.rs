@@ -321,9 +321,9 @@ pub struct CudaBackend {
     /// ffn_down 23.7 → 17.6 µs, tg128 144.0 → 149.4 on the H200.
     mvq_split: bool,
     /// One activation row's Q4_K GEMV of rows of one round a thread (over one warp's units),
-    /// with fewer than this many 4-row blocks an SM, takes `mvq1x4u` on half the warps:
-    /// two rounds, the second's loads issued with the first's (NEAGARI_CUDA_MV_HALF=N,
-    /// 0 turns it off). The 27B's 5120 × 6144 ssm_out/o in Q4_K: 9.16 → 7.29 µs (H200).
+    /// with fewer than this many 4-row blocks an SM, takes `mvq1x4u` on half the warps, two
+    /// rounds a thread (`half_warps`; NEAGARI_CUDA_MV_HALF=N, 0 turns it off): 27B Q4_K
+    /// one-token step 6.02 → 5.94 ms, tg64 166 → 169 (H200).
     mv_half: usize,
     /// Blocks a value head of the fused DeltaNet kernel (`delta_rows`, hybrid.cu):
     /// NEAGARI_CUDA_DS_BLOCKS=N, 1..=16, default 4.
