@@ -205,8 +205,6 @@ struct IntKernels {
     /// `mvqm*`: up to four matrices in one launch (`Backend::matmul_multi`): one activation
     /// row with 1, 2 or 4 weight rows per block, then 2, 4 and 8 activation rows.
     multi: [CudaFunction; 7],
-    /// `mvqm1x4` by `mvq_split` (`mvqm1x4u`, measuring: `mvm_half`).
-    multi_u: CudaFunction,
     /// `mvqg*`: gate and up with their GLU (`Backend::matmul_glu`): one activation row
     /// with 1, 2, 4 or 8 weight rows per block, then 2, 4 and 8 activation rows.
     glu: [CudaFunction; 7],
@@ -327,9 +325,6 @@ pub struct CudaBackend {
     /// rounds a thread (`half_warps`; NEAGARI_CUDA_MV_HALF=N, 0 turns it off): 27B Q4_K
     /// one-token step 6.02 → 5.94 ms, tg64 166 → 169 (H200).
     mv_half: usize,
-    /// The same for `matmul_multi` (`mvqm1x4u`) under NEAGARI_CUDA_MVM_HALF=N blocks an SM;
-    /// default 0, off (for measuring the 27B's Q4_K qkv+z, 31 blocks an SM, and gate+up, 66).
-    mvm_half: usize,
     /// Blocks a value head of the fused DeltaNet kernel (`delta_rows`, hybrid.cu):
     /// NEAGARI_CUDA_DS_BLOCKS=N, 1..=16, default 4.
     ds_blocks: usize,
@@ -633,10 +628,6 @@ impl CudaBackend {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(12),
-            mvm_half: std::env::var("NEAGARI_CUDA_MVM_HALF")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
             ds_blocks: std::env::var("NEAGARI_CUDA_DS_BLOCKS")
                 .ok()
                 .and_then(|v| v.parse().ok())
