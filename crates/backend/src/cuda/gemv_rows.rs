@@ -174,7 +174,7 @@ impl CudaBackend {
         // lost so (qkv+z 26.0 → 28.0 µs, ssm_out 14.3 → 18.0; H200).
         if let Some(w) = &whole {
             if self.mvrt_parts.contains(&2) && row_bytes < units * 8 {
-                if let Some(p) = plan(2 * w.rows / MVR_ROWS, self.mvrt_half) {
+                if let Some(p) = plan(2 * w.rows / MVR_ROWS, 2) {
                     return Some(p);
                 }
             }

@@ -361,10 +361,6 @@ pub struct CudaBackend {
     /// instead) and NEAGARI_CUDA_MVRT_SPLIT=P (1, 2 or 4; 3 for measuring) allow only that one.
     mvrt_tiles: Vec<usize>,
     mvrt_parts: Vec<usize>,
-    /// Parts of K where a sub-2-bit matrix's rows are halved for twice the tiles
-    /// (`mvr_tma`): 2, or NEAGARI_CUDA_MVRT_HALF=3|4 (for measuring the 27B Q1_0 8-row
-    /// ffn_down in 240 or 320 blocks instead of 160).
-    mvrt_half: usize,
     /// Which matrices `mvrt_*` takes by group (`mvrc_*`: a tensor copy and a barrier per
     /// group of the tile), of those whose rows are whole groups: see [`ByGroup`].
     mvrc: gemv_rows::ByGroup,
@@ -665,11 +661,6 @@ impl CudaBackend {
                 Ok("4") => vec![4],
                 _ => MVRT_PARTS.to_vec(),
             },
-            mvrt_half: std::env::var("NEAGARI_CUDA_MVRT_HALF")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|n| (2..=4).contains(n))
-                .unwrap_or(2),
             mvrc: match std::env::var("NEAGARI_CUDA_MVRC").as_deref() {
                 Ok("0") => gemv_rows::ByGroup::Off,
                 Ok("1") => gemv_rows::ByGroup::All,
