@@ -175,6 +175,18 @@ fn multi_row_gemv_on_tensor_cores() {
         std::env::remove_var("NEAGARI_CUDA_MVRQ");
         std::env::set_var("NEAGARI_CUDA_MVRC", "0");
         let one = CudaBackend::new(0).expect("open GPU 0");
+        // The K parts meeting through global memory instead of a cluster
+        // (NEAGARI_CUDA_MVRT_CLUSTER=0), by group (in one tensor copy, `mvrc`), in one bulk
+        // copy, and through the ring: the same sums in the same order.
+        std::env::set_var("NEAGARI_CUDA_MVRT_CLUSTER", "0");
+        let one_nc = CudaBackend::new(0).expect("open GPU 0");
+        std::env::set_var("NEAGARI_CUDA_MVRC", "1");
+        std::env::set_var("NEAGARI_CUDA_MVRQ", "0");
+        let fb_nc = CudaBackend::new(0).expect("open GPU 0");
+        std::env::set_var("NEAGARI_CUDA_MVRQ", "2");
+        let ring_nc = CudaBackend::new(0).expect("open GPU 0");
+        std::env::remove_var("NEAGARI_CUDA_MVRQ");
+        std::env::remove_var("NEAGARI_CUDA_MVRT_CLUSTER");
         std::env::remove_var("NEAGARI_CUDA_MVRC");
         std::env::remove_var("NEAGARI_CUDA_MVRT");
         std::env::remove_var("NEAGARI_CUDA_MVRT_SPLIT");
@@ -226,6 +238,27 @@ fn multi_row_gemv_on_tensor_cores() {
                 ring.matmul_multi(&[&rm, &rm2], &rxb, &mut [&mut ra, &mut rb])
                     .unwrap();
                 assert!(download(&ring, &ra) == got, "{what}: ring, multi");
+                for (nc, how) in [
+                    (&one_nc, "one copy"),
+                    (&fb_nc, "by group"),
+                    (&ring_nc, "ring"),
+                ] {
+                    let (ncm, ncm2) = (nc.load_mat(&t).unwrap(), nc.load_mat(&t2).unwrap());
+                    let ncx = upload(nc, &x, n, cols);
+                    let mut o = nc.buf(1, 1).unwrap();
+                    nc.matmul(&ncm, &ncx, &mut o).unwrap();
+                    assert!(
+                        download(nc, &o) == got,
+                        "{what}: {how}, parts without a cluster"
+                    );
+                    let (mut a, mut b) = (nc.buf(1, 1).unwrap(), nc.buf(1, 1).unwrap());
+                    nc.matmul_multi(&[&ncm, &ncm2], &ncx, &mut [&mut a, &mut b])
+                        .unwrap();
+                    assert!(
+                        download(nc, &a) == got,
+                        "{what}: {how}, parts without a cluster, multi"
+                    );
+                }
                 let (mut a, mut b) = (fb.buf(1, 1).unwrap(), fb.buf(1, 1).unwrap());
                 fb.matmul_multi(&[&m, &m2], &xb, &mut [&mut a, &mut b])
                     .unwrap();

@@ -242,6 +242,19 @@ pub(super) struct MvrtPlan<'a> {
     pub(super) slots: Option<usize>,
 }
 
+/// Where the parts of a K split meet without a cluster (gemv_rows.cu `Ks`, by value): the
+/// parts' sums and a counter a tile block; zeros: in the cluster's rank 0.
+#[derive(Clone, Copy, Default)]
+#[repr(C)]
+pub(super) struct Ks {
+    p: u64,
+    c: u64,
+}
+
+// SAFETY: plain old data of the kernel parameter's C layout (two 8-byte fields), by value.
+unsafe impl DeviceRepr for Ks {}
+const _: () = assert!(std::mem::size_of::<Ks>() == 16);
+
 impl MvrtPlan<'_> {
     /// The kernel: `multi` for several matrices (`mvrm*`).
     pub(super) fn func(&self, multi: bool) -> &CudaFunction {
@@ -251,6 +264,37 @@ impl MvrtPlan<'_> {
             (None, None) => 0,
         };
         &self.f[by + multi as usize]
+    }
+}
+
+impl CudaBackend {
+    /// A launch of `blocks` blocks (tile blocks × parts) of plan `p`: its cluster size and
+    /// its [`Ks`] — a cluster of the parts, or (`mvrt_cluster` off) none and the scratch
+    /// where they meet, grown outside a recorded step.
+    pub(super) fn mvrt_meet(
+        &self,
+        sc: &mut Scratch,
+        p: &MvrtPlan,
+        blocks: usize,
+    ) -> Result<(u32, Ks)> {
+        if p.parts == 1 || self.mvrt_cluster {
+            return Ok((p.parts as u32, Ks::default()));
+        }
+        // MT·128 sums a block (its MT tiles' 16 rows × 8 activation rows).
+        let need = blocks * p.rows * 8;
+        if sc.ksplit.as_ref().is_none_or(|b| b.len() < need) {
+            self.check_alloc("the K split's sums")?;
+            self.scratch_moved();
+            sc.ksplit = None;
+            sc.ksplit = Some(
+                self.stream
+                    .alloc_zeros::<f32>(need.max(1 << 18))
+                    .map_err(drv)?,
+            );
+        }
+        let pp = sc.ksplit.as_ref().map_or(0, |b| self.dptr(b));
+        let c = self.fuse_counters(sc, blocks / p.parts)?;
+        Ok((1, Ks { p: pp, c }))
     }
 }
 

@@ -381,6 +381,7 @@ impl CudaBackend {
                     shared_mem_bytes: p.smem,
                 };
                 let (parts, pu, pb) = (p.parts as i32, p.part_units as i32, p.part_bytes as i32);
+                let (clu, ks) = self.mvrt_meet(&mut sc, p, a.blocks * p.parts)?;
                 if let Some(gb) = p.group_bytes {
                     // Unused matrices' maps are never read (their blocks are past the grid).
                     let mut tm = Vec::with_capacity(4);
@@ -391,19 +392,19 @@ impl CudaBackend {
                     // By group, through the ring or not (`mvrmc` ignores the slots).
                     let slots = p.slots.unwrap_or(0) as i32;
                     launch!(
-                        @keep_cluster p.parts as u32, self, func, cfg, &tm[0], &tm[1], &tm[2],
+                        @keep_cluster clu, self, func, cfg, &tm[0], &tm[1], &tm[2],
                         &tm[3], &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1], &a.y[2],
                         &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2], &a.rows[3], &a.starts[1],
                         &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &nr_i, &parts, &pu, &pb,
-                        &slots
+                        &slots, &ks
                     )?;
                     continue;
                 }
                 launch!(
-                    @keep_cluster p.parts as u32, self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3],
+                    @keep_cluster clu, self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3],
                     &a.y[0], &a.y[1], &a.y[2], &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2],
                     &a.rows[3], &a.starts[1], &a.starts[2], &a.starts[3], &qp, &dsp, &units_i,
-                    &rb, &nr_i, &parts, &pu, &pb
+                    &rb, &nr_i, &parts, &pu, &pb, &ks
                 )?;
                 continue;
             }
@@ -505,18 +506,19 @@ impl CudaBackend {
             let nr_i = nr as i32;
             if let Some(p) = &tma {
                 let (parts, pu, pb) = (p.parts as i32, p.part_units as i32, p.part_bytes as i32);
+                let (clu, ks) = self.mvrt_meet(&mut sc, p, cfg.grid_dim.0 as usize)?;
                 if let Some(gb) = p.group_bytes {
                     let tm = self.tmap(wp, w.rows, w.row_bytes, gb, p.rows)?;
                     // By group, through the ring or not (`mvrc` ignores the slots).
                     let slots = p.slots.unwrap_or(0) as i32;
                     launch!(
-                        @keep_cluster p.parts as u32, self, func, cfg, &tm, &xr, &dr, &orr,
-                        &rows_i, &units_i, &nr_i, &parts, &pu, &pb, &slots
+                        @keep_cluster clu, self, func, cfg, &tm, &xr, &dr, &orr,
+                        &rows_i, &units_i, &nr_i, &parts, &pu, &pb, &slots, &ks
                     )?;
                 } else {
                     launch!(
-                        @keep_cluster p.parts as u32, self, func, cfg, &wp, &xr, &dr, &orr,
-                        &rows_i, &units_i, &rb, &nr_i, &parts, &pu, &pb
+                        @keep_cluster clu, self, func, cfg, &wp, &xr, &dr, &orr,
+                        &rows_i, &units_i, &rb, &nr_i, &parts, &pu, &pb, &ks
                     )?;
                 }
             } else {

@@ -258,6 +258,9 @@ struct Scratch {
     /// Arrival counters of the fused kernels' last-block steps (`delta_rows`, `mvqg*`),
     /// zero between launches (each last block resets its own).
     fuse_cnt: Option<CudaSlice<u32>>,
+    /// The parts' sums of a K-split `mvrt_*` launch where they meet outside a cluster
+    /// (gemv_rows.cu `Ks`): `[tile blocks, parts, MT·128]`.
+    ksplit: Option<CudaSlice<f32>>,
     /// A second q8_1 area: a fused GEMV writes its output's q8_1 here while its blocks
     /// still read the input's from `xq`; `xq_alt_key` says what it holds, as `xq_key`.
     xq_alt: Option<CudaSlice<u8>>,
@@ -361,6 +364,9 @@ pub struct CudaBackend {
     /// instead) and NEAGARI_CUDA_MVRT_SPLIT=P (1, 2 or 4; 3 for measuring) allow only that one.
     mvrt_tiles: Vec<usize>,
     mvrt_parts: Vec<usize>,
+    /// Whether a K split's parts meet in a cluster's rank 0 (NEAGARI_CUDA_MVRT_CLUSTER=0:
+    /// through global memory, the last block to count adding them; see gemv_rows.rs `Ks`).
+    mvrt_cluster: bool,
     /// Which matrices `mvrt_*` takes by group (`mvrc_*`: a tensor copy and a barrier per
     /// group of the tile), of those whose rows are whole groups: see [`ByGroup`].
     mvrc: gemv_rows::ByGroup,
@@ -661,6 +667,7 @@ impl CudaBackend {
                 Ok("4") => vec![4],
                 _ => MVRT_PARTS.to_vec(),
             },
+            mvrt_cluster: std::env::var("NEAGARI_CUDA_MVRT_CLUSTER").as_deref() != Ok("0"),
             mvrc: match std::env::var("NEAGARI_CUDA_MVRC").as_deref() {
                 Ok("0") => gemv_rows::ByGroup::Off,
                 Ok("1") => gemv_rows::ByGroup::All,

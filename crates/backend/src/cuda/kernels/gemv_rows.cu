@@ -252,6 +252,15 @@ struct B_Q4_K {
 // The most parts `mvrt_*` splits K in (mod.rs MVRT_PARTS).
 #define MVRT_MAXP 4
 
+// Where a K split's parts meet without a cluster (`p` null: in the cluster's rank 0): each
+// block stores its sums at p[(tile block · parts + part) · MT · 128 ..] and counts at
+// c[tile block]; the last to count adds the parts in rank order (the cluster's order, so
+// the same bits) and puts the counter back to 0. The tile block is blockIdx.x / parts.
+struct Ks {
+    float* p;
+    u32* c;
+};
+
 // Blocks an SM the 4-tile kernels (`mvrt_4`, `mvrc_4`) leave registers for: two (≤ 128 a
 // thread; Q1_0's take 96–123). Three (≤ 80) spill 68–84 bytes on Q1_0 (ptxas 13.5) but
 // would fit its 46 KB tiles three an SM; NEAGARI_CUDA_MVRT_MINB=N sets it for measuring.
@@ -494,7 +503,7 @@ struct MvrbAct {
 template <int MT, class Sync>
 __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __restrict__ y,
                                             int rows, int nr, int base, int part, int parts,
-                                            int warp, int nw, Sync sync) {
+                                            int warp, int nw, Sync sync, Ks ks) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int c0 = 2 * t, c1 = 2 * t + 1;
     __shared__ float red[MVR_WARPS][MT][4][32];
@@ -512,11 +521,44 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
             float v = 0.f;
             for (int w = 0; w < nw; w++) v += red[w][i][k][lane];
             const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = (k & 1) ? c1 : c0;
-            if (parts > 1) psum[i][k][lane] = v;
+            if (parts > 1 && ks.p) ks.p[((i64)(blockIdx.x / parts) * parts + part) * MT * 128 + (i * 4 + k) * 32 + lane] = v;
+            else if (parts > 1) psum[i][k][lane] = v;
             else if (r < rows && c < nr) y[(i64)c * rows + r] = v;
         }
     }
     if (parts == 1) return;
+    if (ks.p) {
+        const int tb = blockIdx.x / parts;
+        __shared__ int last;
+        // The block's sums are stored, and visible device-wide, before it counts.
+        __threadfence();
+        sync();
+        if (threadIdx.x == 0) last = atomicAdd(&ks.c[tb], 1u) == (u32)(parts - 1);
+        sync();
+        if (!last) return;
+        // The other parts' sums are read after their counts (and past L1).
+        __threadfence();
+        const float* q0 = ks.p + (i64)tb * parts * MT * 128;
+        for (int i = warp; i < MT; i += nw) {
+            float b[4][MVRT_MAXP];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+#pragma unroll
+                for (int q = 0; q < MVRT_MAXP; q++)
+                    b[k][q] = q < parts ? __ldcg(q0 + (i64)q * MT * 128 + (i * 4 + k) * 32 + lane) : 0.f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float v = 0.f;
+#pragma unroll
+                for (int q = 0; q < MVRT_MAXP; q++)
+                    if (q < parts) v += b[k][q];
+                const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = (k & 1) ? c1 : c0;
+                if (r < rows && c < nr) y[(i64)c * rows + r] = v;
+            }
+        }
+        if (threadIdx.x == 0) ks.c[tb] = 0;
+        return;
+    }
 #if __CUDA_ARCH__ >= 900
     // Every part's psum is written and visible cluster-wide after this.
     cluster_sync();
@@ -550,7 +592,7 @@ template <class F, int MT, bool CH = false>
 __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, int pu, int stride, int gp, u64* bars,
-                                          int nr, int blk, int part, int parts) {
+                                          int nr, int blk, int part, int parts, Ks ks = Ks{}) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int base = blk * 16 * MT, last = rows - 1 - base;
@@ -566,7 +608,7 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
         mvrb_step<F, MT>(acc, tile, stride, gp, s, last, g, t, x, e.d0, e.d1, e.y0, e.y1, e.q0,
                          e.q1);
     }
-    mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, nw, [] { __syncthreads(); });
+    mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, nw, [] { __syncthreads(); }, ks);
 }
 
 // Bytes between two rows of a tile in shared memory: the row's, plus 16 where that is an
@@ -591,7 +633,8 @@ template <class F, int MT, class Wait>
 __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, i64 row_bytes, int nr, int blk,
-                                          int parts, int part_units, int part_bytes, Wait wait) {
+                                          int parts, int part_units, int part_bytes, Ks ks,
+                                          Wait wait) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 bar;
@@ -622,7 +665,7 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
     wait();
     mbar_wait(&bar, 0);
     mvrb_impl<F, MT>(sm, xq + u0 * 32, xds + u0, y, rows, units, pu, stride, F::GROUP_BYTES,
-                     nullptr, nr, blk, part, parts);
+                     nullptr, nr, blk, part, parts, ks);
 #else
     // The host runs these kernels only on sm_90 and newer (CudaBackend::mvrt_mt).
     __trap();
@@ -636,16 +679,16 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
 #define MVRT(MT, MINB)                                                                             \
     extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
         mvrt_##MT(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units, \
-                  i64 row_bytes, int nr, int parts, int part_units, int part_bytes) {          \
+                  i64 row_bytes, int nr, int parts, int part_units, int part_bytes, Ks ks) {   \
         mvrt_impl<FMTB, MT>(W, xq, xds, y, rows, units, row_bytes, nr, blockIdx.x / parts,     \
-                            parts, part_units, part_bytes, [] { gdc_wait(); });              \
+                            parts, part_units, part_bytes, ks, [] { gdc_wait(); });          \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
         mvrmt_##MT(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes,     \
-                   int nr, int parts, int part_units, int part_bytes) {                        \
+                   int nr, int parts, int part_units, int part_bytes, Ks ks) {                 \
         const Mat4 p = MAT4_PICK(blockIdx.x / parts);                                          \
         mvrt_impl<FMTB, MT>(p.W, xq, xds, p.y, p.rows, units, row_bytes, nr, p.b, parts,       \
-                            part_units, part_bytes, [] { gdc_wait(); });                      \
+                            part_units, part_bytes, ks, [] { gdc_wait(); });                  \
     }
 MVRT(1, 3)
 MVRT(2, 2)
@@ -749,7 +792,7 @@ template <class F, int MT, class Wait>
 __device__ __forceinline__ void mvrc_impl(const TMap* tm, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, int nr, int blk, int parts,
-                                          int part_units, int part_bytes, Wait wait) {
+                                          int part_units, int part_bytes, Ks ks, Wait wait) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 bars[MVRC_MAXG];
@@ -775,7 +818,7 @@ __device__ __forceinline__ void mvrc_impl(const TMap* tm, const i8* __restrict__
     }
     wait();
     mvrb_impl<F, MT, true>(sm, xq + u0 * 32, xds + u0, y, rows, units, pu, GB, RB * GB, bars, nr,
-                           blk, part, parts);
+                           blk, part, parts, ks);
 #else
     __trap();
 #endif
@@ -789,19 +832,19 @@ __device__ __forceinline__ void mvrc_impl(const TMap* tm, const i8* __restrict__
     extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
         mvrc_##MT(const __grid_constant__ TMap tm, const i8* xq, const float2* xds, float* y,   \
                   int rows, int units, int nr, int parts, int part_units, int part_bytes,      \
-                  int slots) {                                                                 \
+                  int slots, Ks ks) {                                                          \
         mvrc_impl<FMTB, MT>(&tm, xq, xds, y, rows, units, nr, blockIdx.x / parts, parts,        \
-                            part_units, part_bytes, [] { gdc_wait(); });                      \
+                            part_units, part_bytes, ks, [] { gdc_wait(); });                  \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
         mvrmc_##MT(const __grid_constant__ TMap t0, const __grid_constant__ TMap t1,            \
                    const __grid_constant__ TMap t2, const __grid_constant__ TMap t3,            \
                    MAT4_PARAMS, const i8* xq, const float2* xds, int units, int nr, int parts,  \
-                   int part_units, int part_bytes, int slots) {                                \
+                   int part_units, int part_bytes, int slots, Ks ks) {                         \
         const Mat4 p = MAT4_PICK(blockIdx.x / parts);                                          \
         const TMap* tm = p.m == 0 ? &t0 : p.m == 1 ? &t1 : p.m == 2 ? &t2 : &t3;               \
         mvrc_impl<FMTB, MT>(tm, xq, xds, p.y, p.rows, units, nr, p.b, parts, part_units,       \
-                            part_bytes, [] { gdc_wait(); });                                  \
+                            part_bytes, ks, [] { gdc_wait(); });                              \
     }
 MVRC(1, 3)
 MVRC(2, 2)
@@ -827,7 +870,8 @@ template <class F, int MT, class Wait>
 __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, int nr, int blk, int parts,
-                                          int part_units, int part_bytes, int slots, Wait wait) {
+                                          int part_units, int part_bytes, int slots, Ks ks,
+                                          Wait wait) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 full[MVRQ_MAXS], empty[MVRQ_MAXS];
@@ -861,7 +905,7 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
         }
         __syncwarp();
         // mvrb_finish's two cluster barriers.
-        if (parts > 1) {
+        if (parts > 1 && !ks.p) {
             cluster_sync();
             cluster_sync();
         }
@@ -893,7 +937,7 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
         }
     }
     mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, NW,
-                    [] { named_sync(1, MVR_WARPS * 32); });
+                    [] { named_sync(1, MVR_WARPS * 32); }, ks);
 #else
     __trap();
 #endif
@@ -905,19 +949,19 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
     extern "C" __global__ void __launch_bounds__((MVR_WARPS + 1) * 32, MINB)                  \
         mvrq_##MT(const __grid_constant__ TMap tm, const i8* xq, const float2* xds, float* y,   \
                   int rows, int units, int nr, int parts, int part_units, int part_bytes,      \
-                  int slots) {                                                                 \
+                  int slots, Ks ks) {                                                          \
         mvrq_impl<FMTB, MT>(&tm, xq, xds, y, rows, units, nr, blockIdx.x / parts, parts,        \
-                            part_units, part_bytes, slots, [] { gdc_wait(); });               \
+                            part_units, part_bytes, slots, ks, [] { gdc_wait(); });           \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__((MVR_WARPS + 1) * 32, MINB)                  \
         mvrmq_##MT(const __grid_constant__ TMap t0, const __grid_constant__ TMap t1,            \
                    const __grid_constant__ TMap t2, const __grid_constant__ TMap t3,            \
                    MAT4_PARAMS, const i8* xq, const float2* xds, int units, int nr, int parts,  \
-                   int part_units, int part_bytes, int slots) {                                \
+                   int part_units, int part_bytes, int slots, Ks ks) {                         \
         const Mat4 p = MAT4_PICK(blockIdx.x / parts);                                          \
         const TMap* tm = p.m == 0 ? &t0 : p.m == 1 ? &t1 : p.m == 2 ? &t2 : &t3;               \
         mvrq_impl<FMTB, MT>(tm, xq, xds, p.y, p.rows, units, nr, p.b, parts, part_units,       \
-                            part_bytes, slots, [] { gdc_wait(); });                           \
+                            part_bytes, slots, ks, [] { gdc_wait(); });                       \
     }
 MVRQ(1, 2)
 MVRQ(2, 2)
