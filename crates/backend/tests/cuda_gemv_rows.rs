@@ -134,10 +134,10 @@ fn multi_row_gemv_on_tensor_cores() {
     }
     // The 27B's rows take the shapes measured for them (docs/BENCHMARKS.md): TQ2_0's rows
     // end in half a group of its layout and stay whole; Q4_K's ffn_down is split for a
-    // tile to fit, Q1_0's ffn_down in halves for twice the tiles.
+    // tile to fit, Q1_0's ffn_down in thirds for twice the tiles.
     for (ty, cols, want) in [
         (GgmlType::Q1_0, 5120, (4, 1)),
-        (GgmlType::Q1_0, 17408, (4, 2)),
+        (GgmlType::Q1_0, 17408, (4, 3)),
         (GgmlType::TQ2_0, 5120, (4, 1)),
         (GgmlType::TQ2_0, 17408, (1, 1)),
         (GgmlType::Q4_K, 5120, (2, 1)),
@@ -147,9 +147,9 @@ fn multi_row_gemv_on_tensor_cores() {
         assert_eq!(g.gemv_rows_plan(&m, 8), Some(want), "{ty} {cols}-wide rows");
     }
     // Every (tiles a block, K parts) shape of `mvrt_*`, forced, against `mvr`: rows of 10
-    // groups (Q1_0, Q4_K; 4 parts cut them 3, 3, 3, 1) fit all; TQ2_0's two lengths share
-    // them (4 whole-row tiles fit only its 2 groups, 4 parts need more). 37 rows: a ragged
-    // last tile.
+    // groups (Q1_0, Q4_K; 4 parts cut them 3, 3, 3, 1, 3 parts 4, 4, 2) fit all; TQ2_0's two
+    // lengths share them but 3 parts (4 whole-row tiles fit only its 2 groups, 4 parts need
+    // more, 3 parts of 4 groups leave the last none). 37 rows: a ragged last tile.
     let mut seen = std::collections::HashSet::new();
     for (mt, parts) in [
         (4, 1),
@@ -161,6 +161,9 @@ fn multi_row_gemv_on_tensor_cores() {
         (4, 4),
         (2, 4),
         (1, 4),
+        (4, 3),
+        (2, 3),
+        (1, 3),
     ] {
         std::env::set_var("NEAGARI_CUDA_MVRT", mt.to_string());
         std::env::set_var("NEAGARI_CUDA_MVRT_SPLIT", parts.to_string());
@@ -175,9 +178,11 @@ fn multi_row_gemv_on_tensor_cores() {
         std::env::remove_var("NEAGARI_CUDA_MVRQ");
         std::env::set_var("NEAGARI_CUDA_MVRC", "0");
         let one = CudaBackend::new(0).expect("open GPU 0");
-        // The K parts meeting through global memory instead of a cluster
-        // (NEAGARI_CUDA_MVRT_CLUSTER=0), by group (in one tensor copy, `mvrc`), in one bulk
-        // copy, and through the ring: the same sums in the same order.
+        // The K parts meeting in a cluster always (NEAGARI_CUDA_MVRT_CLUSTER=1; by default
+        // 2 parts only) and never (=0: through global memory), in one bulk copy, by group
+        // (one tensor copy, `mvrc`) and through the ring: the same sums in the same order.
+        std::env::set_var("NEAGARI_CUDA_MVRT_CLUSTER", "1");
+        let one_cl = CudaBackend::new(0).expect("open GPU 0");
         std::env::set_var("NEAGARI_CUDA_MVRT_CLUSTER", "0");
         let one_nc = CudaBackend::new(0).expect("open GPU 0");
         std::env::set_var("NEAGARI_CUDA_MVRC", "1");
@@ -239,25 +244,20 @@ fn multi_row_gemv_on_tensor_cores() {
                     .unwrap();
                 assert!(download(&ring, &ra) == got, "{what}: ring, multi");
                 for (nc, how) in [
-                    (&one_nc, "one copy"),
-                    (&fb_nc, "by group"),
-                    (&ring_nc, "ring"),
+                    (&one_cl, "one copy, clusters"),
+                    (&one_nc, "one copy, no cluster"),
+                    (&fb_nc, "by group, no cluster"),
+                    (&ring_nc, "ring, no cluster"),
                 ] {
                     let (ncm, ncm2) = (nc.load_mat(&t).unwrap(), nc.load_mat(&t2).unwrap());
                     let ncx = upload(nc, &x, n, cols);
                     let mut o = nc.buf(1, 1).unwrap();
                     nc.matmul(&ncm, &ncx, &mut o).unwrap();
-                    assert!(
-                        download(nc, &o) == got,
-                        "{what}: {how}, parts without a cluster"
-                    );
+                    assert!(download(nc, &o) == got, "{what}: {how}");
                     let (mut a, mut b) = (nc.buf(1, 1).unwrap(), nc.buf(1, 1).unwrap());
                     nc.matmul_multi(&[&ncm, &ncm2], &ncx, &mut [&mut a, &mut b])
                         .unwrap();
-                    assert!(
-                        download(nc, &a) == got,
-                        "{what}: {how}, parts without a cluster, multi"
-                    );
+                    assert!(download(nc, &a) == got, "{what}: {how}, multi");
                 }
                 let (mut a, mut b) = (fb.buf(1, 1).unwrap(), fb.buf(1, 1).unwrap());
                 fb.matmul_multi(&[&m, &m2], &xb, &mut [&mut a, &mut b])
@@ -274,7 +274,7 @@ fn multi_row_gemv_on_tensor_cores() {
         }
     }
     // Every format ran every shape.
-    assert_eq!(seen.len(), 27, "{seen:?}");
+    assert_eq!(seen.len(), 33, "{seen:?}");
 }
 
 /// The 8-row GEMV by group through a ring of slots (`mvrq_*`, NEAGARI_CUDA_MVRQ) against

@@ -168,13 +168,14 @@ impl CudaBackend {
             .filter(|&mt| whole && Some(mt) == self.mvrq_tiles)
             .find_map(|mt| plan(mt, 1).filter(|p| p.slots.is_some()));
         let whole = ring.or_else(|| tiles().find_map(|mt| whole.then(|| plan(mt, 1)).flatten()));
-        // Under 2 bits a weight, half rows where that takes twice the tiles a block: each
+        // Under 2 bits a weight, rows in parts where that takes twice the tiles a block: each
         // activation fragment a warp loads then serves twice the weights (27B Q1_0 ffn_down,
-        // 8 rows: 2 whole-row tiles 21.1 µs, 4 half-row tiles 17.6). Q4_K's 5120-wide rows
-        // lost so (qkv+z 26.0 → 28.0 µs, ssm_out 14.3 → 18.0; H200).
+        // 8 rows: 2 whole-row tiles 21.1 µs, 4 half-row tiles 17.6, H200; 4 tiles of a third
+        // of K 14.4 against 17.2 in halves, H100: `mvrt_sub2`). Q4_K's 5120-wide rows lost
+        // halved (qkv+z 26.0 → 28.0 µs, ssm_out 14.3 → 18.0; H200).
         if let Some(w) = &whole {
             if self.mvrt_parts.contains(&2) && row_bytes < units * 8 {
-                if let Some(p) = plan(2 * w.rows / MVR_ROWS, 2) {
+                if let Some(p) = plan(2 * w.rows / MVR_ROWS, self.mvrt_sub2) {
                     return Some(p);
                 }
             }
@@ -269,15 +270,18 @@ impl MvrtPlan<'_> {
 
 impl CudaBackend {
     /// A launch of `blocks` blocks (tile blocks × parts) of plan `p`: its cluster size and
-    /// its [`Ks`] — a cluster of the parts, or (`mvrt_cluster` off) none and the scratch
-    /// where they meet, grown outside a recorded step.
+    /// its [`Ks`] — a cluster of 2 parts, or no cluster and the scratch where more parts
+    /// meet (grown outside a recorded step). A cluster of 3 or 4 is slow to place: 8 rows
+    /// (H100, µs), 27B Q1_0 ffn_down in 3 parts 22.4 in clusters against 14.4, Q4_K's in 4
+    /// parts 32.5 against 30.9 (8-row greedy step 9.17 → 9.05 ms); in 2 parts level alone
+    /// (17.2 / 17.0) and in the step the cluster 0.03 ms ahead (Q1_0 5.66 against 5.69).
     pub(super) fn mvrt_meet(
         &self,
         sc: &mut Scratch,
         p: &MvrtPlan,
         blocks: usize,
     ) -> Result<(u32, Ks)> {
-        if p.parts == 1 || self.mvrt_cluster {
+        if p.parts == 1 || self.mvrt_cluster.unwrap_or(p.parts == 2) {
             return Ok((p.parts as u32, Ks::default()));
         }
         // MT·128 sums a block (its MT tiles' 16 rows × 8 activation rows).

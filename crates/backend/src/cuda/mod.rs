@@ -124,9 +124,14 @@ const MVRQ_MAXS: usize = 16;
 /// 43.2 / 46.5, qkv+z 21.4 / 23.1, head 263.0 / 268.4 (H200; every group at once, `mvrc`:
 /// 51.2, 23.9, 293.0).
 const MVRQ_SLOTS: usize = 8;
-/// The parts `mvrt_*` may split K in (blocks of a cluster), fewest first; at most
-/// gemv_rows.cu's MVRT_MAXP.
+/// The parts `mvrt_*` may split K in, fewest first; at most MVRT_MAXP.
 const MVRT_PARTS: [usize; 3] = [1, 2, 4];
+/// gemv_rows.cu's MVRT_MAXP.
+const MVRT_MAXP: usize = 4;
+/// The parts of a sub-2-bit matrix's rows (`mvr_tma`). 27B Q1_0 ffn_down, 8 rows (H100):
+/// 2 parts in clusters 17.2 µs; 3 parts 22.4 in clusters, 14.4 meeting through global
+/// memory (`mvrt_meet`); 4 parts 21.8 (320 blocks: more than two an SM).
+const MVRT_SUB2: usize = 3;
 /// Most warps per block of it (MVR_WARPS in gemv_rows.cu).
 const MVR_WARPS: usize = 8;
 
@@ -364,9 +369,13 @@ pub struct CudaBackend {
     /// instead) and NEAGARI_CUDA_MVRT_SPLIT=P (1, 2 or 4; 3 for measuring) allow only that one.
     mvrt_tiles: Vec<usize>,
     mvrt_parts: Vec<usize>,
-    /// Whether a K split's parts meet in a cluster's rank 0 (NEAGARI_CUDA_MVRT_CLUSTER=0:
-    /// through global memory, the last block to count adding them; see gemv_rows.rs `Ks`).
-    mvrt_cluster: bool,
+    /// Parts of K where a sub-2-bit matrix's rows are cut for more tiles a block
+    /// (`mvr_tma`; NEAGARI_CUDA_MVRT_SUB2=2|3|4 for measuring).
+    mvrt_sub2: usize,
+    /// Whether a K split's parts meet in a cluster's rank 0 or through global memory, the
+    /// last block to count adding them (gemv_rows.rs `mvrt_meet`): `None`, a cluster for 2
+    /// parts only; NEAGARI_CUDA_MVRT_CLUSTER=1 | 0 always | never.
+    mvrt_cluster: Option<bool>,
     /// Which matrices `mvrt_*` takes by group (`mvrc_*`: a tensor copy and a barrier per
     /// group of the tile), of those whose rows are whole groups: see [`ByGroup`].
     mvrc: gemv_rows::ByGroup,
@@ -667,7 +676,16 @@ impl CudaBackend {
                 Ok("4") => vec![4],
                 _ => MVRT_PARTS.to_vec(),
             },
-            mvrt_cluster: std::env::var("NEAGARI_CUDA_MVRT_CLUSTER").as_deref() != Ok("0"),
+            mvrt_sub2: std::env::var("NEAGARI_CUDA_MVRT_SUB2")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|n| (2..=MVRT_MAXP).contains(n))
+                .unwrap_or(MVRT_SUB2),
+            mvrt_cluster: match std::env::var("NEAGARI_CUDA_MVRT_CLUSTER").as_deref() {
+                Ok("1") => Some(true),
+                Ok("0") => Some(false),
+                _ => None,
+            },
             mvrc: match std::env::var("NEAGARI_CUDA_MVRC").as_deref() {
                 Ok("0") => gemv_rows::ByGroup::Off,
                 Ok("1") => gemv_rows::ByGroup::All,
