@@ -497,18 +497,47 @@ struct MvrbAct {
     __device__ __forceinline__ void next(int nw) { xr += 16 * nw, s0 += 2 * nw, s1 += 2 * nw; }
 };
 
+// A K split's meeting: part q's sum k of tile i is ld(i, k, q); warp w adds tiles w, w + nw,
+// …, every part's four sums asked for before the first is added (one at a time they were
+// 4·parts distributed-memory round trips), then added in rank order, and stores them to y.
+template <int MT, class Ld>
+__device__ __forceinline__ void mvrb_parts_sum(Ld ld, float* __restrict__ y, int rows, int nr,
+                                               int base, int parts, int warp, int nw) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int i = warp; i < MT; i += nw) {
+        float b[4][MVRT_MAXP];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int q = 0; q < MVRT_MAXP; q++) b[k][q] = q < parts ? ld(i, k, q) : 0.f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float v = 0.f;
+#pragma unroll
+            for (int q = 0; q < MVRT_MAXP; q++)
+                if (q < parts) v += b[k][q];
+            const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = 2 * t + (k & 1);
+            if (r < rows && c < nr) y[(i64)c * rows + r] = v;
+        }
+    }
+}
+
 // The end of `mvrb_impl`: warp `warp` of `nw` holds its sums of the block's MT tiles in
-// `acc`; they meet in shared memory in warp order (then, with K split, in the cluster's
-// rank 0 in rank order) and go to y. `sync` is the block's barrier of those nw warps.
+// `acc`; they meet in shared memory in warp order and go to y. With K split, the parts'
+// sums then meet in the cluster's rank 0 or, with `ks`, through global memory
+// (`mvrb_parts_sum` either way, so the same bits). `sync` is the block's barrier of those
+// nw warps.
 template <int MT, class Sync>
 __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __restrict__ y,
                                             int rows, int nr, int base, int part, int parts,
                                             int warp, int nw, Sync sync, Ks ks) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int c0 = 2 * t, c1 = 2 * t + 1;
     __shared__ float red[MVR_WARPS][MT][4][32];
-    // The block's sums when K is split: read by the cluster's rank 0.
+    // The block's sums when K is split in a cluster: read by its rank 0.
     __shared__ float psum[MT][4][32];
+    // The tile block's parts' sums, [parts, MT, 4, 32], when they meet through ks.
+    const int tb = blockIdx.x / parts;
+    float* kp = ks.p ? ks.p + (i64)tb * parts * MT * 128 : nullptr;
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
@@ -520,15 +549,14 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
         for (int k = 0; k < 4; k++) {
             float v = 0.f;
             for (int w = 0; w < nw; w++) v += red[w][i][k][lane];
-            const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = (k & 1) ? c1 : c0;
-            if (parts > 1 && ks.p) ks.p[((i64)(blockIdx.x / parts) * parts + part) * MT * 128 + (i * 4 + k) * 32 + lane] = v;
+            const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = 2 * t + (k & 1);
+            if (parts > 1 && ks.p) kp[(part * MT + i) * 128 + k * 32 + lane] = v;
             else if (parts > 1) psum[i][k][lane] = v;
             else if (r < rows && c < nr) y[(i64)c * rows + r] = v;
         }
     }
     if (parts == 1) return;
     if (ks.p) {
-        const int tb = blockIdx.x / parts;
         __shared__ int last;
         // The block's sums are stored, and visible device-wide, before it counts.
         __threadfence();
@@ -536,53 +564,20 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
         if (threadIdx.x == 0) last = atomicAdd(&ks.c[tb], 1u) == (u32)(parts - 1);
         sync();
         if (!last) return;
-        // The other parts' sums are read after their counts (and past L1).
+        // The other parts' sums are read after their counts, past L1.
         __threadfence();
-        const float* q0 = ks.p + (i64)tb * parts * MT * 128;
-        for (int i = warp; i < MT; i += nw) {
-            float b[4][MVRT_MAXP];
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-#pragma unroll
-                for (int q = 0; q < MVRT_MAXP; q++)
-                    b[k][q] = q < parts ? __ldcg(q0 + (i64)q * MT * 128 + (i * 4 + k) * 32 + lane) : 0.f;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float v = 0.f;
-#pragma unroll
-                for (int q = 0; q < MVRT_MAXP; q++)
-                    if (q < parts) v += b[k][q];
-                const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = (k & 1) ? c1 : c0;
-                if (r < rows && c < nr) y[(i64)c * rows + r] = v;
-            }
-        }
+        mvrb_parts_sum<MT>(
+            [&](int i, int k, int q) { return __ldcg(kp + (q * MT + i) * 128 + k * 32 + lane); },
+            y, rows, nr, base, parts, warp, nw);
         if (threadIdx.x == 0) ks.c[tb] = 0;
         return;
     }
 #if __CUDA_ARCH__ >= 900
     // Every part's psum is written and visible cluster-wide after this.
     cluster_sync();
-    if (part == 0) {
-        for (int i = warp; i < MT; i += nw) {
-            // Every part's four sums asked for before the first is added (one at a time they
-            // were 4·parts distributed-memory round trips), then added in rank order.
-            float b[4][MVRT_MAXP];
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-#pragma unroll
-                for (int q = 0; q < MVRT_MAXP; q++)
-                    b[k][q] = q < parts ? ld_cluster(&psum[i][k][lane], q) : 0.f;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float v = 0.f;
-#pragma unroll
-                for (int q = 0; q < MVRT_MAXP; q++)
-                    if (q < parts) v += b[k][q];
-                const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = (k & 1) ? c1 : c0;
-                if (r < rows && c < nr) y[(i64)c * rows + r] = v;
-            }
-        }
-    }
+    if (part == 0)
+        mvrb_parts_sum<MT>([&](int i, int k, int q) { return ld_cluster(&psum[i][k][lane], q); },
+                           y, rows, nr, base, parts, warp, nw);
     // No block leaves while rank 0 still reads its psum.
     cluster_sync();
 #endif
