@@ -453,10 +453,12 @@ __device__ __forceinline__ void mvrb_step(float (&acc)[MT][4], const u8* __restr
             acc[i][3] += db * m[3] - dmb * n[3];
         } else {
             const float wa = h2f((u16)ra.d), wb = h2f((u16)rb.d);
-            acc[i][0] += wa * (F::A * m[0] - q0);
-            acc[i][1] += wa * (F::A * m[1] - q1);
-            acc[i][2] += wb * (F::A * m[2] - q0);
-            acc[i][3] += wb * (F::A * m[3] - q1);
+            // A·m − q in one rounding: with A = 2, ptxas made it m + m (exact), then − q,
+            // so the fused form is the same bits and one instruction fewer an output.
+            acc[i][0] += wa * __fmaf_rn(F::A, m[0], -q0);
+            acc[i][1] += wa * __fmaf_rn(F::A, m[1], -q1);
+            acc[i][2] += wb * __fmaf_rn(F::A, m[2], -q0);
+            acc[i][3] += wb * __fmaf_rn(F::A, m[3], -q1);
         }
     }
 }

@@ -42,6 +42,11 @@ __device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
     return r;
 }
 
+// The bits of the float 1.5·2^23: an integer sum started here reads, as a float less
+// 1.5·2^23, as the exact sum while it stays within ±2^22 — one full-rate add where an
+// int→float conversion takes a quarter-rate pipe.
+#define SUM_K 0x4B400000
+
 template <int NR>
 __device__ __forceinline__ int dot8(const int* w, const int (&x)[NR][8], int r, int k0, int n) {
     int s = 0;
@@ -360,7 +365,8 @@ __device__ __forceinline__ u32 word4(const uint4& v, int j) {
 // bit 8i + k of word j, so (word << (7 − k)) & 0x80808080 is 128·bit in byte i, lined up
 // with the activation's word k; only left shifts, which the compiler may run as
 // multiplies on the FMA pipe beside the ALU's ands. s = 128·Σ_{bit set} x, and
-// Σ ±x = 2·Σ_{bit set} x − Σ x = (s >> 6) − Σ x (s is a multiple of 128).
+// Σ ±x = 2·Σ_{bit set} x − Σ x = s / 64 − Σ x (s is a multiple of 128, |s| < 2^20, read
+// through SUM_K; the 1/64 goes to the activation's d: the same product, so the same bits).
 struct Q_Q1_0R {
     static constexpr int STEP = 4;
     struct W {
@@ -379,7 +385,7 @@ struct Q_Q1_0R {
         const u32 v = word4(w.q, j);
         int s[NR];
 #pragma unroll
-        for (int r = 0; r < NR; r++) s[r] = 0;
+        for (int r = 0; r < NR; r++) s[r] = SUM_K;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             const u32 m = (v << (7 - k)) & 0x80808080u;
@@ -387,7 +393,9 @@ struct Q_Q1_0R {
             for (int r = 0; r < NR; r++) s[r] = dp4a_us(m, x[r][k], s[r]);
         }
 #pragma unroll
-        for (int r = 0; r < NR; r++) acc[r] += w.d * (ds[r].x * (float)(s[r] >> 6) - ds[r].y);
+        for (int r = 0; r < NR; r++)
+            acc[r] += w.d * __fmaf_rn(ds[r].x * (1.f / 64.f), __int_as_float(s[r]) - 12582912.f,
+                                      -ds[r].y);
     }
 };
 
@@ -396,7 +404,8 @@ struct Q_Q1_0R {
 // unsigned bytes), so the unit's eight dp4a sum 4^l·Σcode·q and one shift at the end gives
 // Σcode·q — exactly what shifting every word to the top bits first gave, one instruction a
 // word fewer (a third of the loop); weights are (code − 1)·d, so the dot is
-// d·(dx·Σcode·q − dx·Σq).
+// d·(dx·Σcode·q − dx·Σq). (Q1_0R's SUM_K read, here with 4^−l on dx, added 4 spilled
+// bytes to `mvs_8`'s 48 under ptxas 13: not taken unmeasured.)
 struct Q_TQ2_0R {
     static constexpr int STEP = 4;
     struct W {
