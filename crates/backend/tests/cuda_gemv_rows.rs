@@ -8,7 +8,8 @@
 
 mod cuda_common;
 use cuda_common::{
-    check_q8_1, cpu, download, exact_product, gpu, n_diff, random_mat, randv, rel, rng, upload,
+    check_q8_1, cpu, download, exact_product, gpu, gpu_with, n_diff, random_mat, randv, rel, rng,
+    upload,
 };
 
 use neagari_backend::cuda::CudaBackend;
@@ -169,30 +170,19 @@ fn multi_row_gemv_on_tensor_cores() {
         std::env::set_var("NEAGARI_CUDA_MVRT_SPLIT", parts.to_string());
         // The tile by group (`mvrc_*`, every format: rows are whole groups at all four
         // widths below), against the same shape with the tile in one copy.
-        std::env::set_var("NEAGARI_CUDA_MVRC", "1");
-        std::env::set_var("NEAGARI_CUDA_MVRQ", "0");
-        let fb = CudaBackend::new(0).expect("open GPU 0");
+        let (mvrc, mvrq) = ("NEAGARI_CUDA_MVRC", "NEAGARI_CUDA_MVRQ");
+        let fb = gpu_with(&[(mvrc, "1"), (mvrq, "0")]);
         // By group through a ring of two slots (`mvrq_*`), where more groups than that.
-        std::env::set_var("NEAGARI_CUDA_MVRQ", "2");
-        let ring = CudaBackend::new(0).expect("open GPU 0");
-        std::env::remove_var("NEAGARI_CUDA_MVRQ");
-        std::env::set_var("NEAGARI_CUDA_MVRC", "0");
-        let one = CudaBackend::new(0).expect("open GPU 0");
+        let ring = gpu_with(&[(mvrc, "1"), (mvrq, "2")]);
+        let one = gpu_with(&[(mvrc, "0")]);
         // The K parts meeting in a cluster always (NEAGARI_CUDA_MVRT_CLUSTER=1; by default
         // 2 parts only) and never (=0: through global memory), in one bulk copy, by group
         // (one tensor copy, `mvrc`) and through the ring: the same sums in the same order.
-        std::env::set_var("NEAGARI_CUDA_MVRT_CLUSTER", "1");
-        let one_cl = CudaBackend::new(0).expect("open GPU 0");
-        std::env::set_var("NEAGARI_CUDA_MVRT_CLUSTER", "0");
-        let one_nc = CudaBackend::new(0).expect("open GPU 0");
-        std::env::set_var("NEAGARI_CUDA_MVRC", "1");
-        std::env::set_var("NEAGARI_CUDA_MVRQ", "0");
-        let fb_nc = CudaBackend::new(0).expect("open GPU 0");
-        std::env::set_var("NEAGARI_CUDA_MVRQ", "2");
-        let ring_nc = CudaBackend::new(0).expect("open GPU 0");
-        std::env::remove_var("NEAGARI_CUDA_MVRQ");
-        std::env::remove_var("NEAGARI_CUDA_MVRT_CLUSTER");
-        std::env::remove_var("NEAGARI_CUDA_MVRC");
+        let clu = "NEAGARI_CUDA_MVRT_CLUSTER";
+        let one_cl = gpu_with(&[(mvrc, "0"), (clu, "1")]);
+        let one_nc = gpu_with(&[(mvrc, "0"), (clu, "0")]);
+        let fb_nc = gpu_with(&[(mvrc, "1"), (mvrq, "0"), (clu, "0")]);
+        let ring_nc = gpu_with(&[(mvrc, "1"), (mvrq, "2"), (clu, "0")]);
         std::env::remove_var("NEAGARI_CUDA_MVRT");
         std::env::remove_var("NEAGARI_CUDA_MVRT_SPLIT");
         for (ty, cols) in [

@@ -22,6 +22,19 @@ pub fn gpu() -> Option<CudaBackend> {
     Some(CudaBackend::new(0).expect("open GPU 0"))
 }
 
+/// GPU 0 opened with these NEAGARI_CUDA_* settings on top of those already set (the
+/// backend reads them once, when it is made); they are unset again after.
+pub fn gpu_with(vars: &[(&str, &str)]) -> CudaBackend {
+    for (k, v) in vars {
+        std::env::set_var(k, v);
+    }
+    let g = CudaBackend::new(0).expect("open GPU 0");
+    for (k, _) in vars {
+        std::env::remove_var(k);
+    }
+    g
+}
+
 pub fn cpu() -> CpuBackend {
     CpuBackend::new(&CpuOptions {
         threads: 2,
