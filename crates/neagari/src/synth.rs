@@ -38,6 +38,11 @@ pub struct SynthArgs {
     /// attention), for small files of the same widths.
     #[arg(long)]
     pub layers: Option<usize>,
+    /// Another FFN width (qwen3.6-27b only; a multiple of 256), for measuring how the
+    /// step's time follows a matrix's rows (17,408 rows of gate/up are 2.06 rounds of the
+    /// 8-row GEMV's blocks, 16,896 two).
+    #[arg(long)]
+    pub ffn: Option<usize>,
 }
 
 struct Shape {
@@ -194,6 +199,12 @@ fn run_qwen36(a: &SynthArgs) -> Result<()> {
         }
         shape.n_layers = n;
     }
+    if let Some(f) = a.ffn {
+        if f == 0 || f % 256 != 0 {
+            bail!("--ffn must be a positive multiple of 256 (every type's block), got {f}");
+        }
+        shape.n_ff = f;
+    }
     let ty =
         a.ty.as_deref()
             .map(parse_type)
@@ -230,8 +241,8 @@ pub fn run(a: &SynthArgs) -> Result<()> {
     if matches!(a.like.as_str(), "qwen3.6-27b" | "qwen36-27b") {
         return run_qwen36(a);
     }
-    if a.layers.is_some() {
-        bail!("--layers is only for --like qwen3.6-27b");
+    if a.layers.is_some() || a.ffn.is_some() {
+        bail!("--layers and --ffn are only for --like qwen3.6-27b");
     }
     let s = shape(&a.like)?;
     let one = a.ty.as_deref().map(parse_type).transpose()?;
@@ -390,4 +401,34 @@ pub fn run(a: &SynthArgs) -> Result<()> {
     inner.flush()?;
     eprintln!("wrote {}", a.output.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(like: &str, ffn: Option<usize>, out: &std::path::Path) -> SynthArgs {
+        SynthArgs {
+            like: like.into(),
+            ty: Some("Q1_0".into()),
+            output: out.to_path_buf(),
+            seed: 1,
+            layers: Some(1),
+            ffn,
+        }
+    }
+
+    /// `--ffn` is checked before anything is written, and only the hybrid shape takes it.
+    #[test]
+    fn ffn_width_is_checked_first() {
+        // Never created: every call below fails first.
+        let out = std::env::temp_dir().join(format!("neagari-ffn-{}.gguf", std::process::id()));
+        for bad in [0, 100, 17_408 + 128] {
+            let e = run(&args("qwen3.6-27b", Some(bad), &out)).unwrap_err();
+            assert!(e.to_string().contains("multiple of 256"), "{e}");
+        }
+        let e = run(&args("gemma3-270m", Some(512), &out)).unwrap_err();
+        assert!(e.to_string().contains("only for --like qwen3.6-27b"), "{e}");
+        assert!(!out.exists());
+    }
 }
