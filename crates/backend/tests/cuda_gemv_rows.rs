@@ -13,7 +13,7 @@ use cuda_common::{
 };
 
 use neagari_backend::cuda::CudaBackend;
-use neagari_backend::Backend;
+use neagari_backend::{Backend, GluAct};
 use neagari_quant::GgmlType;
 
 /// The tensor-core GEMV of 3–8 activation rows (gemv_rows.cu) on every format that has
@@ -24,13 +24,9 @@ use neagari_quant::GgmlType;
 #[test]
 fn multi_row_gemv_on_tensor_cores() {
     let Some(g) = gpu() else { return };
-    std::env::set_var("NEAGARI_CUDA_MV_TC", "0");
-    let off = CudaBackend::new(0).expect("open GPU 0");
-    std::env::remove_var("NEAGARI_CUDA_MV_TC");
+    let off = gpu_with(&[("NEAGARI_CUDA_MV_TC", "0")]);
     // The tiles loaded into registers (`mvr`) rather than by bulk copies (`mvrt_*`, sm_90).
-    std::env::set_var("NEAGARI_CUDA_MVRT", "0");
-    let regs = CudaBackend::new(0).expect("open GPU 0");
-    std::env::remove_var("NEAGARI_CUDA_MVRT");
+    let regs = gpu_with(&[("NEAGARI_CUDA_MVRT", "0")]);
     let c = cpu();
     let mut r = rng();
     for ty in [
@@ -166,8 +162,16 @@ fn multi_row_gemv_on_tensor_cores() {
         (2, 3),
         (1, 3),
     ] {
-        std::env::set_var("NEAGARI_CUDA_MVRT", mt.to_string());
-        std::env::set_var("NEAGARI_CUDA_MVRT_SPLIT", parts.to_string());
+        // This shape (tiles a block, K parts) and the settings given.
+        let (mt_s, parts_s) = (mt.to_string(), parts.to_string());
+        let gpu_with = |extra: &[(&str, &str)]| {
+            let mut v = vec![
+                ("NEAGARI_CUDA_MVRT", mt_s.as_str()),
+                ("NEAGARI_CUDA_MVRT_SPLIT", parts_s.as_str()),
+            ];
+            v.extend_from_slice(extra);
+            gpu_with(&v)
+        };
         // The tile by group (`mvrc_*`, every format: rows are whole groups at all four
         // widths below), against the same shape with the tile in one copy.
         let (mvrc, mvrq) = ("NEAGARI_CUDA_MVRC", "NEAGARI_CUDA_MVRQ");
@@ -183,8 +187,6 @@ fn multi_row_gemv_on_tensor_cores() {
         let one_nc = gpu_with(&[(mvrc, "0"), (clu, "0")]);
         let fb_nc = gpu_with(&[(mvrc, "1"), (mvrq, "0"), (clu, "0")]);
         let ring_nc = gpu_with(&[(mvrc, "1"), (mvrq, "2"), (clu, "0")]);
-        std::env::remove_var("NEAGARI_CUDA_MVRT");
-        std::env::remove_var("NEAGARI_CUDA_MVRT_SPLIT");
         for (ty, cols) in [
             (GgmlType::Q1_0, 10240),
             (GgmlType::Q4_K, 2560),
@@ -277,22 +279,21 @@ fn multi_row_gemv_on_tensor_cores() {
 #[test]
 fn ring_gemv_equals_by_group() {
     let Some(_) = gpu() else { return };
-    std::env::set_var("NEAGARI_CUDA_MVRC", "1");
-    std::env::set_var("NEAGARI_CUDA_MVRQ", "0");
-    let fb = CudaBackend::new(0).expect("open GPU 0");
+    let fb = gpu_with(&[("NEAGARI_CUDA_MVRC", "1"), ("NEAGARI_CUDA_MVRQ", "0")]);
     // (slots, tiles of whole rows: NEAGARI_CUDA_MVRQ_TILES)
     let rings: Vec<(String, CudaBackend)> = [(4usize, ""), (8, ""), (12, ""), (8, "2"), (8, "4")]
         .into_iter()
         .map(|(n, tiles)| {
-            std::env::set_var("NEAGARI_CUDA_MVRQ", n.to_string());
-            std::env::set_var("NEAGARI_CUDA_MVRQ_TILES", tiles);
             let what = format!("{n} slots, whole-row tiles {tiles:?}");
-            (what, CudaBackend::new(0).expect("open GPU 0"))
+            let slots = n.to_string();
+            let be = gpu_with(&[
+                ("NEAGARI_CUDA_MVRC", "1"),
+                ("NEAGARI_CUDA_MVRQ", slots.as_str()),
+                ("NEAGARI_CUDA_MVRQ_TILES", tiles),
+            ]);
+            (what, be)
         })
         .collect();
-    std::env::remove_var("NEAGARI_CUDA_MVRQ");
-    std::env::remove_var("NEAGARI_CUDA_MVRQ_TILES");
-    std::env::remove_var("NEAGARI_CUDA_MVRC");
     let probe = fb
         .load_mat(&random_mat(&mut rng(), GgmlType::Q4_K, 16, 5120).0)
         .unwrap();
@@ -342,6 +343,81 @@ fn ring_gemv_equals_by_group() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// `mvrtg_4` (3–8 rows' gate/up GEMV and GLU) with the tile blocks past its last whole
+/// round in parts of K (NEAGARI_CUDA_GLU_KSPLIT, `mvrtgk_4`): the whole rounds' outputs equal
+/// the unsplit kernel's bit for bit, the split tile blocks' are its sums in another order,
+/// and their q8_1 feeds the down projection. 8,704 rows are 272 tile blocks of 32: on 132
+/// SMs 8 past one round of two blocks an SM (the default grid) and past two of one
+/// (GLU_LOOP=1).
+#[test]
+fn glu_leftover_tiles_split_by_k() {
+    let Some(g0) = gpu() else { return };
+    let mut r = rng();
+    let (f, h) = (8704usize, 5120usize);
+    let (tg, _) = random_mat(&mut r, GgmlType::Q1_0, f, h);
+    let (tu, _) = random_mat(&mut r, GgmlType::Q1_0, f, h);
+    let (td, deq) = random_mat(&mut r, GgmlType::Q8_0, 64, f);
+    for per_sm in ["1", "2"] {
+        let whole = gpu_with(&[("NEAGARI_CUDA_GLU_LOOP", per_sm)]);
+        let split = gpu_with(&[
+            ("NEAGARI_CUDA_GLU_LOOP", per_sm),
+            ("NEAGARI_CUDA_GLU_KSPLIT", "5"),
+        ]);
+        let (nblk, grid) = (
+            f / 32,
+            (f / 32).min(per_sm.parse::<usize>().unwrap() * g0.sm_count()),
+        );
+        // Rows of the tile blocks taken whole (all of them where nothing is left over).
+        let exact = nblk / grid * grid * 32;
+        for n in [3usize, 8] {
+            let x = randv(&mut r, n * h, 1.0);
+            let mut outs = Vec::new();
+            for be in [&whole, &split] {
+                let (gm, um, dm) = (
+                    be.load_mat(&tg).unwrap(),
+                    be.load_mat(&tu).unwrap(),
+                    be.load_mat(&td).unwrap(),
+                );
+                let (mut gb, mut ub) = (be.buf(1, 1).unwrap(), be.buf(1, 1).unwrap());
+                be.matmul_glu(
+                    &gm,
+                    &um,
+                    &upload(be, &x, n, h),
+                    GluAct::Silu,
+                    &mut gb,
+                    &mut ub,
+                )
+                .unwrap();
+                let mut down = be.buf(1, 1).unwrap();
+                be.matmul(&dm, &gb, &mut down).unwrap();
+                outs.push((download(be, &gb), download(be, &ub), download(be, &down)));
+            }
+            let what = format!("{per_sm} block(s) an SM, {n} rows");
+            let ((gw, uw, _), (gs, us, ds)) = (&outs[0], &outs[1]);
+            for (name, a, b) in [("g", gw, gs), ("u", uw, us)] {
+                for row in 0..n {
+                    let (a, b) = (&a[row * f..(row + 1) * f], &b[row * f..(row + 1) * f]);
+                    assert_eq!(
+                        n_diff(&a[..exact], &b[..exact]),
+                        0,
+                        "{what}: {name} whole rounds"
+                    );
+                    let e = rel(&b[exact..], &a[exact..]);
+                    assert!(e < 1e-6, "{what}: {name} split tile blocks, rel {e:.1e}");
+                }
+            }
+            check_q8_1(
+                ds,
+                &deq,
+                gs,
+                64,
+                f,
+                &format!("{what}: down of the split GLU"),
+            );
         }
     }
 }

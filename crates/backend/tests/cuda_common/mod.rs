@@ -19,12 +19,21 @@ pub fn gpu() -> Option<CudaBackend> {
         let _ = writeln!(std::io::stderr(), "note: skipping a CUDA test: {why}");
         return None;
     }
+    let _env = env_lock();
     Some(CudaBackend::new(0).expect("open GPU 0"))
 }
 
-/// GPU 0 opened with these NEAGARI_CUDA_* settings on top of those already set (the
-/// backend reads them once, when it is made); they are unset again after.
+/// Held while a backend is opened: the NEAGARI_CUDA_* settings one test sets (the
+/// process's environment) must not reach a backend another test opens beside it.
+fn env_lock() -> std::sync::MutexGuard<'static, ()> {
+    static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ENV.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// GPU 0 opened with these NEAGARI_CUDA_* settings (the backend reads them once, when it
+/// is made); they are unset again after.
 pub fn gpu_with(vars: &[(&str, &str)]) -> CudaBackend {
+    let _env = env_lock();
     for (k, v) in vars {
         std::env::set_var(k, v);
     }
