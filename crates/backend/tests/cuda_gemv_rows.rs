@@ -410,6 +410,17 @@ fn glu_leftover_tiles_split_by_k() {
                     assert!(e < 1e-6, "{what}: {name} split tile blocks, rel {e:.1e}");
                 }
             }
+            // The split ran: its other order changes some of the ≥ 1,536 split values' last
+            // bits (all equal would mean the unsplit kernel ran).
+            if exact < f {
+                let d: usize = (0..n)
+                    .map(|row| {
+                        let (a, b) = (row * f + exact, (row + 1) * f);
+                        n_diff(&gw[a..b], &gs[a..b])
+                    })
+                    .sum();
+                assert!(d > 0, "{what}: the leftover tile blocks were not split");
+            }
             check_q8_1(
                 ds,
                 &deq,
