@@ -261,6 +261,21 @@ struct Ks {
     u32* c;
 };
 
+// A part's arrival at its counter `c` once it has stored its sums: whether it is the last
+// of `parts`. The stores are visible device-wide before the count, and the last block's
+// reads after it see the others' (it reads them with __ldcg, past L1, and puts *c back to
+// 0). `sync` is the barrier of the block's computing threads.
+template <class Sync>
+__device__ __forceinline__ bool ks_last(u32* c, int parts, Sync sync) {
+    __shared__ int last;
+    __threadfence();
+    sync();
+    if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (u32)(parts - 1);
+    sync();
+    if (last) __threadfence();
+    return last;
+}
+
 // Blocks an SM the 4-tile kernels (`mvrt_4`, `mvrc_4`) leave registers for: two (≤ 128 a
 // thread; Q1_0's take 96–123). Three (≤ 80) spill 68–84 bytes on Q1_0 (ptxas 13.5) but
 // would fit its 46 KB tiles three an SM; NEAGARI_CUDA_MVRT_MINB=N sets it for measuring.
@@ -559,15 +574,7 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
     }
     if (parts == 1) return;
     if (ks.p) {
-        __shared__ int last;
-        // The block's sums are stored, and visible device-wide, before it counts.
-        __threadfence();
-        sync();
-        if (threadIdx.x == 0) last = atomicAdd(&ks.c[tb], 1u) == (u32)(parts - 1);
-        sync();
-        if (!last) return;
-        // The other parts' sums are read after their counts, past L1.
-        __threadfence();
+        if (!ks_last(&ks.c[tb], parts, sync)) return;
         mvrb_parts_sum<MT>(
             [&](int i, int k, int q) { return __ldcg(kp + (q * MT + i) * 128 + k * 32 + lane); },
             y, rows, nr, base, parts, warp, nw);
@@ -727,7 +734,6 @@ __device__ __forceinline__ void mvrtg_impl(const u8* wg, const u8* wu, const i8*
     __shared__ u64 bar[2];
     // The block's sums: activation row c's gate rows at [c][0, 32), up rows at [c][32, 64).
     __shared__ float ys[8][64];
-    __shared__ int klast;
     const int stride = mvrt_stride(row_bytes), nblk = rows / 32, tile = 64 * stride;
     const int G = gridDim.x, x = blockIdx.x;
     // Tile blocks taken whole (all of them unless kp > 1), the block's count of them, and
@@ -751,7 +757,8 @@ __device__ __forceinline__ void mvrtg_impl(const u8* wg, const u8* wu, const i8*
         __syncwarp();
 #pragma unroll
         for (int m = 0; m < 2; m++) {
-            const u8* src = (m ? wu : wg) + (i64)blk * 32 * row_bytes + (pt ? (i64)kq * part_bytes : 0);
+            const u8* src =
+                (m ? wu : wg) + (i64)blk * 32 * row_bytes + (pt ? (i64)kq * part_bytes : 0);
             u8* dst = sm + b * tile + m * 32 * st;
             if (!pt && stride == row_bytes) {
                 if (threadIdx.x == 0) bulk_load(dst, src, (u32)(32 * row_bytes), &bar[b]);
@@ -799,15 +806,9 @@ __device__ __forceinline__ void mvrtg_impl(const u8* wg, const u8* wu, const i8*
         } else {
             const int l = x / kp;
             float* kb = ks.p + (i64)l * kp * 512;
-            for (int o = threadIdx.x; o < nr * 64; o += blockDim.x) kb[kq * 512 + o] = ys[o >> 6][o & 63];
-            // The part's sums are stored, and visible device-wide, before it counts.
-            __threadfence();
-            __syncthreads();
-            if (threadIdx.x == 0) klast = atomicAdd(&ks.c[l], 1u) == (u32)(kp - 1);
-            __syncthreads();
-            if (klast) {
-                // The other parts' sums are read after their counts, past L1.
-                __threadfence();
+            for (int o = threadIdx.x; o < nr * 64; o += blockDim.x)
+                kb[kq * 512 + o] = ys[o >> 6][o & 63];
+            if (ks_last(&ks.c[l], kp, [] { __syncthreads(); })) {
                 for (int o = threadIdx.x; o < nr * 64; o += blockDim.x) {
                     float v = 0.f;
                     for (int q = 0; q < kp; q++) v += __ldcg(kb + q * 512 + o);
