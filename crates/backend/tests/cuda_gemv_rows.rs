@@ -13,7 +13,7 @@ use cuda_common::{
 };
 
 use neagari_backend::cuda::CudaBackend;
-use neagari_backend::{Backend, GluAct};
+use neagari_backend::Backend;
 use neagari_quant::GgmlType;
 
 /// The tensor-core GEMV of 3–8 activation rows (gemv_rows.cu) on every format that has
@@ -343,92 +343,6 @@ fn ring_gemv_equals_by_group() {
                     );
                 }
             }
-        }
-    }
-}
-
-/// `mvrtg_4` (3–8 rows' gate/up GEMV and GLU) with the tile blocks past its last whole
-/// round in parts of K (NEAGARI_CUDA_GLU_KSPLIT, `mvrtgk_4`): the whole rounds' outputs equal
-/// the unsplit kernel's bit for bit, the split tile blocks' are its sums in another order,
-/// and their q8_1 feeds the down projection. 8,704 rows are 272 tile blocks of 32: on 132
-/// SMs 8 past one round of two blocks an SM (the default grid) and past two of one
-/// (GLU_LOOP=1).
-#[test]
-fn glu_leftover_tiles_split_by_k() {
-    let Some(g0) = gpu() else { return };
-    let mut r = rng();
-    let (f, h) = (8704usize, 5120usize);
-    let (tg, _) = random_mat(&mut r, GgmlType::Q1_0, f, h);
-    let (tu, _) = random_mat(&mut r, GgmlType::Q1_0, f, h);
-    let (td, deq) = random_mat(&mut r, GgmlType::Q8_0, 64, f);
-    for per_sm in ["1", "2"] {
-        let whole = gpu_with(&[("NEAGARI_CUDA_GLU_LOOP", per_sm)]);
-        let split = gpu_with(&[
-            ("NEAGARI_CUDA_GLU_LOOP", per_sm),
-            ("NEAGARI_CUDA_GLU_KSPLIT", "5"),
-        ]);
-        let (nblk, grid) = (
-            f / 32,
-            (f / 32).min(per_sm.parse::<usize>().unwrap() * g0.sm_count()),
-        );
-        // Rows of the tile blocks taken whole (all of them where nothing is left over).
-        let exact = nblk / grid * grid * 32;
-        for n in [3usize, 8] {
-            let x = randv(&mut r, n * h, 1.0);
-            let mut outs = Vec::new();
-            for be in [&whole, &split] {
-                let (gm, um, dm) = (
-                    be.load_mat(&tg).unwrap(),
-                    be.load_mat(&tu).unwrap(),
-                    be.load_mat(&td).unwrap(),
-                );
-                let (mut gb, mut ub) = (be.buf(1, 1).unwrap(), be.buf(1, 1).unwrap());
-                be.matmul_glu(
-                    &gm,
-                    &um,
-                    &upload(be, &x, n, h),
-                    GluAct::Silu,
-                    &mut gb,
-                    &mut ub,
-                )
-                .unwrap();
-                let mut down = be.buf(1, 1).unwrap();
-                be.matmul(&dm, &gb, &mut down).unwrap();
-                outs.push((download(be, &gb), download(be, &ub), download(be, &down)));
-            }
-            let what = format!("{per_sm} block(s) an SM, {n} rows");
-            let ((gw, uw, _), (gs, us, ds)) = (&outs[0], &outs[1]);
-            for (name, a, b) in [("g", gw, gs), ("u", uw, us)] {
-                for row in 0..n {
-                    let (a, b) = (&a[row * f..(row + 1) * f], &b[row * f..(row + 1) * f]);
-                    assert_eq!(
-                        n_diff(&a[..exact], &b[..exact]),
-                        0,
-                        "{what}: {name} whole rounds"
-                    );
-                    let e = rel(&b[exact..], &a[exact..]);
-                    assert!(e < 1e-6, "{what}: {name} split tile blocks, rel {e:.1e}");
-                }
-            }
-            // The split ran: its other order changes some of the ≥ 1,536 split values' last
-            // bits (all equal would mean the unsplit kernel ran).
-            if exact < f {
-                let d: usize = (0..n)
-                    .map(|row| {
-                        let (a, b) = (row * f + exact, (row + 1) * f);
-                        n_diff(&gw[a..b], &gs[a..b])
-                    })
-                    .sum();
-                assert!(d > 0, "{what}: the leftover tile blocks were not split");
-            }
-            check_q8_1(
-                ds,
-                &deq,
-                gs,
-                64,
-                f,
-                &format!("{what}: down of the split GLU"),
-            );
         }
     }
 }

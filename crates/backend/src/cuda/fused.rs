@@ -15,36 +15,6 @@ use super::*;
 /// 2 rows a block; NEAGARI_CUDA_GLU_FUSE_MAX raises the bound for measuring).
 pub(super) const GLU_FUSE_MAX: usize = 1 << 22;
 
-/// `mvrtg_4`'s K split of the tile blocks past its last whole round (NEAGARI_CUDA_GLU_KSPLIT
-/// = `want` parts at most): (parts, units a part, bytes of a row a part), or zeros where it
-/// does not apply — fewer than 2 parts wanted, no partial round, rows that are not whole
-/// groups of `group_units` units, parts not 16-byte multiples. A part a block: at most
-/// `grid` / leftover parts.
-pub(super) fn glu_ksplit(
-    want: usize,
-    nblk: usize,
-    grid: usize,
-    units: usize,
-    row_bytes: usize,
-    group_units: usize,
-) -> (usize, usize, usize) {
-    let left = nblk % grid.max(1);
-    if grid >= nblk || left == 0 || group_units == 0 || !units.is_multiple_of(group_units) {
-        return (0, 0, 0);
-    }
-    let groups = units / group_units;
-    let want = want.min(grid / left).min(groups);
-    if want < 2 {
-        return (0, 0, 0);
-    }
-    let per = groups.div_ceil(want);
-    let (kp, part_bytes) = (groups.div_ceil(per), per * (row_bytes / groups));
-    if kp < 2 || !part_bytes.is_multiple_of(16) {
-        return (0, 0, 0);
-    }
-    (kp, per * group_units, part_bytes)
-}
-
 /// The `act` argument of the GLU kernels (gemv_int.cu `glu_act_mul`): 0 SiLU, 1 GELU.
 fn glu_act_code(act: GluAct) -> i32 {
     match act {
@@ -244,20 +214,6 @@ impl CudaBackend {
             block_dim: ((MVR_WARPS * 32) as u32, 1, 1),
             shared_mem_bytes: bufs * p.smem,
         };
-        // The tile blocks past the last whole round in parts of K (glu_ksplit).
-        let group_units = k.rows_tma.as_ref().map_or(0, |t| t.group_units);
-        let (kp, part_units, part_bytes) = glu_ksplit(
-            self.glu_ksplit,
-            nblk,
-            grid,
-            units,
-            gate.row_bytes,
-            group_units,
-        );
-        let ks = match kp {
-            0 => super::gemv_rows::Ks::default(),
-            kp => self.ksplit_meet(&mut sc, (nblk % grid) * kp * 512, nblk % grid)?,
-        };
         let (gp, up_) = (self.dptr(&g.data), self.dptr(&u.data));
         let (rows_i, units_i, rb, nr_i, bufs_i) = (
             rows as i32,
@@ -266,12 +222,11 @@ impl CudaBackend {
             n as i32,
             bufs as i32,
         );
-        let (kp_i, pu_i, pb_i) = (kp as i32, part_units as i32, part_bytes as i32);
         let act_i = glu_act_code(act);
         // `@keep`: x's q8_1 stays valid for other matmuls of x.
         launch!(
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
-            &nr_i, &act_i, &oq, &ods, &bufs_i, &kp_i, &pu_i, &pb_i, &ks
+            &nr_i, &act_i, &oq, &ods, &bufs_i
         )?;
         self.glu_written(&mut sc, (gp, up_), n, rows, true);
         Ok(true)
@@ -526,26 +481,3 @@ pub(super) struct QkArgs {
 // 4-byte fields: 80 bytes, no padding), passed by value.
 unsafe impl DeviceRepr for QkArgs {}
 const _: () = assert!(std::mem::size_of::<QkArgs>() == 80);
-
-#[cfg(test)]
-mod tests {
-    use super::glu_ksplit;
-
-    /// The 27B's gate/up rows (5,120 wide: 160 units, 5 groups of Q1_0R's 32 units and 144
-    /// bytes): 544 tile blocks on 264 blocks leave 16.
-    #[test]
-    fn leftover_tile_blocks_split_by_groups() {
-        assert_eq!(glu_ksplit(5, 544, 264, 160, 720, 32), (5, 32, 144));
-        assert_eq!(glu_ksplit(8, 544, 264, 160, 720, 32), (5, 32, 144));
-        assert_eq!(glu_ksplit(2, 544, 264, 160, 720, 32), (2, 96, 432));
-        // Off, whole rounds, a block a tile block, too many leftovers for parts.
-        assert_eq!(glu_ksplit(0, 544, 264, 160, 720, 32), (0, 0, 0));
-        assert_eq!(glu_ksplit(5, 528, 264, 160, 720, 32), (0, 0, 0));
-        assert_eq!(glu_ksplit(5, 544, 544, 160, 720, 32), (0, 0, 0));
-        assert_eq!(glu_ksplit(5, 256, 132, 160, 720, 32), (0, 0, 0));
-        // One block an SM (cuda_ops): 272 tile blocks on 132 leave 8.
-        assert_eq!(glu_ksplit(5, 272, 132, 160, 720, 32), (5, 32, 144));
-        // TQ2_0's 5,120-wide rows are 2.5 of its 64-unit groups.
-        assert_eq!(glu_ksplit(5, 544, 264, 160, 1320, 64), (0, 0, 0));
-    }
-}

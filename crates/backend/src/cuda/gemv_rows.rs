@@ -49,8 +49,7 @@ impl CudaBackend {
             .collect()
     }
 
-    /// A format module's `mvrtg_4` (`matmul_glu` on 4 tiles; `mvrtgk_4` with glu_ksplit),
-    /// where 4 tiles are allowed.
+    /// A format module's `mvrtg_4` (`matmul_glu` on 4 tiles), where 4 tiles are allowed.
     pub(super) fn mvrtg_func(
         &self,
         f: &dyn Fn(&str) -> Result<CudaFunction>,
@@ -58,12 +57,7 @@ impl CudaBackend {
         if !self.mvrt_tiles.contains(&4) {
             return Ok(None);
         }
-        // With the leftover tile blocks' K split (glu_ksplit) the kernel that has it.
-        let func = f(if self.glu_ksplit >= 2 {
-            "mvrtgk_4"
-        } else {
-            "mvrtg_4"
-        })?;
+        let func = f("mvrtg_4")?;
         let smem = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
         func.set_attribute(smem, MVR_TMA_MAX as i32).map_err(drv)?;
         Ok(Some(func))
@@ -291,28 +285,20 @@ impl CudaBackend {
             return Ok((p.parts as u32, Ks::default()));
         }
         // MT·128 sums a block (its MT tiles' 16 rows × 8 activation rows).
-        Ok((
-            1,
-            self.ksplit_meet(sc, blocks * p.rows * 8, blocks / p.parts)?,
-        ))
-    }
-
-    /// A [`Ks`] with room for `sums` floats and `counters` counters (at 0), grown outside
-    /// a recorded step.
-    pub(super) fn ksplit_meet(&self, sc: &mut Scratch, sums: usize, counters: usize) -> Result<Ks> {
-        if sc.ksplit.as_ref().is_none_or(|b| b.len() < sums) {
+        let need = blocks * p.rows * 8;
+        if sc.ksplit.as_ref().is_none_or(|b| b.len() < need) {
             self.check_alloc("the K split's sums")?;
             self.scratch_moved();
             sc.ksplit = None;
             sc.ksplit = Some(
                 self.stream
-                    .alloc_zeros::<f32>(sums.max(1 << 18))
+                    .alloc_zeros::<f32>(need.max(1 << 18))
                     .map_err(drv)?,
             );
         }
-        let p = sc.ksplit.as_ref().map_or(0, |b| self.dptr(b));
-        let c = self.fuse_counters(sc, counters)?;
-        Ok(Ks { p, c })
+        let pp = sc.ksplit.as_ref().map_or(0, |b| self.dptr(b));
+        let c = self.fuse_counters(sc, blocks / p.parts)?;
+        Ok((1, Ks { p: pp, c }))
     }
 }
 

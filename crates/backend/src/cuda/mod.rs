@@ -345,9 +345,6 @@ pub struct CudaBackend {
     /// 27B Q1_0 8-row greedy step (H200, four calls): 5.55–5.58 → 5.38–5.43 ms.
     glu_loop: usize,
     glu_bufs: usize,
-    /// … and the tile blocks past its last whole round in at most this many parts of K
-    /// (NEAGARI_CUDA_GLU_KSPLIT=P, for measuring; 0, the default: whole, a third round).
-    glu_ksplit: usize,
     /// … a head's blocks in one cluster, which normalizes the head's rows in shared memory
     /// (Hopper and later), unless NEAGARI_CUDA_DR_CLUSTER=0 (the last block through L2).
     dr_cluster: bool,
@@ -656,10 +653,6 @@ impl CudaBackend {
                 Ok("1") => 1,
                 _ => 2,
             },
-            glu_ksplit: std::env::var("NEAGARI_CUDA_GLU_KSPLIT")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
             dr_cluster: maj >= 9 && std::env::var("NEAGARI_CUDA_DR_CLUSTER").as_deref() != Ok("0"),
             mvs: mvs_shape(std::env::var("NEAGARI_CUDA_MVS").ok().as_deref()),
             mvsg: mvs_shape(std::env::var("NEAGARI_CUDA_MVSG").ok().as_deref()),
@@ -823,11 +816,6 @@ impl CudaBackend {
     /// NEAGARI_CUDA_PDL=0).
     pub fn pdl(&self) -> bool {
         self.pdl
-    }
-
-    /// Streaming multiprocessors of the device (how grids a wave long are sized).
-    pub fn sm_count(&self) -> usize {
-        self.n_sm
     }
 
     /// Compute architecture the kernels were built for (`sm_90` on Hopper).

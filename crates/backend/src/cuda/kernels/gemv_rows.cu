@@ -713,69 +713,30 @@ MVRT(4, MVRT_MINB)
 // greedy step 5.55–5.58 → 5.38–5.43 ms (H200). Giving the 16 tile blocks past two whole
 // rounds out as 64 quarter tiles (8 + 8 rows, the last of a unit's four quantizing it)
 // instead: 5.57 ms.
-// With kp > 1 (NEAGARI_CUDA_GLU_KSPLIT, fused.rs; measuring) the tile blocks past the last
-// whole round go out in kp parts of K instead (`part_units` units, `part_bytes` bytes a row
-// each, the last part the rest; whole groups), part q of leftover tile block l to block
-// l·kp + q after its whole rounds. A part stores its 64 sums of each activation row at
-// ks.p[(l·kp + q)·512 ..] and counts at ks.c[l]; the last to count adds the parts in order
-// and writes the tile block's outputs. Sums in another order than the whole tile's.
-// `mvrtg_4` is the kernel without the split (KS false: its code compiled out, kp ignored;
-// ptxas 13 sm_90, Q1_0: 115 registers where it was 113, its step loop 393 SASS against
-// 394), `mvrtgk_4` the one with it (128, no spills).
-// `wait` is the kernel's gdc_wait.
-template <bool KS, class Wait>
-__device__ __forceinline__ void mvrtg_impl(const u8* wg, const u8* wu, const i8* xq,
-                                           const float2* xds, float* g, float* u, int rows,
-                                           int units, i64 row_bytes, int nr, int act, i8* oq,
-                                           float2* ods, int bufs, int kp, int part_units,
-                                           int part_bytes, Ks ks, Wait wait) {
+extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
+    mvrtg_4(const u8* wg, const u8* wu, const i8* xq, const float2* xds, float* g, float* u,
+            int rows, int units, i64 row_bytes, int nr, int act, i8* oq, float2* ods, int bufs) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 bar[2];
     // The block's sums: activation row c's gate rows at [c][0, 32), up rows at [c][32, 64).
     __shared__ float ys[8][64];
     const int stride = mvrt_stride(row_bytes), nblk = rows / 32, tile = 64 * stride;
-    const int G = gridDim.x, x = blockIdx.x;
-    // Tile blocks taken whole (all of them unless kp > 1), the block's count of them, and
-    // whether it also takes a part of a leftover one (its last item).
-    if (!KS) kp = 0;
-    const int nmain = kp > 1 ? nblk / G * G : nblk;
-    const int nwhole = x < nmain ? (nmain - x + G - 1) / G : 0;
-    const int nitems = nwhole + (kp > 1 && x < (nblk - nmain) * kp ? 1 : 0);
-    const int kq = kp > 1 ? x % kp : 0, u0 = kq * part_units;
-    const int pstride = mvrt_stride(part_bytes);
-    // Warp 0: item i's 64 rows (a whole tile block, or its part of one) into buffer `b`.
-    auto fetch = [&](int i, int b) {
-        const bool pt = KS && i >= nwhole;
-        const int blk = pt ? nmain + x / kp : x + i * G;
-        const int n = !pt ? (int)row_bytes
-                      : kq + 1 < kp ? part_bytes
-                                    : (int)row_bytes - kq * part_bytes;
-        const int st = pt ? pstride : stride;
-        if (threadIdx.x == 0) mbar_expect(&bar[b], (u32)(64 * n));
+    // Warp 0: tile block `blk`'s 64 rows into buffer `b`.
+    auto fetch = [&](int blk, int b) {
+        if (threadIdx.x == 0) mbar_expect(&bar[b], (u32)(64 * row_bytes));
         // The expected bytes are set before any copy can land.
         __syncwarp();
 #pragma unroll
         for (int m = 0; m < 2; m++) {
-            const u8* src =
-                (m ? wu : wg) + (i64)blk * 32 * row_bytes + (pt ? (i64)kq * part_bytes : 0);
-            u8* dst = sm + b * tile + m * 32 * st;
-            if (!pt && stride == row_bytes) {
+            const u8* src = (m ? wu : wg) + (i64)blk * 32 * row_bytes;
+            u8* dst = sm + b * tile + m * 32 * stride;
+            if (stride == row_bytes) {
                 if (threadIdx.x == 0) bulk_load(dst, src, (u32)(32 * row_bytes), &bar[b]);
             } else {
-                bulk_load(dst + threadIdx.x * st, src + threadIdx.x * row_bytes, (u32)n, &bar[b]);
+                bulk_load(dst + threadIdx.x * stride, src + threadIdx.x * row_bytes,
+                          (u32)row_bytes, &bar[b]);
             }
-        }
-    };
-    const int lane = threadIdx.x & 31, c = threadIdx.x >> 5;
-    // Warp c: activation row c's 32 outputs of tile block blk, a lane each.
-    auto outputs = [&](int blk) {
-        if (c < nr) {
-            const i64 at = (i64)c * rows + blk * 32 + lane;
-            const float uv = ys[c][32 + lane], h = glu_act_mul(ys[c][lane], uv, act);
-            g[at] = h;
-            u[at] = uv;
-            if (oq) q8_1_warp(h, oq, ods, at >> 5, lane);
         }
     };
     if (threadIdx.x == 0) {
@@ -786,62 +747,38 @@ __device__ __forceinline__ void mvrtg_impl(const u8* wg, const u8* wu, const i8*
     // The barriers are initialised before any thread waits on them.
     __syncthreads();
     // The weights do not depend on the kernel before (the host keeps the grid ≤ nblk).
-    if (threadIdx.x < 32 && nitems > 0) fetch(0, 0);
-    wait();
-    for (int i = 0; i < nitems; i++) {
-        const int b = bufs > 1 ? i & 1 : 0;
+    if (threadIdx.x < 32) fetch(blockIdx.x, 0);
+    gdc_wait();
+    const int lane = threadIdx.x & 31, c = threadIdx.x >> 5;
+    for (int blk = blockIdx.x, i = 0; blk < nblk; blk += gridDim.x, i++) {
+        const int b = bufs > 1 ? i & 1 : 0, next = blk + gridDim.x;
         const u32 phase = (u32)((bufs > 1 ? i >> 1 : i) & 1);
         // Buffer b ^ 1 was last read in the previous round, which ended in a barrier.
-        if (bufs > 1 && i + 1 < nitems && threadIdx.x < 32) fetch(i + 1, b ^ 1);
+        if (bufs > 1 && next < nblk && threadIdx.x < 32) fetch(next, b ^ 1);
         mbar_wait(&bar[b], phase);
-        // One mvrb_impl for both kinds of item (two inlined copies spilled).
-        const bool pt = KS && i >= nwhole;
-        const int o0 = pt ? u0 : 0;
-        mvrb_impl<FMTB, 4>(sm + b * tile, xq + (i64)o0 * 32, xds + o0, &ys[0][0], 64, units,
-                           pt ? min(part_units, units - u0) : units, pt ? pstride : stride,
+        mvrb_impl<FMTB, 4>(sm + b * tile, xq, xds, &ys[0][0], 64, units, units, stride,
                            FMTB::GROUP_BYTES, nullptr, nr, 0, 0, 1);
         __syncthreads();
-        if (!pt) {
-            outputs(x + i * G);
-        } else {
-            const int l = x / kp;
-            float* kb = ks.p + (i64)l * kp * 512;
-            for (int o = threadIdx.x; o < nr * 64; o += blockDim.x)
-                kb[kq * 512 + o] = ys[o >> 6][o & 63];
-            if (ks_last(&ks.c[l], kp, [] { __syncthreads(); })) {
-                for (int o = threadIdx.x; o < nr * 64; o += blockDim.x) {
-                    float v = 0.f;
-                    for (int q = 0; q < kp; q++) v += __ldcg(kb + q * 512 + o);
-                    ys[o >> 6][o & 63] = v;
-                }
-                __syncthreads();
-                outputs(nmain + l);
-                if (threadIdx.x == 0) ks.c[l] = 0;
-            }
+        // Warp c: activation row c's 32 outputs, a lane each.
+        if (c < nr) {
+            const i64 at = (i64)c * rows + blk * 32 + lane;
+            const float uv = ys[c][32 + lane], h = glu_act_mul(ys[c][lane], uv, act);
+            g[at] = h;
+            u[at] = uv;
+            if (oq) q8_1_warp(h, oq, ods, at >> 5, lane);
         }
-        if (i + 1 < nitems) {
+        if (next < nblk) {
             // Every read of buffer b and ys is done before a copy or the next round's sums
             // overwrite them (generic-proxy reads, then async-proxy writes: the fence).
             fence_async_shared();
             __syncthreads();
-            if (bufs == 1 && threadIdx.x < 32) fetch(i + 1, 0);
+            if (bufs == 1 && threadIdx.x < 32) fetch(next, 0);
         }
     }
 #else
     __trap();
 #endif
 }
-
-#define MVRTG(NAME, KS)                                                                        \
-    extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)                   \
-        NAME(const u8* wg, const u8* wu, const i8* xq, const float2* xds, float* g, float* u,  \
-             int rows, int units, i64 row_bytes, int nr, int act, i8* oq, float2* ods,         \
-             int bufs, int kp, int part_units, int part_bytes, Ks ks) {                        \
-        mvrtg_impl<KS>(wg, wu, xq, xds, g, u, rows, units, row_bytes, nr, act, oq, ods, bufs,  \
-                       kp, part_units, part_bytes, ks, [] { gdc_wait(); });                   \
-    }
-MVRTG(mvrtg_4, false)
-MVRTG(mvrtgk_4, true)
 
 // Groups a row's part at most in `mvrc` (its barriers; the 27B Q4_K ffn_down in 4 parts
 // has 17, Q1_0's 17,408-wide rows 17 whole).
