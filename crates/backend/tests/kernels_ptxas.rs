@@ -40,6 +40,10 @@ fn kernels_fit_their_registers_on_hopper() {
         ("ops", "add_rms_norm_cl"),
         ("ops", "norm_add_norm_q_1"),
         ("pair_Q_Q5_0_Q_Q8_0", "mvqp1x2"),
+        ("matmul_F_Q6_K", "mvr"),
+        ("matmul_F_Q5_K", "mvr"),
+        ("matmul_F_Q3_K", "mvr"),
+        ("matmul_F_Q2_K", "mvr"),
     ];
     // Q4_K has one layout, so its module comes twice.
     let mut hot_seen = std::collections::HashSet::new();
@@ -51,6 +55,10 @@ fn kernels_fit_their_registers_on_hopper() {
         Some(GgmlType::Q5_0),
         Some(GgmlType::Q8_0),
         Some(GgmlType::F16),
+        Some(GgmlType::Q6_K),
+        Some(GgmlType::Q5_K),
+        Some(GgmlType::Q3_K),
+        Some(GgmlType::Q2_K),
     ] {
         let ks = kernel_registers("sm_90", ty).expect("NVRTC");
         assert!(!ks.is_empty(), "{ty:?}: no kernels in the ptxas log");
@@ -58,6 +66,9 @@ fn kernels_fit_their_registers_on_hopper() {
             let what = format!("{} {}: {} registers", k.module, k.kernel, k.registers);
             if k.spill_bytes > 0 {
                 eprintln!("{what}, spills {} bytes", k.spill_bytes);
+            }
+            if std::env::var("PTXAS_ALL").is_ok() {
+                eprintln!("{what}");
             }
             if hot.contains(&(k.module.as_str(), k.kernel.as_str())) {
                 hot_seen.insert((k.module.clone(), k.kernel.clone()));

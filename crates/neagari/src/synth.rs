@@ -39,8 +39,8 @@ pub struct SynthArgs {
     #[arg(long)]
     pub layers: Option<usize>,
     /// Another FFN width (qwen3.6-27b only; a multiple of 256), for measuring how the
-    /// step's time follows a matrix's rows (17,408 rows of gate/up are 2.06 rounds of the
-    /// 8-row GEMV's blocks, 16,896 two).
+    /// step's time follows a matrix's rows. Widths that are not a multiple of 1,024 also
+    /// change the kernel that runs ffn_down (its K split needs whole repacked groups).
     #[arg(long)]
     pub ffn: Option<usize>,
 }

@@ -72,7 +72,7 @@ pub(super) fn int_struct(ty: GgmlType) -> Option<&'static str> {
 }
 
 /// The tensor-core GEMV struct in gemv_rows.cu of a format (3–8 activation rows), if it
-/// has one: formats with one scale per 32-value unit (ggml's layout; an `R` suffix for
+/// has one: formats with a scale per 32- or 16-value run (ggml's layout; an `R` suffix for
 /// repack.rs's).
 pub(super) fn rows_struct(ty: GgmlType) -> Option<&'static str> {
     use GgmlType::*;
@@ -80,7 +80,11 @@ pub(super) fn rows_struct(ty: GgmlType) -> Option<&'static str> {
         Q4_0 => "R_Q4_0",
         Q5_0 => "R_Q5_0",
         Q8_0 => "R_Q8_0",
+        Q2_K => "R_Q2_K",
+        Q3_K => "R_Q3_K",
         Q4_K => "R_Q4_K",
+        Q5_K => "R_Q5_K",
+        Q6_K => "R_Q6_K",
         Q1_0 => "R_Q1_0",
         TQ2_0 => "R_TQ2_0",
         _ => return None,

@@ -17,9 +17,11 @@
 // words of each of its rows.
 //
 // A format struct `R_<fmt>` below gives words 2t and 2t + 1 of a unit and its (A_w, B_w).
-// Formats with scales per 16 values (Q2_K, Q3_K, Q6_K) have none and stay on `mvq8`, as
-// do Q4_1, Q5_1, Q5_K for now. Tested against the CPU backend and the exact product in
-// tests/cuda_gemv_rows.rs.
+// Formats with a scale per 16 values (Q2_K, Q3_K, Q6_K: `HALVES`) take two mma a unit,
+// one a half: thread t's two words are values 8t..8t + 7, all in half t / 2, so each mma
+// has the other half's threads' words at zero (Q2_K's mins take a third, of ones, for each
+// half's Σq). Q4_1 and Q5_1 have none and stay on `mvq8`. Tested against the CPU backend
+// and the exact product in tests/cuda_gemv_rows.rs.
 //
 // Shapes as gemv_int.cu: xq [nr, units·32] i8, xds [nr, units] float2, y [nr, rows] f32.
 
@@ -94,6 +96,107 @@ struct R_Q4_K {
         int sc, m;
         k4_scale_min(r.s0, r.s1, r.s2, s, sc, m);
         return make_float2(h2f((u16)r.dm) * (float)sc, -h2f((u16)(r.dm >> 16)) * (float)m);
+    }
+};
+
+struct R_Q5_K {
+    // R_Q4_K's head, the thread's 8 bytes of qs and of the fifth bits (bit s of each byte).
+    struct Raw { u32 dm, s0, s1, s2; uint2 q, h; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
+        const u8* b = row + (i64)(u >> 3) * 176;
+        const int s = u & 7;
+        // Aligned: super-blocks are 11·16 bytes, qh at 16, qs at 48.
+        const u32* w = (const u32*)b;
+        return Raw{w[0], w[1], w[2], w[3], *(const uint2*)(b + 48 + 32 * (s >> 1) + 8 * t),
+                   *(const uint2*)(b + 16 + 8 * t)};
+    }
+    static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
+        const int s = u & 7, sh = (s & 1) * 4;
+        w0 = ((r.q.x >> sh) & 0x0F0F0F0F) | (((r.h.x >> s) & 0x01010101) << 4);
+        w1 = ((r.q.y >> sh) & 0x0F0F0F0F) | (((r.h.y >> s) & 0x01010101) << 4);
+        int sc, m;
+        k4_scale_min(r.s0, r.s1, r.s2, s, sc, m);
+        return make_float2(h2f((u16)r.dm) * (float)sc, -h2f((u16)(r.dm >> 16)) * (float)m);
+    }
+};
+
+// The per-16 formats (HALVES): `unpack` makes the thread's words and returns the row's
+// scales of the unit's two halves (x, y) and, with MINS, their mins (z, w): a weight is
+// scale·code − min.
+struct R_Q6_K {
+    static constexpr bool HALVES = true, MINS = false;
+    // d, the unit's two int8 scales, the thread's 8 bytes of ql and of qh (2-byte aligned:
+    // super-blocks are 210 bytes).
+    struct Raw { u32 d, sc, l0, l1, h0, h1; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
+        const u8* b = row + (i64)(u >> 3) * 210;
+        const int s = u & 7, n = s >> 2, k = s & 3;
+        const u8* ql = b + 64 * n + 32 * (k & 1) + 8 * t;
+        const u8* qh = b + 128 + 32 * n + 8 * t;
+        return Raw{ld16(b + 208), ld16(b + 192 + 8 * n + 2 * k), ld32_2(ql), ld32_2(ql + 4),
+                   ld32_2(qh), ld32_2(qh + 4)};
+    }
+    static __device__ __forceinline__ float4 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
+        const int k = u & 3, nsh = (k >> 1) * 4, hsh = 2 * k;
+        // Six bits less 32: −32..31.
+        w0 = sub_bytes(((r.l0 >> nsh) & 0x0F0F0F0F) | (((r.h0 >> hsh) & 0x03030303) << 4),
+                       0x20202020);
+        w1 = sub_bytes(((r.l1 >> nsh) & 0x0F0F0F0F) | (((r.h1 >> hsh) & 0x03030303) << 4),
+                       0x20202020);
+        const float d = h2f((u16)r.d);
+        return make_float4(d * (float)(i8)(r.sc & 0xFF), d * (float)(i8)(r.sc >> 8), 0.f, 0.f);
+    }
+};
+
+struct R_Q3_K {
+    static constexpr bool HALVES = true, MINS = false;
+    // d; the two bytes of the unit's scales' low nibbles (bits 0..15) and of their high
+    // bits (16..31); the thread's 8 bytes of codes and of the high mask.
+    struct Raw { u32 d, sc, q0, q1, m0, m1; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
+        const u8* b = row + (i64)(u >> 3) * 110;
+        const int s = u & 7;
+        // Scales 2s and 2s + 1 (dequant.cuh's scale_q3_k): low nibbles in bytes
+        // 2(s % 4) and + 1 (the high nibbles from s = 4), high bits in bytes 8 + 2(s % 2)
+        // and + 1.
+        const u32 sc = (u32)ld16(b + 96 + 2 * (s & 3)) | ((u32)ld16(b + 104 + 2 * (s & 1)) << 16);
+        const u8* q = b + 32 + 32 * (s >> 2) + 8 * t;
+        return Raw{ld16(b + 108), sc, ld32_2(q), ld32_2(q + 4), ld32_2(b + 8 * t),
+                   ld32_2(b + 8 * t + 4)};
+    }
+    static __device__ __forceinline__ float4 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
+        const int s = u & 7, sh = 2 * (s & 3);
+        // Code 0..3 plus 4 where the high-mask bit is set, minus 4: −4..3.
+        w0 = sub_bytes(((r.q0 >> sh) & 0x03030303) | (((r.m0 >> s) & 0x01010101) << 2),
+                       0x04040404);
+        w1 = sub_bytes(((r.q1 >> sh) & 0x03030303) | (((r.m1 >> s) & 0x01010101) << 2),
+                       0x04040404);
+        const int ls = 4 * (s >> 2), hs = 16 + 2 * (s >> 1);
+        const int a = (int)(((r.sc >> ls) & 0xF) | (((r.sc >> hs) & 3) << 4)) - 32;
+        const int b = (int)(((r.sc >> (ls + 8)) & 0xF) | (((r.sc >> (hs + 8)) & 3) << 4)) - 32;
+        const float d = h2f((u16)r.d);
+        return make_float4(d * (float)a, d * (float)b, 0.f, 0.f);
+    }
+};
+
+struct R_Q2_K {
+    static constexpr bool HALVES = true, MINS = true;
+    // d and dmin, the unit's two scale bytes (scale low nibble, min high), the thread's 8
+    // bytes of codes (4-byte aligned: super-blocks are 84 bytes).
+    struct Raw { u32 dm, sc, q0, q1; };
+    static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
+        const u8* b = row + (i64)(u >> 3) * 84;
+        const int s = u & 7;
+        const u8* q = b + 16 + 32 * (s >> 2) + 8 * t;
+        return Raw{ld32_4(b + 80), ld16(b + 2 * s), ld32_4(q), ld32_4(q + 4)};
+    }
+    static __device__ __forceinline__ float4 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
+        const int sh = 2 * (u & 3);
+        w0 = (r.q0 >> sh) & 0x03030303;
+        w1 = (r.q1 >> sh) & 0x03030303;
+        const float d = h2f((u16)r.dm), dmin = h2f((u16)(r.dm >> 16));
+        return make_float4(d * (float)(r.sc & 0xF), d * (float)((r.sc >> 8) & 0xF),
+                           dmin * (float)((r.sc >> 4) & 0xF), dmin * (float)(r.sc >> 12));
     }
 };
 
@@ -302,6 +405,16 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const int (&a)[4], int b0, i
 #endif
 }
 
+// Whether a format struct has a scale per 16 values (its HALVES, false where it has none).
+template <class F, class = void>
+struct Halves {
+    static constexpr bool v = false;
+};
+template <class F>
+struct Halves<F, decltype(void(F::HALVES))> {
+    static constexpr bool v = F::HALVES;
+};
+
 // Weight rows 16·blk .. 16·blk + 15 for nr ≤ 8 activation rows; `tile` is where row
 // 16·blk is (in W, or its copy in shared memory: `mvrt`).
 template <class F>
@@ -343,17 +456,46 @@ __device__ __forceinline__ void mvr_impl(const u8* __restrict__ tile, const i8* 
             const int u = min(u0 + j, units - 1);
             const float keep = u0 + j < units ? 1.f : 0.f;
             int a[4];
-            const float2 fa = F::unpack(ra[j], u, t, a[0], a[2]);
-            const float2 fb = F::unpack(rb[j], u, t, a[1], a[3]);
             const int2 xv = xin ? x[j] : make_int2(0, 0);
-            int c[4] = {0, 0, 0, 0};
-            mma_s8(c, a, xv.x, xv.y);
             const float2 g0 = make_float2(e0[j].x * keep, e0[j].y * keep);
             const float2 g1 = make_float2(e1[j].x * keep, e1[j].y * keep);
-            acc[0] += fa.x * g0.x * (float)c[0] + fa.y * g0.y;
-            acc[1] += fa.x * g1.x * (float)c[1] + fa.y * g1.y;
-            acc[2] += fb.x * g0.x * (float)c[2] + fb.y * g0.y;
-            acc[3] += fb.x * g1.x * (float)c[3] + fb.y * g1.y;
+            if constexpr (Halves<F>::v) {
+                const float4 fa = F::unpack(ra[j], u, t, a[0], a[2]);
+                const float4 fb = F::unpack(rb[j], u, t, a[1], a[3]);
+                // The thread's words are in half t / 2: one mma a half, the other's zero.
+                const bool h1 = t >= 2;
+                int lo[4], hi[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) lo[k] = h1 ? 0 : a[k], hi[k] = h1 ? a[k] : 0;
+                int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0};
+                mma_s8(c0, lo, xv.x, xv.y);
+                mma_s8(c1, hi, xv.x, xv.y);
+                acc[0] += g0.x * (fa.x * (float)c0[0] + fa.y * (float)c1[0]);
+                acc[1] += g1.x * (fa.x * (float)c0[1] + fa.y * (float)c1[1]);
+                acc[2] += g0.x * (fb.x * (float)c0[2] + fb.y * (float)c1[2]);
+                acc[3] += g1.x * (fb.x * (float)c0[3] + fb.y * (float)c1[3]);
+                if constexpr (F::MINS) {
+                    // Each half's Σq of columns 2t, 2t + 1: ones as weight row g in half 0
+                    // (sums in c[0], c[1]) and as row g + 8 in half 1 (c[2], c[3]).
+                    const int o0 = h1 ? 0 : 0x01010101, o1 = h1 ? 0x01010101 : 0;
+                    const int ones[4] = {o0, o1, o0, o1};
+                    int c[4] = {0, 0, 0, 0};
+                    mma_s8(c, ones, xv.x, xv.y);
+                    acc[0] -= g0.x * (fa.z * (float)c[0] + fa.w * (float)c[2]);
+                    acc[1] -= g1.x * (fa.z * (float)c[1] + fa.w * (float)c[3]);
+                    acc[2] -= g0.x * (fb.z * (float)c[0] + fb.w * (float)c[2]);
+                    acc[3] -= g1.x * (fb.z * (float)c[1] + fb.w * (float)c[3]);
+                }
+            } else {
+                const float2 fa = F::unpack(ra[j], u, t, a[0], a[2]);
+                const float2 fb = F::unpack(rb[j], u, t, a[1], a[3]);
+                int c[4] = {0, 0, 0, 0};
+                mma_s8(c, a, xv.x, xv.y);
+                acc[0] += fa.x * g0.x * (float)c[0] + fa.y * g0.y;
+                acc[1] += fa.x * g1.x * (float)c[1] + fa.y * g1.y;
+                acc[2] += fb.x * g0.x * (float)c[2] + fb.y * g0.y;
+                acc[3] += fb.x * g1.x * (float)c[3] + fb.y * g1.y;
+            }
         }
     }
     __shared__ float red[MVR_WARPS][4][32];
