@@ -24,10 +24,13 @@ use neagari_quant::GgmlType;
 /// `matmul_multi` equal to the single matmuls bit for bit.
 #[test]
 fn multi_row_gemv_on_tensor_cores() {
-    let Some(g) = gpu() else { return };
+    let Some(_) = gpu() else { return };
+    // With the per-16 K-quants' `mvr` (opt-in until measured: NEAGARI_CUDA_MVR_K16).
+    let k16 = ("NEAGARI_CUDA_MVR_K16", "1");
+    let g = gpu_with(&[k16]);
     let off = gpu_with(&[("NEAGARI_CUDA_MV_TC", "0")]);
     // The tiles loaded into registers (`mvr`) rather than by bulk copies (`mvrt_*`, sm_90).
-    let regs = gpu_with(&[("NEAGARI_CUDA_MVRT", "0")]);
+    let regs = gpu_with(&[("NEAGARI_CUDA_MVRT", "0"), k16]);
     let c = cpu();
     let mut r = rng();
     for ty in [
@@ -68,6 +71,14 @@ fn multi_row_gemv_on_tensor_cores() {
                 off.load_mat(&t).unwrap(),
                 c.load_mat(&t).unwrap(),
                 regs.load_mat(&t).unwrap(),
+            );
+            assert!(
+                g.gemv_rows_on(&m, 8),
+                "{ty}: 8 rows not on the tensor cores"
+            );
+            assert!(
+                !off.gemv_rows_on(&mo, 8),
+                "{ty}: NEAGARI_CUDA_MV_TC=0 ignored"
             );
             let (t2, _) = random_mat(&mut r, ty, 21, cols);
             let m2 = g.load_mat(&t2).unwrap();

@@ -189,7 +189,7 @@ impl Backend for CudaBackend {
         // are left to load_mat's error.
         let jobs = types
             .iter()
-            .filter_map(|&ty| fmt_structs(ty, self.repack))
+            .filter_map(|&ty| fmt_structs(ty, self.repack, self.mvr_k16))
             .map(|n| fmt_module(&n))
             .collect();
         modules::compile_parallel(&self.arch, jobs)

@@ -190,6 +190,15 @@ impl CudaBackend {
         })
     }
 
+    /// Whether `n` activation rows of `m` take the tensor-core GEMV (`mvr` or `mvrt_*`;
+    /// tests, measurements).
+    pub fn gemv_rows_on(&self, m: &CudaMat, n: usize) -> bool {
+        m.k.int
+            .as_ref()
+            .filter(|_| self.mv_int)
+            .is_some_and(|k| self.mvr_kernels(k, n).is_some())
+    }
+
     /// The tiles a block (16 rows each) and the parts of K that the tensor-core GEMV with
     /// bulk copies takes for `m` alone at `n` activation rows; `None` where another kernel
     /// runs it (tests, measurements).

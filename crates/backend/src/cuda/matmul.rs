@@ -25,7 +25,7 @@ impl CudaBackend {
         if let Some(k) = fm.get(&ty) {
             return Ok(k.clone());
         }
-        let names = fmt_structs(ty, self.repack).ok_or(BackendError::NoKernel {
+        let names = fmt_structs(ty, self.repack, self.mvr_k16).ok_or(BackendError::NoKernel {
             op: "matmul",
             device: "cuda",
             ty,
@@ -873,7 +873,7 @@ impl CudaBackend {
         if pairs.contains_key(&(a, b)) {
             return Ok(());
         }
-        let names = |ty| fmt_structs(ty, self.repack).and_then(|n| n.q);
+        let names = |ty| fmt_structs(ty, self.repack, self.mvr_k16).and_then(|n| n.q);
         let (Some(qa), Some(qb)) = (names(a), names(b)) else {
             return Ok(());
         };

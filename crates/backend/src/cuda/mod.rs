@@ -351,6 +351,9 @@ pub struct CudaBackend {
     /// 3–8 activation rows take the tensor-core GEMV (gemv_rows.cu) where the format has
     /// one, on sm_80 and newer, unless NEAGARI_CUDA_MV_TC=0 (then `mvq8`, for measuring).
     mvr_on: bool,
+    /// … for Q2_K, Q3_K, Q5_K and Q6_K too with NEAGARI_CUDA_MVR_K16=1 (written in session
+    /// 41 when no GPU was lent: ptxas-checked, not yet run; `mvq8` by default until it is).
+    mvr_k16: bool,
     /// One activation row of the repacked formats takes gemv_stream.cu's pipelined GEMV
     /// (rows of at most 256 steps) with this shape, unless NEAGARI_CUDA_MVS=0 (then
     /// `mvq_step`); NEAGARI_CUDA_MVS=R,K,G picks one.
@@ -701,6 +704,7 @@ impl CudaBackend {
                 .filter(|n| MVRT_TILES.contains(n)),
             tmaps: Mutex::new(HashMap::new()),
             mvr_on: maj >= 8 && std::env::var("NEAGARI_CUDA_MV_TC").as_deref() != Ok("0"),
+            mvr_k16: std::env::var("NEAGARI_CUDA_MVR_K16").as_deref() == Ok("1"),
             gen: AtomicU64::new(0),
             mode: AtomicU8::new(graph::OFF),
             launches: AtomicUsize::new(0),

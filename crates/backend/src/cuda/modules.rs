@@ -105,14 +105,21 @@ pub(super) struct FmtNames {
     pub(super) block: Option<(&'static str, usize)>,
 }
 
-pub(super) fn fmt_structs(ty: GgmlType, repack: bool) -> Option<FmtNames> {
+/// `per16`: the tensor-core rows of the per-16 K-quants (Q2_K, Q3_K, Q6_K) and Q5_K too
+/// (NEAGARI_CUDA_MVR_K16=1 until they have run on a GPU; `mvq8` otherwise).
+pub(super) fn fmt_structs(ty: GgmlType, repack: bool, per16: bool) -> Option<FmtNames> {
     let repacked = repack && super::repack::repacked(ty);
     let r = if repacked { "R" } else { "" };
     let st = fmt_struct(ty)?;
     Some(FmtNames {
         st: format!("{st}{r}"),
         q: int_struct(ty).map(|q| format!("{q}{r}")),
-        rows: rows_struct(ty).map(|q| format!("{q}{r}")),
+        rows: rows_struct(ty)
+            .filter(|_| {
+                use GgmlType::*;
+                per16 || !matches!(ty, Q2_K | Q3_K | Q5_K | Q6_K)
+            })
+            .map(|q| format!("{q}{r}")),
         stream: repacked,
         block: match (ty, repacked) {
             (GgmlType::Q1_0, true) => Some(("B_Q1_0R", 32)),
@@ -301,7 +308,7 @@ pub(super) fn module_sources(ty: Option<GgmlType>) -> Result<Vec<(String, String
     let mut out = [false, true]
         .iter()
         .map(|&repack| {
-            let names = fmt_structs(ty, repack).ok_or(BackendError::NoKernel {
+            let names = fmt_structs(ty, repack, true).ok_or(BackendError::NoKernel {
                 op: "matmul",
                 device: "cuda",
                 ty,
