@@ -8,6 +8,7 @@
 //! 40 bytes under its 64-register bound; `norm_add_norm_q` with 8 values a thread 32). Every kernel that spills
 //! is printed: with NVRTC 13.5, `norm_add_norm*_8` (rows over 1,024 values; 4–32 bytes),
 //! Q1_0's float `mv2` (24), TQ2_0's `mvs_8` (40, unused) and Q4_K's `mvqg1x8` (4).
+//! PTXAS_ALL=1 prints every kernel's registers (with `--nocapture`).
 #![cfg(feature = "cuda")]
 
 use std::io::Write;

@@ -74,17 +74,19 @@ pub(super) fn int_struct(ty: GgmlType) -> Option<&'static str> {
 /// The tensor-core GEMV struct in gemv_rows.cu of a format (3–8 activation rows), if it
 /// has one: formats with a scale per 32- or 16-value run (ggml's layout; an `R` suffix for
 /// repack.rs's).
-pub(super) fn rows_struct(ty: GgmlType) -> Option<&'static str> {
+/// `per16`: with Q2_K, Q3_K, Q6_K (a scale per 16 values) and Q5_K, whose structs are
+/// taken only with NEAGARI_CUDA_MVR_K16=1 until they have run on a GPU (`mvq8` otherwise).
+pub(super) fn rows_struct(ty: GgmlType, per16: bool) -> Option<&'static str> {
     use GgmlType::*;
     Some(match ty {
         Q4_0 => "R_Q4_0",
         Q5_0 => "R_Q5_0",
         Q8_0 => "R_Q8_0",
-        Q2_K => "R_Q2_K",
-        Q3_K => "R_Q3_K",
+        Q2_K if per16 => "R_Q2_K",
+        Q3_K if per16 => "R_Q3_K",
         Q4_K => "R_Q4_K",
-        Q5_K => "R_Q5_K",
-        Q6_K => "R_Q6_K",
+        Q5_K if per16 => "R_Q5_K",
+        Q6_K if per16 => "R_Q6_K",
         Q1_0 => "R_Q1_0",
         TQ2_0 => "R_TQ2_0",
         _ => return None,
@@ -105,8 +107,7 @@ pub(super) struct FmtNames {
     pub(super) block: Option<(&'static str, usize)>,
 }
 
-/// `per16`: the tensor-core rows of the per-16 K-quants (Q2_K, Q3_K, Q6_K) and Q5_K too
-/// (NEAGARI_CUDA_MVR_K16=1 until they have run on a GPU; `mvq8` otherwise).
+/// `per16` as [`rows_struct`]'s.
 pub(super) fn fmt_structs(ty: GgmlType, repack: bool, per16: bool) -> Option<FmtNames> {
     let repacked = repack && super::repack::repacked(ty);
     let r = if repacked { "R" } else { "" };
@@ -114,12 +115,7 @@ pub(super) fn fmt_structs(ty: GgmlType, repack: bool, per16: bool) -> Option<Fmt
     Some(FmtNames {
         st: format!("{st}{r}"),
         q: int_struct(ty).map(|q| format!("{q}{r}")),
-        rows: rows_struct(ty)
-            .filter(|_| {
-                use GgmlType::*;
-                per16 || !matches!(ty, Q2_K | Q3_K | Q5_K | Q6_K)
-            })
-            .map(|q| format!("{q}{r}")),
+        rows: rows_struct(ty, per16).map(|q| format!("{q}{r}")),
         stream: repacked,
         block: match (ty, repacked) {
             (GgmlType::Q1_0, true) => Some(("B_Q1_0R", 32)),

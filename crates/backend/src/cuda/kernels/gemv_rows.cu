@@ -365,21 +365,6 @@ struct Ks {
     u32* c;
 };
 
-// A part's arrival at its counter `c` once it has stored its sums: whether it is the last
-// of `parts`. The stores are visible device-wide before the count, and the last block's
-// reads after it see the others' (it reads them with __ldcg, past L1, and puts *c back to
-// 0). `sync` is the barrier of the block's computing threads.
-template <class Sync>
-__device__ __forceinline__ bool ks_last(u32* c, int parts, Sync sync) {
-    __shared__ int last;
-    __threadfence();
-    sync();
-    if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (u32)(parts - 1);
-    sync();
-    if (last) __threadfence();
-    return last;
-}
-
 // Blocks an SM the 4-tile kernels (`mvrt_4`, `mvrc_4`) leave registers for: two (≤ 128 a
 // thread; Q1_0's take 96–123). Three (≤ 80) spill 68–84 bytes on Q1_0 (ptxas 13.5) but
 // would fit its 46 KB tiles three an SM; NEAGARI_CUDA_MVRT_MINB=N sets it for measuring.
@@ -534,8 +519,6 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
 
 // The repacked formats (FMTB, their B_ struct): the block-scaled GEMV, its tile by bulk copy.
 #ifdef FMTB
-// The bits of the float 1.5·2^23 (12582912.f).
-#define MVRB_K 0x4B400000
 
 // `mvr_impl` for the block-scaled formats (B_ above) over MT tiles of 16 weight rows: a
 // warp takes a step of 4 units (one weight scale) at a time, with no tail (rows are whole
@@ -583,7 +566,7 @@ __device__ __forceinline__ void mvrb_step(float (&acc)[MT][4], const u8* __restr
             // The sums start at 1.5·2^23, so their bits are the float 1.5·2^23 + Σ
             // (|Σ| ≤ 32·15·127 < 2^22) and one subtraction makes Σ exact: a float add
             // instead of an int→float conversion (a quarter-rate pipe, 4 a unit).
-            int c[4] = {MVRB_K, MVRB_K, MVRB_K, MVRB_K};
+            int c[4] = {SUM_K, SUM_K, SUM_K, SUM_K};
             mma_s8(c, a, x[j].x, x[j].y);
             float v[4];
 #pragma unroll
@@ -717,7 +700,15 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
     }
     if (parts == 1) return;
     if (ks.p) {
-        if (!ks_last(&ks.c[tb], parts, sync)) return;
+        __shared__ int last;
+        // The block's sums are stored, and visible device-wide, before it counts.
+        __threadfence();
+        sync();
+        if (threadIdx.x == 0) last = atomicAdd(&ks.c[tb], 1u) == (u32)(parts - 1);
+        sync();
+        if (!last) return;
+        // The other parts' sums are read after their counts, past L1.
+        __threadfence();
         mvrb_parts_sum<MT>(
             [&](int i, int k, int q) { return __ldcg(kp + (q * MT + i) * 128 + k * 32 + lane); },
             y, rows, nr, base, parts, warp, nw);
