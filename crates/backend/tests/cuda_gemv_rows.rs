@@ -25,9 +25,10 @@ use neagari_quant::GgmlType;
 #[test]
 fn multi_row_gemv_on_tensor_cores() {
     let Some(_) = gpu() else { return };
-    // With the per-16 K-quants' `mvr` (opt-in until measured: NEAGARI_CUDA_MVR_K16).
+    // With Q3_K's, Q5_K's and Q6_K's `mvr` too (opt-in: NEAGARI_CUDA_MVR_K16).
     let k16 = ("NEAGARI_CUDA_MVR_K16", "1");
     let g = gpu_with(&[k16]);
+    let def = gpu_with(&[]);
     let off = gpu_with(&[("NEAGARI_CUDA_MV_TC", "0")]);
     // The tiles loaded into registers (`mvr`) rather than by bulk copies (`mvrt_*`, sm_90).
     let regs = gpu_with(&[("NEAGARI_CUDA_MVRT", "0"), k16]);
@@ -79,6 +80,12 @@ fn multi_row_gemv_on_tensor_cores() {
             assert!(
                 !off.gemv_rows_on(&mo, 8),
                 "{ty}: NEAGARI_CUDA_MV_TC=0 ignored"
+            );
+            let opt_in = matches!(ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::Q6_K);
+            assert_eq!(
+                def.gemv_rows_on(&def.load_mat(&t).unwrap(), 8),
+                !opt_in,
+                "{ty}: the default's choice of kernel for 8 rows"
             );
             let (t2, _) = random_mat(&mut r, ty, 21, cols);
             let m2 = g.load_mat(&t2).unwrap();

@@ -351,8 +351,8 @@ pub struct CudaBackend {
     /// 3–8 activation rows take the tensor-core GEMV (gemv_rows.cu) where the format has
     /// one, on sm_80 and newer, unless NEAGARI_CUDA_MV_TC=0 (then `mvq8`, for measuring).
     mvr_on: bool,
-    /// … for Q2_K, Q3_K, Q5_K and Q6_K too with NEAGARI_CUDA_MVR_K16=1 (written in session
-    /// 41 when no GPU was lent: ptxas-checked, not yet run; `mvq8` by default until it is).
+    /// … for Q3_K, Q5_K and Q6_K too with NEAGARI_CUDA_MVR_K16=1 (modules.rs
+    /// `rows_struct`: right, but slower than `mvq8` in the replayed step).
     mvr_k16: bool,
     /// One activation row of the repacked formats takes gemv_stream.cu's pipelined GEMV
     /// (rows of at most 256 steps) with this shape, unless NEAGARI_CUDA_MVS=0 (then

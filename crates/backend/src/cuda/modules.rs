@@ -74,19 +74,22 @@ pub(super) fn int_struct(ty: GgmlType) -> Option<&'static str> {
 /// The tensor-core GEMV struct in gemv_rows.cu of a format (3–8 activation rows), if it
 /// has one: formats with a scale per 32- or 16-value run (ggml's layout; an `R` suffix for
 /// repack.rs's).
-/// `per16`: with Q2_K, Q3_K, Q6_K (a scale per 16 values) and Q5_K, whose structs are
-/// taken only with NEAGARI_CUDA_MVR_K16=1 until they have run on a GPU (`mvq8` otherwise).
-pub(super) fn rows_struct(ty: GgmlType, per16: bool) -> Option<&'static str> {
+/// `k16`: also Q3_K, Q5_K and Q6_K (NEAGARI_CUDA_MVR_K16=1), whose structs are right
+/// (cuda_gemv_rows) but lost to `mvq8` in the replayed step: an all-Q6_K Llama 3 8B's
+/// 8-row forward 8.61 → 9.68 ms (H100, session 42), though each kernel alone was faster
+/// (9.79 → 8.72 ms summed) and without PDL it won (9.00 → 8.11). Q2_K's won in the step:
+/// 7.38 → 5.82 ms.
+pub(super) fn rows_struct(ty: GgmlType, k16: bool) -> Option<&'static str> {
     use GgmlType::*;
     Some(match ty {
         Q4_0 => "R_Q4_0",
         Q5_0 => "R_Q5_0",
         Q8_0 => "R_Q8_0",
-        Q2_K if per16 => "R_Q2_K",
-        Q3_K if per16 => "R_Q3_K",
+        Q2_K => "R_Q2_K",
+        Q3_K if k16 => "R_Q3_K",
         Q4_K => "R_Q4_K",
-        Q5_K if per16 => "R_Q5_K",
-        Q6_K if per16 => "R_Q6_K",
+        Q5_K if k16 => "R_Q5_K",
+        Q6_K if k16 => "R_Q6_K",
         Q1_0 => "R_Q1_0",
         TQ2_0 => "R_TQ2_0",
         _ => return None,
@@ -107,15 +110,15 @@ pub(super) struct FmtNames {
     pub(super) block: Option<(&'static str, usize)>,
 }
 
-/// `per16` as [`rows_struct`]'s.
-pub(super) fn fmt_structs(ty: GgmlType, repack: bool, per16: bool) -> Option<FmtNames> {
+/// `k16` as [`rows_struct`]'s.
+pub(super) fn fmt_structs(ty: GgmlType, repack: bool, k16: bool) -> Option<FmtNames> {
     let repacked = repack && super::repack::repacked(ty);
     let r = if repacked { "R" } else { "" };
     let st = fmt_struct(ty)?;
     Some(FmtNames {
         st: format!("{st}{r}"),
         q: int_struct(ty).map(|q| format!("{q}{r}")),
-        rows: rows_struct(ty, per16).map(|q| format!("{q}{r}")),
+        rows: rows_struct(ty, k16).map(|q| format!("{q}{r}")),
         stream: repacked,
         block: match (ty, repacked) {
             (GgmlType::Q1_0, true) => Some(("B_Q1_0R", 32)),

@@ -20,8 +20,8 @@
 // Formats with a scale per 16 values (Q2_K, Q3_K, Q6_K: `HALVES`) take two mma a unit,
 // one a half: thread t's two words are values 8t..8t + 7, all in half t / 2, so each mma
 // has the other half's threads' words at zero (Q2_K's mins take a third, of ones, for each
-// half's Σq). Those and Q5_K's run only with NEAGARI_CUDA_MVR_K16=1 until they have run on a
-// GPU (written when none was lent). Q4_1 and Q5_1 have none and stay on `mvq8`. Tested
+// half's Σq). Q3_K, Q5_K and Q6_K run only with NEAGARI_CUDA_MVR_K16=1 (modules.rs
+// `rows_struct`: slower than `mvq8` in the step). Q4_1 and Q5_1 have none and stay on `mvq8`. Tested
 // against the CPU backend and the exact product in tests/cuda_gemv_rows.rs.
 //
 // Shapes as gemv_int.cu: xq [nr, units·32] i8, xds [nr, units] float2, y [nr, rows] f32.
