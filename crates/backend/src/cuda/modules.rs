@@ -149,6 +149,12 @@ pub(super) fn fmt_module(n: &FmtNames) -> (String, String, String) {
         Some(b @ 1..=4) => format!("{minb}\n#define MVRT_MINB {b}"),
         _ => minb,
     };
+    // NEAGARI_CUDA_MVR_PF=1: `mvr`'s blocks ask L2 for their rows before the wait (for
+    // measuring; gemv_rows.cu `gdc_prefetch_16`).
+    let minb = match std::env::var("NEAGARI_CUDA_MVR_PF").as_deref() {
+        Ok("1") => format!("{minb}\n#define MVR_PF"),
+        _ => minb,
+    };
     match (n.q.as_deref(), n.rows.as_deref()) {
         (Some(q), Some(r)) => (
             format!("matmul_{st}"),
