@@ -134,7 +134,7 @@ pub(super) fn fmt_module(n: &FmtNames) -> (String, String, String) {
     let st = &n.st;
     let stream = if n.stream { GEMV_STREAM } else { "" };
     // NEAGARI_CUDA_MVS_MINB=N: the streaming GEMV's blocks-an-SM bound (gemv_stream.cu).
-    let minb = match std::env::var("NEAGARI_CUDA_MVS_MINB")
+    let knobs = match std::env::var("NEAGARI_CUDA_MVS_MINB")
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
     {
@@ -142,25 +142,25 @@ pub(super) fn fmt_module(n: &FmtNames) -> (String, String, String) {
         _ => String::new(),
     };
     // NEAGARI_CUDA_MVRT_MINB=N: the 4-tile verify GEMV's blocks-an-SM bound (gemv_rows.cu).
-    let minb = match std::env::var("NEAGARI_CUDA_MVRT_MINB")
+    let knobs = match std::env::var("NEAGARI_CUDA_MVRT_MINB")
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
     {
-        Some(b @ 1..=4) => format!("{minb}\n#define MVRT_MINB {b}"),
-        _ => minb,
+        Some(b @ 1..=4) => format!("{knobs}\n#define MVRT_MINB {b}"),
+        _ => knobs,
     };
     // NEAGARI_CUDA_MVR_PF=1: `mvr`'s blocks ask L2 for their rows before the wait (for
-    // measuring; gemv_rows.cu `gdc_prefetch_16`).
-    let minb = match std::env::var("NEAGARI_CUDA_MVR_PF").as_deref() {
-        Ok("1") => format!("{minb}\n#define MVR_PF"),
-        _ => minb,
+    // measuring; gemv_rows.cu `mvr_prefetch`).
+    let knobs = match std::env::var("NEAGARI_CUDA_MVR_PF").as_deref() {
+        Ok("1") => format!("{knobs}\n#define MVR_PF"),
+        _ => knobs,
     };
     match (n.q.as_deref(), n.rows.as_deref()) {
         (Some(q), Some(r)) => (
             format!("matmul_{st}"),
             // The verify GEMV by steps of 4 units (gemv_rows.cu's B_ structs).
             format!(
-                "#define FMT {st}\n#define FMTQ {q}\n#define FMTR {r}{minb}{}",
+                "#define FMT {st}\n#define FMTQ {q}\n#define FMTR {r}{knobs}{}",
                 n.block
                     .map_or(String::new(), |(b, _)| format!("\n#define FMTB {b}"))
             ),
