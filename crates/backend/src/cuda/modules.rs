@@ -149,12 +149,6 @@ pub(super) fn fmt_module(n: &FmtNames) -> (String, String, String) {
         Some(b @ 1..=4) => format!("{knobs}\n#define MVRT_MINB {b}"),
         _ => knobs,
     };
-    // NEAGARI_CUDA_MVR_PF=1: `mvr`'s blocks ask L2 for their rows before the wait (for
-    // measuring; gemv_rows.cu `mvr_prefetch`).
-    let knobs = match std::env::var("NEAGARI_CUDA_MVR_PF").as_deref() {
-        Ok("1") => format!("{knobs}\n#define MVR_PF"),
-        _ => knobs,
-    };
     match (n.q.as_deref(), n.rows.as_deref()) {
         (Some(q), Some(r)) => (
             format!("matmul_{st}"),

@@ -500,20 +500,9 @@ __device__ __forceinline__ void mvr_impl(const u8* __restrict__ tile, const i8* 
     }
 }
 
-// With MVR_PF (NEAGARI_CUDA_MVR_PF=1, for measuring), block blk's 16 weight rows into L2
-// before the wait, as the dp4a GEMVs do (gemv_int.cu's gdc_prefetch_rows; a block is one
-// group): under PDL the block is resident while the kernel before runs. Written when the
-// per-16 K-quants' `mvr` lost to `mvq8` in the PDL chain only (session 42); not yet run.
-__device__ __forceinline__ void mvr_prefetch(const u8* W, int rows, i64 row_bytes, int blk) {
-#ifdef MVR_PF
-    gdc_prefetch_rows(W, rows, row_bytes, 16, blk);
-#endif
-}
-
 extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
     mvr(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units,
         i64 row_bytes, int nr) {
-    mvr_prefetch(W, rows, row_bytes, blockIdx.x);
     gdc_wait();
     mvr_impl<FMTR>(W + (i64)blockIdx.x * 16 * row_bytes, xq, xds, y, rows, units, row_bytes, nr,
                    blockIdx.x);
@@ -523,7 +512,6 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
 extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
     mvrm(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes, int nr) {
     const Mat4 p = MAT4_PICK(blockIdx.x);
-    mvr_prefetch(p.W, p.rows, row_bytes, p.b);
     gdc_wait();
     mvr_impl<FMTR>(p.W + (i64)p.b * 16 * row_bytes, xq, xds, p.y, p.rows, units, row_bytes, nr,
                    p.b);
