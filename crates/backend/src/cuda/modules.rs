@@ -77,8 +77,8 @@ pub(super) fn int_struct(ty: GgmlType) -> Option<&'static str> {
 /// `k16`: also Q3_K, Q5_K and Q6_K (NEAGARI_CUDA_MVR_K16=1), whose structs are right
 /// (cuda_gemv_rows) but lost to `mvq8` in the replayed step: an all-Q6_K Llama 3 8B's
 /// 8-row forward 8.61 → 9.68 ms (H100, session 42), though each kernel alone was faster
-/// (9.79 → 8.72 ms summed) and without PDL it won (9.00 → 8.11). Q2_K's won in the step:
-/// 7.38 → 5.82 ms.
+/// (9.79 → 8.72 ms summed) and without PDL it won (9.00 → 8.11); with NEAGARI_CUDA_PDL=exit
+/// it gave 7.68 (session 43). Q2_K's won in the step: 7.38 → 5.82 ms.
 pub(super) fn rows_struct(ty: GgmlType, k16: bool) -> Option<&'static str> {
     use GgmlType::*;
     Some(match ty {
