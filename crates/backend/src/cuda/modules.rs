@@ -108,6 +108,19 @@ pub(super) struct FmtNames {
     /// and the units of a row's smallest run that its loads address on their own (where a
     /// K split may cut: a repacked group of 8 blocks, a Q4_K super-block).
     pub(super) block: Option<(&'static str, usize)>,
+    /// The module's GEMVs skip their row prefetch before the wait ([`no_row_prefetch`]).
+    pub(super) no_prefetch: bool,
+}
+
+/// Whether format `ty`'s GEMVs skip `gdc_prefetch_rows` (NEAGARI_CUDA_NOPF=Q6_K,Q5_K…, for
+/// measuring): an all-Q6_K Llama 3 8B stepped 4.18–4.25 ms with the default hand-over and
+/// 3.93 with PDL=early (no prefetch anywhere), where the all-Q4_K one lost without it
+/// (2.37 → 2.42; H100, session 43). Measured here per format before a default changes.
+pub(super) fn no_row_prefetch(ty: GgmlType) -> bool {
+    std::env::var("NEAGARI_CUDA_NOPF").is_ok_and(|v| {
+        v.split(',')
+            .any(|n| n.trim().eq_ignore_ascii_case(ty.name()))
+    })
 }
 
 /// `k16` as [`rows_struct`]'s.
@@ -126,6 +139,7 @@ pub(super) fn fmt_structs(ty: GgmlType, repack: bool, k16: bool) -> Option<FmtNa
             (GgmlType::Q4_K, _) => Some(("B_Q4_K", 8)),
             _ => None,
         },
+        no_prefetch: no_row_prefetch(ty),
     })
 }
 
@@ -148,6 +162,11 @@ pub(super) fn fmt_module(n: &FmtNames) -> (String, String, String) {
     {
         Some(b @ 1..=4) => format!("{knobs}\n#define MVRT_MINB {b}"),
         _ => knobs,
+    };
+    let knobs = if n.no_prefetch {
+        format!("{knobs}\n#define GDC_NO_PREFETCH")
+    } else {
+        knobs
     };
     match (n.q.as_deref(), n.rows.as_deref()) {
         (Some(q), Some(r)) => (

@@ -97,6 +97,10 @@ __device__ __forceinline__ Mat4 mat4_pick(int b, MAT4_PARAMS) {
 // wait for each other (add_rms_norm_row) cannot be starved by its dependents. Measured
 // (tg128, H200): Gemma 3 270M shape 765 → 836 tok/s with the signal at exit, 805 early;
 // 27B Q1_0 193 → 198 at exit, 201 early.
+// A format module may opt out (GDC_NO_PREFETCH, NEAGARI_CUDA_NOPF, modules.rs).
+#ifdef GDC_NO_PREFETCH
+#undef GDC_PREFETCH
+#endif
 // With GDC_PREFETCH (the default with GDC_EARLY), a block asks L2 for `bytes` at `p` (its weight rows: they do not
 // depend on the previous kernel, so this may run before gdc_wait()), a 128-byte line a
 // thread at a time; a no-op otherwise.
