@@ -163,6 +163,12 @@ pub(super) fn fmt_module(n: &FmtNames) -> (String, String, String) {
         Some(b @ 1..=4) => format!("{knobs}\n#define MVRT_MINB {b}"),
         _ => knobs,
     };
+    // NEAGARI_CUDA_MVR_LATE=1: `mvr`'s dependents launch when its blocks exit (for
+    // measuring; gemv_rows.cu).
+    let knobs = match std::env::var("NEAGARI_CUDA_MVR_LATE").as_deref() {
+        Ok("1") => format!("{knobs}\n#define MVR_LATE"),
+        _ => knobs,
+    };
     let knobs = if n.no_prefetch {
         format!("{knobs}\n#define GDC_NO_PREFETCH")
     } else {
