@@ -112,12 +112,17 @@ __device__ __forceinline__ void gdc_prefetch(const u8* p, i64 bytes) {
 #endif
 }
 
-__device__ __forceinline__ void gdc_wait() {
+// The wait alone, without letting the next kernel launch early (gemv_rows.cu's MVR_LATE).
+__device__ __forceinline__ void gdc_wait_late() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#ifdef GDC_EARLY
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+__device__ __forceinline__ void gdc_wait() {
+    gdc_wait_late();
+#if defined(GDC_EARLY) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 

@@ -503,12 +503,8 @@ __device__ __forceinline__ void mvr_impl(const u8* __restrict__ tile, const i8* 
 // With MVR_LATE (NEAGARI_CUDA_MVR_LATE=1, for measuring), `mvr` / `mvrm` let the next
 // kernel launch only when their blocks exit: the per-16 K-quants' 8-row Llama 3 8B forward
 // (Q6_K) was 7.68 ms with every kernel signalling at exit, 9.61 with the early signal
-// (H100, session 43), and this asks whether it is `mvr`'s own signal that costs it.
-__device__ __forceinline__ void gdc_wait_late() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
+// (H100, session 43), and this asks whether it is `mvr`'s own signal that costs it
+// (common.cuh's gdc_wait_late).
 
 extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
     mvr(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units,
