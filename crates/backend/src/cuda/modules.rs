@@ -112,15 +112,18 @@ pub(super) struct FmtNames {
     pub(super) no_prefetch: bool,
 }
 
-/// Whether format `ty`'s GEMVs skip `gdc_prefetch_rows` (NEAGARI_CUDA_NOPF=Q6_K,Q5_K…, for
-/// measuring): an all-Q6_K Llama 3 8B stepped 4.18–4.25 ms with the default hand-over and
-/// 3.93 with PDL=early (no prefetch anywhere), where the all-Q4_K one lost without it
-/// (2.37 → 2.42; H100, session 43). Measured here per format before a default changes.
+/// Whether format `ty`'s GEMVs skip `gdc_prefetch_rows` before their wait. Q8_0 and Q4_0
+/// do by default: with the prefetch a Llama 3 8B of either stepped 4.33 / 2.53 ms, without
+/// it 3.66 / 2.36 (tg64 232 → 276, 401 → 435), where Q2_K lost without it (2.01 → 2.25 ms)
+/// and Q3_K, Q5_K, Q6_K did not move (H100, session 44). NEAGARI_CUDA_NOPF=Q8_0,Q5_0…
+/// replaces the list, `none` empties it (for measuring).
 pub(super) fn no_row_prefetch(ty: GgmlType) -> bool {
-    std::env::var("NEAGARI_CUDA_NOPF").is_ok_and(|v| {
-        v.split(',')
-            .any(|n| n.trim().eq_ignore_ascii_case(ty.name()))
-    })
+    match std::env::var("NEAGARI_CUDA_NOPF") {
+        Ok(v) => v
+            .split(',')
+            .any(|n| n.trim().eq_ignore_ascii_case(ty.name())),
+        Err(_) => matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0),
+    }
 }
 
 /// `k16` as [`rows_struct`]'s.
@@ -161,12 +164,6 @@ pub(super) fn fmt_module(n: &FmtNames) -> (String, String, String) {
         .and_then(|v| v.parse::<u32>().ok())
     {
         Some(b @ 1..=4) => format!("{knobs}\n#define MVRT_MINB {b}"),
-        _ => knobs,
-    };
-    // NEAGARI_CUDA_MVR_LATE=1: `mvr`'s dependents launch when its blocks exit (for
-    // measuring; gemv_rows.cu).
-    let knobs = match std::env::var("NEAGARI_CUDA_MVR_LATE").as_deref() {
-        Ok("1") => format!("{knobs}\n#define MVR_LATE"),
         _ => knobs,
     };
     let knobs = if n.no_prefetch {

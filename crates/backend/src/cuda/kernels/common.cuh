@@ -112,15 +112,10 @@ __device__ __forceinline__ void gdc_prefetch(const u8* p, i64 bytes) {
 #endif
 }
 
-// The wait alone, without letting the next kernel launch early (gemv_rows.cu's MVR_LATE).
-__device__ __forceinline__ void gdc_wait_late() {
+__device__ __forceinline__ void gdc_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-}
-
-__device__ __forceinline__ void gdc_wait() {
-    gdc_wait_late();
 #if defined(GDC_EARLY) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif

@@ -500,20 +500,10 @@ __device__ __forceinline__ void mvr_impl(const u8* __restrict__ tile, const i8* 
     }
 }
 
-// With MVR_LATE (NEAGARI_CUDA_MVR_LATE=1, for measuring), `mvr` / `mvrm` let the next
-// kernel launch only when their blocks exit: the per-16 K-quants' 8-row Llama 3 8B forward
-// (Q6_K) was 7.68 ms with every kernel signalling at exit, 9.61 with the early signal
-// (H100, session 43), and this asks whether it is `mvr`'s own signal that costs it
-// (common.cuh's gdc_wait_late).
-
 extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
     mvr(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units,
         i64 row_bytes, int nr) {
-#ifdef MVR_LATE
-    gdc_wait_late();
-#else
     gdc_wait();
-#endif
     mvr_impl<FMTR>(W + (i64)blockIdx.x * 16 * row_bytes, xq, xds, y, rows, units, row_bytes, nr,
                    blockIdx.x);
 }
@@ -522,11 +512,7 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
 extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32)
     mvrm(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes, int nr) {
     const Mat4 p = MAT4_PICK(blockIdx.x);
-#ifdef MVR_LATE
-    gdc_wait_late();
-#else
     gdc_wait();
-#endif
     mvr_impl<FMTR>(p.W + (i64)p.b * 16 * row_bytes, xq, xds, p.y, p.rows, units, row_bytes, nr,
                    p.b);
 }
