@@ -539,11 +539,11 @@ impl CudaBackend {
         modules::compile_parallel(
             &arch,
             vec![
-                ("ops".into(), String::new(), OPS.into()),
+                ("ops".into(), modules::ops_defines().into(), OPS.into()),
                 ("hybrid".into(), String::new(), hybrid::HYBRID.into()),
             ],
         )?;
-        let ptx = compile("ops", &arch, "", OPS)?;
+        let ptx = compile("ops", &arch, modules::ops_defines(), OPS)?;
         let m = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(drv)?;

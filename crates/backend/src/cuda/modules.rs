@@ -118,11 +118,23 @@ pub(super) struct FmtNames {
 /// and Q3_K, Q5_K, Q6_K did not move (H100, session 44). NEAGARI_CUDA_NOPF=Q8_0,Q5_0…
 /// replaces the list, `none` empties it (for measuring).
 pub(super) fn no_row_prefetch(ty: GgmlType) -> bool {
-    match std::env::var("NEAGARI_CUDA_NOPF") {
-        Ok(v) => v
-            .split(',')
-            .any(|n| n.trim().eq_ignore_ascii_case(ty.name())),
-        Err(_) => matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0),
+    nopf_names(ty.name()).unwrap_or(matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0))
+}
+
+/// Whether NEAGARI_CUDA_NOPF, where set, names `name`.
+fn nopf_names(name: &str) -> Option<bool> {
+    let v = std::env::var("NEAGARI_CUDA_NOPF").ok()?;
+    Some(v.split(',').any(|n| n.trim().eq_ignore_ascii_case(name)))
+}
+
+/// The ops module's defines: `attn` in NEAGARI_CUDA_NOPF drops attention's KV prefetch
+/// before its wait (for measuring: an all-Q6_K Llama 3 8B stepped 3.93 ms with no prefetch
+/// anywhere, 4.17–4.19 with only its GEMVs' dropped; H100, sessions 43–44).
+pub(super) fn ops_defines() -> &'static str {
+    if nopf_names("attn") == Some(true) {
+        "#define GDC_NO_PREFETCH"
+    } else {
+        ""
     }
 }
 
@@ -321,7 +333,7 @@ pub fn module_ptx(arch: &str, ty: Option<GgmlType>) -> Result<Vec<String>> {
 pub(super) fn module_sources(ty: Option<GgmlType>) -> Result<Vec<(String, String, String)>> {
     let Some(ty) = ty else {
         return Ok(vec![
-            ("ops".into(), String::new(), OPS.into()),
+            ("ops".into(), ops_defines().into(), OPS.into()),
             ("hybrid".into(), String::new(), super::hybrid::HYBRID.into()),
         ]);
     };
