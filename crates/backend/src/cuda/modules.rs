@@ -112,13 +112,18 @@ pub(super) struct FmtNames {
     pub(super) no_prefetch: bool,
 }
 
-/// Whether format `ty`'s GEMVs skip `gdc_prefetch_rows` before their wait. Q8_0 and Q4_0
-/// do by default: with the prefetch a Llama 3 8B of either stepped 4.33 / 2.53 ms, without
-/// it 3.66 / 2.36 (tg64 232 → 276, 401 → 435), where Q2_K lost without it (2.01 → 2.25 ms)
-/// and Q3_K, Q5_K, Q6_K did not move (H100, session 44). NEAGARI_CUDA_NOPF=Q8_0,Q5_0…
-/// replaces the list, `none` empties it (for measuring).
+/// Whether format `ty`'s GEMVs skip `gdc_prefetch_rows` before their wait. Q8_0, Q4_0 and
+/// Q6_K do by default. Llama 3 8B, all one format, one-token step (H100, session 44): Q8_0
+/// 4.33 → 3.66 ms and Q4_0 2.53 → 2.36 without it; Q6_K 4.17–4.19 → 3.89 with no prefetch
+/// anywhere (`NEAGARI_CUDA_PDL=early`), where dropping attention's alone made it 4.25–4.28,
+/// so the gain is the Q6_K GEMVs'. Q2_K keeps it (2.01 → 2.25 without) and so does Q4_K
+/// (27B 7.04 → 7.19 with none anywhere, session 43); Q3_K and Q5_K are not measured.
+/// NEAGARI_CUDA_NOPF=Q8_0,Q5_K… replaces the list, `none` empties it (for measuring).
 pub(super) fn no_row_prefetch(ty: GgmlType) -> bool {
-    nopf_names(ty.name()).unwrap_or(matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0))
+    nopf_names(ty.name()).unwrap_or(matches!(
+        ty,
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q6_K
+    ))
 }
 
 /// Whether NEAGARI_CUDA_NOPF, where set, names `name`.
@@ -196,12 +201,12 @@ pub(super) fn fmt_module(n: &FmtNames) -> (String, String, String) {
         ),
         (Some(q), None) => (
             format!("matmul_{st}"),
-            format!("#define FMT {st}\n#define FMTQ {q}"),
+            format!("#define FMT {st}\n#define FMTQ {q}{knobs}"),
             format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}\n{VECDOT}\n{GEMV_INT}"),
         ),
         (None, _) => (
             format!("matmul_{st}"),
-            format!("#define FMT {st}"),
+            format!("#define FMT {st}{knobs}"),
             format!("{DEQUANT}\n{LOWBIT}\n{MATMUL}"),
         ),
     }
@@ -411,4 +416,38 @@ pub(super) fn compile_parallel(arch: &str, mut jobs: Vec<(String, String, String
                 .unwrap_or_else(|_| Err(BackendError::Other("an NVRTC thread panicked".into())))
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The prefetch choice reaches every format's module, whichever kernels it holds (the
+    /// modules without a verify struct once dropped it, so `NOPF=Q6_K` measured nothing).
+    #[test]
+    fn every_format_module_takes_its_prefetch_choice() {
+        use GgmlType::*;
+        let all = [
+            F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q1_0, Q2_0,
+            TQ2_0,
+        ];
+        for ty in all {
+            for repack in [false, true] {
+                for k16 in [false, true] {
+                    let Some(mut n) = fmt_structs(ty, repack, k16) else {
+                        continue;
+                    };
+                    for off in [false, true] {
+                        n.no_prefetch = off;
+                        let defines = fmt_module(&n).1;
+                        assert_eq!(
+                            defines.contains("#define GDC_NO_PREFETCH"),
+                            off,
+                            "{ty:?} repack {repack} k16 {k16}: {defines}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
