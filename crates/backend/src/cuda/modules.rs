@@ -133,8 +133,8 @@ fn nopf_names(name: &str) -> Option<bool> {
 }
 
 /// The ops module's defines: `attn` in NEAGARI_CUDA_NOPF drops attention's KV prefetch
-/// before its wait (for measuring: an all-Q6_K Llama 3 8B stepped 3.93 ms with no prefetch
-/// anywhere, 4.17–4.19 with only its GEMVs' dropped; H100, sessions 43–44).
+/// before its wait (for measuring; it pays: an all-Q6_K Llama 3 8B stepped 4.16–4.19 ms
+/// with it, 4.25–4.28 without; H100, session 44).
 pub(super) fn ops_defines() -> &'static str {
     if nopf_names("attn") == Some(true) {
         "#define GDC_NO_PREFETCH"
@@ -371,16 +371,20 @@ pub(super) fn pair_module(qa: &str, qb: &str) -> (String, String, String) {
     )
 }
 
+/// Every weight format with CUDA kernels.
+const KERNEL_FORMATS: [GgmlType; 16] = {
+    use GgmlType::*;
+    [
+        F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q1_0, Q2_0,
+        TQ2_0,
+    ]
+};
+
 /// Compiles every kernel module for `arch` (e.g. `sm_90`) without a GPU: NVRTC alone
 /// suffices, so a machine without a GPU can check that the kernels build.
 pub fn compile_all(arch: &str) -> Result<()> {
-    use GgmlType::*;
-    let types = [
-        F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q1_0, Q2_0,
-        TQ2_0,
-    ];
     let mut jobs = module_sources(None)?;
-    for ty in types {
+    for ty in KERNEL_FORMATS {
         jobs.extend(module_sources(Some(ty))?);
     }
     compile_parallel(arch, jobs)
@@ -426,12 +430,7 @@ mod tests {
     /// modules without a verify struct once dropped it, so `NOPF=Q6_K` measured nothing).
     #[test]
     fn every_format_module_takes_its_prefetch_choice() {
-        use GgmlType::*;
-        let all = [
-            F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q1_0, Q2_0,
-            TQ2_0,
-        ];
-        for ty in all {
+        for ty in KERNEL_FORMATS {
             for repack in [false, true] {
                 for k16 in [false, true] {
                     let Some(mut n) = fmt_structs(ty, repack, k16) else {

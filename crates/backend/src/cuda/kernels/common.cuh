@@ -115,9 +115,9 @@ __device__ __forceinline__ void gdc_prefetch(const u8* p, i64 bytes) {
 __device__ __forceinline__ void gdc_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-#if defined(GDC_EARLY) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef GDC_EARLY
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 #endif
 }
 
