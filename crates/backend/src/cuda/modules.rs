@@ -112,17 +112,16 @@ pub(super) struct FmtNames {
     pub(super) no_prefetch: bool,
 }
 
-/// Whether format `ty`'s GEMVs skip `gdc_prefetch_rows` before their wait. Q8_0, Q4_0 and
-/// Q6_K do by default. Llama 3 8B, all one format, one-token step (H100, session 44): Q8_0
-/// 4.33 → 3.66 ms and Q4_0 2.53 → 2.36 without it; Q6_K 4.17–4.19 → 3.89 with no prefetch
-/// anywhere (`NEAGARI_CUDA_PDL=early`), where dropping attention's alone made it 4.25–4.28,
-/// so the gain is the Q6_K GEMVs'. Q2_K keeps it (2.01 → 2.25 without) and so does Q4_K
-/// (27B 7.04 → 7.19 with none anywhere, session 43); Q3_K and Q5_K are not measured.
-/// NEAGARI_CUDA_NOPF=Q8_0,Q5_K… replaces the list, `none` empties it (for measuring).
+/// Whether format `ty`'s GEMVs skip `gdc_prefetch_rows` before their wait. Q8_0, Q4_0,
+/// Q5_K and Q6_K do by default. Llama 3 8B, all one format, one-token step: Q8_0 4.33 →
+/// 3.66 ms and Q4_0 2.53 → 2.36 without it (H100, session 44); Q6_K 3.87–3.88 → 3.76–3.77
+/// and Q5_K 2.55 → 2.46 (H200, session 45). Q2_K keeps it (2.01 → 2.25 without, H100),
+/// and so do Q3_K (3.23 → 3.33, H200) and Q4_K (27B 7.04 → 7.19 with none anywhere, H100,
+/// session 43). NEAGARI_CUDA_NOPF=Q8_0,Q5_K… replaces the list, `none` empties it.
 pub(super) fn no_row_prefetch(ty: GgmlType) -> bool {
     nopf_names(ty.name()).unwrap_or(matches!(
         ty,
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q6_K
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_K | GgmlType::Q6_K
     ))
 }
 
