@@ -6,9 +6,9 @@
 #   TESTS=1            run the five GPU suites first (in parallel; logs in $OUT/suites.log)
 #   OPS_FILTER="a b"   only these cuda_ops tests (ROWS_FILTER: cuda_gemv_rows tests)
 #   TYPES="Q1_0 TQ2_0 Q4_K gemma"   files to bench: 27B shapes of those types, Gemma 3 270M
-#   AB_<TYPE>="def VAR=1,VAR2=x prev"  runs per file, each an env (commas between
-#                      variables), or `prev`: the CLI staged before this one (neagari_prev),
-#                      also with an env: prev,VAR=1; `@name` (also `@name,VAR=1`) runs
+#   AB_<TYPE>="def VAR=1,VAR2=x prev"  runs per file, each an env (a comma before NAME=
+#                      starts the next variable, so VAR=a,b keeps its comma), or `prev`:
+#                      the CLI staged before this one (neagari_prev), also with an env: prev,VAR=1; `@name` (also `@name,VAR=1`) runs
 #                      target/cuda-stage/bin/neagari_name, a variant build copied in by hand
 #   ARGS="-p 512 -n 128 -r 2 --argmax --verify 8"   bench arguments for the 27B files
 #   GEMV="Q1_0 TQ2_0"  time the one-row GEMV at the 27B's shapes first (examples/cuda_gemv.rs);
@@ -88,7 +88,7 @@ for t in $TYPES; do
             prev*) bin=neagari_prev v=${v#prev} v=${v#,} ;;
             @*) bin=neagari_${v%%,*} bin=${bin/@/} v=${v#@} v=${v#*,}; [ "$v" = "${e#@}" ] && v= ;;
         esac
-        if [ -n "$v" ] && [ "$v" != def ]; then envs=$(echo "$v" | tr ',' ' '); fi
+        if [ -n "$v" ] && [ "$v" != def ]; then envs=$(echo "$v" | sed -E 's/,([A-Za-z_][A-Za-z0-9_]*=)/ \1/g'); fi
         if [ "$t" = gemma ]; then args="-p 512 -n 128 -r 3 --argmax"
         else args=${ARGS:--p 512 -n 128 -r 2 --argmax --verify 8}; fi
         echo "== neagari $t [$e] $args"
