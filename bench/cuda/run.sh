@@ -8,7 +8,8 @@
 #   TYPES="Q1_0 TQ2_0 Q4_K gemma"   files to bench: 27B shapes of those types, Gemma 3 270M
 #   AB_<TYPE>="def VAR=1,VAR2=x prev"  runs per file, each an env (a comma before NAME=
 #                      starts the next variable, so VAR=a,b keeps its comma), or `prev`:
-#                      the CLI staged before this one (neagari_prev), also with an env: prev,VAR=1; `@name` (also `@name,VAR=1`) runs
+#                      the CLI staged before this one (neagari_prev), also with an env:
+#                      prev,VAR=1; `@name` (also `@name,VAR=1`) runs
 #                      target/cuda-stage/bin/neagari_name, a variant build copied in by hand
 #   ARGS="-p 512 -n 128 -r 2 --argmax --verify 8"   bench arguments for the 27B files
 #   GEMV="Q1_0 TQ2_0"  time the one-row GEMV at the 27B's shapes first (examples/cuda_gemv.rs);
