@@ -89,6 +89,26 @@ const MVS_DEFAULT: MvsShape = (0, 0, 0);
 const TOPK_N: usize = 4096;
 const TOPK_THREADS: u32 = 512;
 
+/// A measuring knob (an environment variable, read once at load) that turns a default
+/// off with "0".
+fn knob_on(var: &str) -> bool {
+    std::env::var(var).as_deref() != Ok("0")
+}
+
+/// A measuring knob's value, where it is set and parses.
+fn knob<T: std::str::FromStr>(var: &str) -> Option<T> {
+    std::env::var(var).ok().and_then(|v| v.parse().ok())
+}
+
+/// A measuring knob that forces a choice: "1" always, "0" never, else the default (None).
+fn knob_forced(var: &str) -> Option<bool> {
+    match std::env::var(var).as_deref() {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    }
+}
+
 /// NEAGARI_CUDA_MVS: unset → the default, "0" → off, "R,K,G" (or "RxKxG", which
 /// bench/cuda/run.sh's comma-separated environments can carry) → that shape where it is
 /// compiled (else the default).
@@ -607,62 +627,35 @@ impl CudaBackend {
             pairs: Mutex::new(HashMap::new()),
             blas,
             scratch: Mutex::new(Scratch::default()),
-            mv_rows: std::env::var("NEAGARI_CUDA_MV_ROWS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|&n| [1, 2, 4, 8].contains(&n)),
-            mv_warps: std::env::var("NEAGARI_CUDA_MV_WARPS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|n| (1..=MVQ_WARPS).contains(n)),
-            norm_row: std::env::var("NEAGARI_CUDA_NORM_ROW").as_deref() != Ok("0"),
-            norm_cl: maj >= 9 && std::env::var("NEAGARI_CUDA_NORM_CL").as_deref() != Ok("0"),
+            mv_rows: knob("NEAGARI_CUDA_MV_ROWS").filter(|&n| [1, 2, 4, 8].contains(&n)),
+            mv_warps: knob("NEAGARI_CUDA_MV_WARPS").filter(|n| (1..=MVQ_WARPS).contains(n)),
+            norm_row: knob_on("NEAGARI_CUDA_NORM_ROW"),
+            norm_cl: maj >= 9 && knob_on("NEAGARI_CUDA_NORM_CL"),
             mv_int: std::env::var("NEAGARI_CUDA_MV").as_deref() != Ok("float"),
-            fuse: std::env::var("NEAGARI_CUDA_FUSE").as_deref() != Ok("0"),
-            fuse_attn: std::env::var("NEAGARI_CUDA_FUSE").as_deref() != Ok("0")
-                && std::env::var("NEAGARI_CUDA_FUSE_ATTN").as_deref() != Ok("0"),
-            att_blocks: std::env::var("NEAGARI_CUDA_ATT_BLOCKS")
-                .ok()
-                .and_then(|v| v.parse().ok())
+            fuse: knob_on("NEAGARI_CUDA_FUSE"),
+            fuse_attn: knob_on("NEAGARI_CUDA_FUSE") && knob_on("NEAGARI_CUDA_FUSE_ATTN"),
+            att_blocks: knob("NEAGARI_CUDA_ATT_BLOCKS")
                 .filter(|n| (1..=64).contains(n))
                 .unwrap_or(2),
-            att_group: match std::env::var("NEAGARI_CUDA_ATT_GROUP").as_deref() {
-                Ok("0") => Some(false),
-                Ok("1") => Some(true),
-                _ => None,
-            },
-            pair: std::env::var("NEAGARI_CUDA_PAIR").as_deref() != Ok("0"),
-            repack: std::env::var("NEAGARI_CUDA_REPACK").as_deref() != Ok("0"),
-            mv_groups: std::env::var("NEAGARI_CUDA_MV_GROUPS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|n| (1..=MVQ_WARPS * 32).contains(n)),
-            mvq_split: std::env::var("NEAGARI_CUDA_MVQ_SPLIT").as_deref() != Ok("0"),
-            mv_half: std::env::var("NEAGARI_CUDA_MV_HALF")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(12),
-            ds_blocks: std::env::var("NEAGARI_CUDA_DS_BLOCKS")
-                .ok()
-                .and_then(|v| v.parse().ok())
+            att_group: knob_forced("NEAGARI_CUDA_ATT_GROUP"),
+            pair: knob_on("NEAGARI_CUDA_PAIR"),
+            repack: knob_on("NEAGARI_CUDA_REPACK"),
+            mv_groups: knob("NEAGARI_CUDA_MV_GROUPS").filter(|n| (1..=MVQ_WARPS * 32).contains(n)),
+            mvq_split: knob_on("NEAGARI_CUDA_MVQ_SPLIT"),
+            mv_half: knob("NEAGARI_CUDA_MV_HALF").unwrap_or(12),
+            ds_blocks: knob("NEAGARI_CUDA_DS_BLOCKS")
                 .filter(|n| (1..=16).contains(n))
                 .unwrap_or(4),
-            glu_rows: std::env::var("NEAGARI_CUDA_GLU_ROWS").as_deref() != Ok("0"),
-            glu_loop: std::env::var("NEAGARI_CUDA_GLU_LOOP")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(2),
+            glu_rows: knob_on("NEAGARI_CUDA_GLU_ROWS"),
+            glu_loop: knob("NEAGARI_CUDA_GLU_LOOP").unwrap_or(2),
             glu_bufs: match std::env::var("NEAGARI_CUDA_GLU_BUFS").as_deref() {
                 Ok("1") => 1,
                 _ => 2,
             },
-            dr_cluster: maj >= 9 && std::env::var("NEAGARI_CUDA_DR_CLUSTER").as_deref() != Ok("0"),
+            dr_cluster: maj >= 9 && knob_on("NEAGARI_CUDA_DR_CLUSTER"),
             mvs: mvs_shape(std::env::var("NEAGARI_CUDA_MVS").ok().as_deref()),
             mvsg: mvs_shape(std::env::var("NEAGARI_CUDA_MVSG").ok().as_deref()),
-            glu_fuse_max: std::env::var("NEAGARI_CUDA_GLU_FUSE_MAX")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(fused::GLU_FUSE_MAX),
+            glu_fuse_max: knob("NEAGARI_CUDA_GLU_FUSE_MAX").unwrap_or(fused::GLU_FUSE_MAX),
             mvrt_tiles: match std::env::var("NEAGARI_CUDA_MVRT").as_deref() {
                 _ if maj < 9 => Vec::new(),
                 Ok("0") => Vec::new(),
@@ -679,39 +672,27 @@ impl CudaBackend {
                 Ok("4") => vec![4],
                 _ => MVRT_PARTS.to_vec(),
             },
-            mvrt_sub2: std::env::var("NEAGARI_CUDA_MVRT_SUB2")
-                .ok()
-                .and_then(|v| v.parse().ok())
+            mvrt_sub2: knob("NEAGARI_CUDA_MVRT_SUB2")
                 .filter(|n| (2..=MVRT_MAXP).contains(n))
                 .unwrap_or(MVRT_SUB2),
-            mvrt_cluster: match std::env::var("NEAGARI_CUDA_MVRT_CLUSTER").as_deref() {
-                Ok("1") => Some(true),
-                Ok("0") => Some(false),
-                _ => None,
-            },
+            mvrt_cluster: knob_forced("NEAGARI_CUDA_MVRT_CLUSTER"),
             mvrc: match std::env::var("NEAGARI_CUDA_MVRC").as_deref() {
                 Ok("0") => gemv_rows::ByGroup::Off,
                 Ok("1") => gemv_rows::ByGroup::All,
                 _ => gemv_rows::ByGroup::Wide,
             },
-            mvrq: std::env::var("NEAGARI_CUDA_MVRQ")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .map_or(MVRQ_SLOTS, |n: usize| n.min(MVRQ_MAXS)),
-            mvrq_tiles: std::env::var("NEAGARI_CUDA_MVRQ_TILES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|n| MVRT_TILES.contains(n)),
+            mvrq: knob("NEAGARI_CUDA_MVRQ").map_or(MVRQ_SLOTS, |n: usize| n.min(MVRQ_MAXS)),
+            mvrq_tiles: knob("NEAGARI_CUDA_MVRQ_TILES").filter(|n| MVRT_TILES.contains(n)),
             tmaps: Mutex::new(HashMap::new()),
-            mvr_on: maj >= 8 && std::env::var("NEAGARI_CUDA_MV_TC").as_deref() != Ok("0"),
+            mvr_on: maj >= 8 && knob_on("NEAGARI_CUDA_MV_TC"),
             mvr_k16: std::env::var("NEAGARI_CUDA_MVR_K16").as_deref() == Ok("1"),
             gen: AtomicU64::new(0),
             mode: AtomicU8::new(graph::OFF),
             launches: AtomicUsize::new(0),
             epoch: AtomicU64::new(0),
             step: Mutex::new(graph::Step::new()),
-            graphs_on: AtomicBool::new(std::env::var("NEAGARI_CUDA_GRAPH").as_deref() != Ok("0")),
-            pdl: maj >= 9 && std::env::var("NEAGARI_CUDA_PDL").as_deref() != Ok("0"),
+            graphs_on: AtomicBool::new(knob_on("NEAGARI_CUDA_GRAPH")),
+            pdl: maj >= 9 && knob_on("NEAGARI_CUDA_PDL"),
             pf: prefetch::Prefetch::from_env(),
             profiling: AtomicBool::new(false),
             profile: Mutex::new(None),

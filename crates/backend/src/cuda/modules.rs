@@ -167,18 +167,12 @@ pub(super) fn fmt_module(n: &FmtNames) -> (String, String, String) {
     let st = &n.st;
     let stream = if n.stream { GEMV_STREAM } else { "" };
     // NEAGARI_CUDA_MVS_MINB=N: the streaming GEMV's blocks-an-SM bound (gemv_stream.cu).
-    let knobs = match std::env::var("NEAGARI_CUDA_MVS_MINB")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-    {
+    let knobs = match super::knob::<u32>("NEAGARI_CUDA_MVS_MINB") {
         Some(b @ 1..=8) if n.stream => format!("\n#define MVS_MINB {b}"),
         _ => String::new(),
     };
     // NEAGARI_CUDA_MVRT_MINB=N: the 4-tile verify GEMV's blocks-an-SM bound (gemv_rows.cu).
-    let knobs = match std::env::var("NEAGARI_CUDA_MVRT_MINB")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-    {
+    let knobs = match super::knob::<u32>("NEAGARI_CUDA_MVRT_MINB") {
         Some(b @ 1..=4) => format!("{knobs}\n#define MVRT_MINB {b}"),
         _ => knobs,
     };

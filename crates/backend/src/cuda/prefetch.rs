@@ -86,7 +86,7 @@ impl Prefetch {
         };
         Prefetch {
             caps: mib.map(|m| m << 20),
-            first: std::env::var("NEAGARI_CUDA_PDL_FIRST").as_deref() != Ok("0"),
+            first: super::knob_on("NEAGARI_CUDA_PDL_FIRST"),
             pending: Mutex::new((PfArgs::default(), false, 0)),
         }
     }
