@@ -648,38 +648,34 @@ impl CudaBackend {
                 .unwrap_or(4),
             glu_rows: knob_on("NEAGARI_CUDA_GLU_ROWS"),
             glu_loop: knob("NEAGARI_CUDA_GLU_LOOP").unwrap_or(2),
-            glu_bufs: match std::env::var("NEAGARI_CUDA_GLU_BUFS").as_deref() {
-                Ok("1") => 1,
-                _ => 2,
+            glu_bufs: if knob("NEAGARI_CUDA_GLU_BUFS") == Some(1) {
+                1
+            } else {
+                2
             },
             dr_cluster: maj >= 9 && knob_on("NEAGARI_CUDA_DR_CLUSTER"),
             mvs: mvs_shape(std::env::var("NEAGARI_CUDA_MVS").ok().as_deref()),
             mvsg: mvs_shape(std::env::var("NEAGARI_CUDA_MVSG").ok().as_deref()),
             glu_fuse_max: knob("NEAGARI_CUDA_GLU_FUSE_MAX").unwrap_or(fused::GLU_FUSE_MAX),
-            mvrt_tiles: match std::env::var("NEAGARI_CUDA_MVRT").as_deref() {
+            mvrt_tiles: match knob("NEAGARI_CUDA_MVRT") {
                 _ if maj < 9 => Vec::new(),
-                Ok("0") => Vec::new(),
-                Ok("1") => vec![1],
-                Ok("2") => vec![2],
-                Ok("4") => vec![4],
+                Some(0) => Vec::new(),
+                Some(n) if MVRT_TILES.contains(&n) => vec![n],
                 _ => MVRT_TILES.to_vec(),
             },
-            mvrt_parts: match std::env::var("NEAGARI_CUDA_MVRT_SPLIT").as_deref() {
-                Ok("1") => vec![1],
-                Ok("2") => vec![2],
-                // Not among the defaults: for measuring.
-                Ok("3") => vec![3],
-                Ok("4") => vec![4],
+            // 3 is not among the defaults: for measuring.
+            mvrt_parts: match knob("NEAGARI_CUDA_MVRT_SPLIT") {
+                Some(n @ 1..=MVRT_MAXP) => vec![n],
                 _ => MVRT_PARTS.to_vec(),
             },
             mvrt_sub2: knob("NEAGARI_CUDA_MVRT_SUB2")
                 .filter(|n| (2..=MVRT_MAXP).contains(n))
                 .unwrap_or(MVRT_SUB2),
             mvrt_cluster: knob_forced("NEAGARI_CUDA_MVRT_CLUSTER"),
-            mvrc: match std::env::var("NEAGARI_CUDA_MVRC").as_deref() {
-                Ok("0") => gemv_rows::ByGroup::Off,
-                Ok("1") => gemv_rows::ByGroup::All,
-                _ => gemv_rows::ByGroup::Wide,
+            mvrc: match knob_forced("NEAGARI_CUDA_MVRC") {
+                Some(false) => gemv_rows::ByGroup::Off,
+                Some(true) => gemv_rows::ByGroup::All,
+                None => gemv_rows::ByGroup::Wide,
             },
             mvrq: knob("NEAGARI_CUDA_MVRQ").map_or(MVRQ_SLOTS, |n: usize| n.min(MVRQ_MAXS)),
             mvrq_tiles: knob("NEAGARI_CUDA_MVRQ_TILES").filter(|n| MVRT_TILES.contains(n)),
