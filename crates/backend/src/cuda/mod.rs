@@ -556,13 +556,7 @@ impl CudaBackend {
             .map_err(drv)? as usize;
         let name = ctx.name().map_err(drv)?;
         // The two modules every model needs, compiled side by side where not cached.
-        modules::compile_parallel(
-            &arch,
-            vec![
-                ("ops".into(), modules::ops_defines().into(), OPS.into()),
-                ("hybrid".into(), String::new(), hybrid::HYBRID.into()),
-            ],
-        )?;
+        modules::compile_parallel(&arch, modules::module_sources(None)?)?;
         let ptx = compile("ops", &arch, modules::ops_defines(), OPS)?;
         let m = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
@@ -648,14 +642,12 @@ impl CudaBackend {
                 .unwrap_or(4),
             glu_rows: knob_on("NEAGARI_CUDA_GLU_ROWS"),
             glu_loop: knob("NEAGARI_CUDA_GLU_LOOP").unwrap_or(2),
-            glu_bufs: if knob("NEAGARI_CUDA_GLU_BUFS") == Some(1) {
-                1
-            } else {
-                2
-            },
+            glu_bufs: knob("NEAGARI_CUDA_GLU_BUFS")
+                .filter(|&n| n == 1)
+                .unwrap_or(2),
             dr_cluster: maj >= 9 && knob_on("NEAGARI_CUDA_DR_CLUSTER"),
-            mvs: mvs_shape(std::env::var("NEAGARI_CUDA_MVS").ok().as_deref()),
-            mvsg: mvs_shape(std::env::var("NEAGARI_CUDA_MVSG").ok().as_deref()),
+            mvs: mvs_shape(knob::<String>("NEAGARI_CUDA_MVS").as_deref()),
+            mvsg: mvs_shape(knob::<String>("NEAGARI_CUDA_MVSG").as_deref()),
             glu_fuse_max: knob("NEAGARI_CUDA_GLU_FUSE_MAX").unwrap_or(fused::GLU_FUSE_MAX),
             mvrt_tiles: match knob("NEAGARI_CUDA_MVRT") {
                 _ if maj < 9 => Vec::new(),
@@ -681,7 +673,7 @@ impl CudaBackend {
             mvrq_tiles: knob("NEAGARI_CUDA_MVRQ_TILES").filter(|n| MVRT_TILES.contains(n)),
             tmaps: Mutex::new(HashMap::new()),
             mvr_on: maj >= 8 && knob_on("NEAGARI_CUDA_MV_TC"),
-            mvr_k16: std::env::var("NEAGARI_CUDA_MVR_K16").as_deref() == Ok("1"),
+            mvr_k16: knob_forced("NEAGARI_CUDA_MVR_K16") == Some(true),
             gen: AtomicU64::new(0),
             mode: AtomicU8::new(graph::OFF),
             launches: AtomicUsize::new(0),

@@ -127,7 +127,7 @@ pub(super) fn no_row_prefetch(ty: GgmlType) -> bool {
 
 /// Whether NEAGARI_CUDA_NOPF, where set, names `name`.
 fn nopf_names(name: &str) -> Option<bool> {
-    let v = std::env::var("NEAGARI_CUDA_NOPF").ok()?;
+    let v = super::knob::<String>("NEAGARI_CUDA_NOPF")?;
     Some(v.split(',').any(|n| n.trim().eq_ignore_ascii_case(name)))
 }
 
