@@ -7,18 +7,14 @@
 #![cfg(feature = "cuda")]
 
 mod cuda_common;
-use cuda_common::{check_q8_1, cpu, download, gpu, random_mat, randv, rel, rng, tensor, upload};
+use cuda_common::{
+    check_q8_1, cpu, download, gpu, random_mat, randv, rel, rng, tensor, upload, vector,
+};
 
 use neagari_backend::cuda::CudaBackend;
 use neagari_backend::{Backend, BackendError, DeltaNet, HeadMap, KvShape, KvType, RecShape};
 use neagari_quant::GgmlType;
 use rand::{rngs::StdRng, Rng};
-
-fn vector<B: Backend>(be: &B, v: &[f32]) -> B::Vector {
-    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    be.load_vector(&tensor("t", GgmlType::F32, vec![v.len()], bytes))
-        .expect("vector")
-}
 
 /// A cache with recurrent state of `rs` (one attention layer, unused).
 fn rec_kv<B: Backend>(be: &B, rs: &RecShape) -> B::Kv {

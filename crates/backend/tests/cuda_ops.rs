@@ -9,8 +9,8 @@
 
 mod cuda_common;
 use cuda_common::{
-    check_q8_1, cpu, download, exact_product, gpu, n_diff, random_mat, randv, rel, rng, tensor,
-    upload,
+    check_q8_1, cpu, download, exact_product, gpu, n_diff, random_mat, randv, rel, rng, upload,
+    vector,
 };
 use std::io::Write;
 
@@ -20,12 +20,6 @@ use neagari_backend::{
 };
 use neagari_quant::GgmlType;
 use rand::{rngs::StdRng, Rng};
-
-fn vector<B: Backend>(be: &B, v: &[f32]) -> B::Vector {
-    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    be.load_vector(&tensor("v", GgmlType::F32, vec![v.len()], bytes))
-        .expect("vector")
-}
 
 /// NVRTC alone (no GPU needed): every module compiles for Hopper and for an older arch.
 #[test]

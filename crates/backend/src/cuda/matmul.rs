@@ -87,7 +87,8 @@ impl CudaBackend {
                             Some(RowsTma {
                                 funcs: self.mvrt_funcs(&f)?,
                                 group_units,
-                                glu: self.mvrtg_func(&f)?,
+                                glu: self.mvrt4_func(&f, "mvrtg_4")?,
+                                norm: self.mvrt4_func(&f, "mvrtn_4")?,
                             })
                         }
                         _ => None,

@@ -77,6 +77,13 @@ pub fn rel(a: &[f32], b: &[f32]) -> f64 {
     (num / den.max(1e-30)).sqrt()
 }
 
+/// An f32 vector (a norm's weight) on `be`.
+pub fn vector<B: Backend>(be: &B, v: &[f32]) -> B::Vector {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    be.load_vector(&tensor("v", GgmlType::F32, vec![v.len()], bytes))
+        .expect("vector")
+}
+
 pub fn tensor(name: &str, ty: GgmlType, shape: Vec<usize>, bytes: Vec<u8>) -> HostTensor {
     HostTensor {
         name: name.into(),
