@@ -173,39 +173,6 @@ pub enum GluAct {
     GeluTanh,
 }
 
-/// A gated MLP's first half as `Backend::matmul_norm_glu` takes it: `g = act(gate · xn) ⊙
-/// (up · xn)`, and `next`, the matrices the GEMV after it reads (`Backend::prefetch`'s hint
-/// before the GLU).
-pub struct GluMlp<'a, M> {
-    pub gate: &'a M,
-    pub up: &'a M,
-    pub act: GluAct,
-    pub next: &'a [&'a M],
-}
-
-/// `Backend::matmul_norm_glu` as the separate calls: what a backend runs where it folds
-/// nothing.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_norm_glu_separate<B: Backend + ?Sized>(
-    be: &B,
-    w: &B::Mat,
-    a: &B::Buf,
-    x: &mut B::Buf,
-    norm: &B::Vector,
-    eps: f32,
-    xn: &mut B::Buf,
-    mlp: GluMlp<'_, B::Mat>,
-    g: &mut B::Buf,
-    u: &mut B::Buf,
-) -> Result<()> {
-    let (n, h) = be.buf_shape(x);
-    let mut o = be.buf(n, h)?; // [n, H]
-    be.matmul(w, a, &mut o)?;
-    be.add_rms_norm(x, &o, norm, eps, xn)?;
-    be.prefetch(mlp.next)?;
-    be.matmul_glu(mlp.gate, mlp.up, xn, mlp.act, g, u)
-}
-
 /// Rotary position embedding of one layer, with ggml's parameters (ggml_rope_ext): the
 /// angle of pair i at position p is `p · freq_scale · base^(−2i/dims)`, blended with the
 /// unscaled angle by YaRN's ramp when `ext_factor` ≠ 0.
@@ -650,27 +617,6 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<()> {
         self.add(x, y)?;
         self.rms_norm(x, w, eps, out)
-    }
-    /// A block's output projection, the residual add, the norm and the gated MLP's gate/up
-    /// after it: `o = w · a`, `add_rms_norm(x, o, norm, eps, xn)`, then `matmul_glu` of
-    /// `mlp` over xn. A device backend may hand the norm's sums from the GEMV before it to
-    /// the one after it instead of launching it between them (cuda/fold.rs); x, g and u
-    /// are then those of the separate calls to rounding, and xn is scratch (the separate
-    /// calls leave the normed rows there, a fold nothing).
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_norm_glu(
-        &self,
-        w: &Self::Mat,
-        a: &Self::Buf,
-        x: &mut Self::Buf,
-        norm: &Self::Vector,
-        eps: f32,
-        xn: &mut Self::Buf,
-        mlp: GluMlp<'_, Self::Mat>,
-        g: &mut Self::Buf,
-        u: &mut Self::Buf,
-    ) -> Result<()> {
-        matmul_norm_glu_separate(self, w, a, x, norm, eps, xn, mlp, g, u)
     }
     /// `y = rms_norm(y, w_y)` in place, then `add_rms_norm(x, y, w, out)`: Gemma's post-norm
     /// of a block's output, the residual add and the next norm (whole rows).

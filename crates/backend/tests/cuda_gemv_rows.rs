@@ -9,13 +9,12 @@
 mod cuda_common;
 use cuda_common::{
     check_q8_1, cpu, download, exact_product, gpu, gpu_with, n_diff, random_mat, randv, rel, rng,
-    upload, vector,
+    upload,
 };
 
 use neagari_backend::cuda::CudaBackend;
-use neagari_backend::{matmul_norm_glu_separate, Backend, GluAct, GluMlp};
+use neagari_backend::Backend;
 use neagari_quant::GgmlType;
-use rand::Rng;
 
 /// The tensor-core GEMV of 3–8 activation rows (gemv_rows.cu) on every format that has
 /// one (the per-16 K-quants' two mma a unit too), 2–8 rows, ragged shapes (rows not a
@@ -371,138 +370,6 @@ fn ring_gemv_equals_by_group() {
                         rel(&got, &want)
                     );
                 }
-            }
-        }
-    }
-}
-
-/// `matmul_norm_glu` with its norm folded into the GEMVs around it (cuda/fold.rs:
-/// `mvrtn_4` → `mvrtg_4`, 3–8 rows of the whole-row tile formats) against the separate ops
-/// on the GPU and the CPU backend: the residual bit for bit, g and u to rounding (the fold
-/// quantizes w·x before its 1/rms; xn is scratch it does not write); the q8_1 of g it
-/// leaves for the down projection bit for bit against a fresh input; the norm not
-/// launched. Q4_K's tile goes by group, so it takes the separate ops: the same checks hold.
-#[test]
-fn norm_folded_into_the_gemvs_around_it() {
-    let Some(g) = gpu() else { return };
-    let c = cpu();
-    let mut r = rng();
-    // (format, model width, the projection's input width, FFN rows): the 27B's Q1_0 shape
-    // (5,120 wide, 6,144 in) at a narrower FFN, smaller ones.
-    let cases = [
-        (GgmlType::Q1_0, 5120, 6144, 8704),
-        (GgmlType::Q1_0, 1024, 2048, 2048),
-        (GgmlType::TQ2_0, 1024, 2048, 1536),
-        (GgmlType::Q4_K, 1024, 1536, 2048),
-    ];
-    for (ty, h, k, f) in cases {
-        let mats = |r: &mut _, rows, cols| {
-            let (t, _) = random_mat(r, ty, rows, cols);
-            (g.load_mat(&t).unwrap(), c.load_mat(&t).unwrap())
-        };
-        let (wg, wc) = mats(&mut r, h, k);
-        let (gg, gc) = mats(&mut r, f, h);
-        let (ug, uc) = mats(&mut r, f, h);
-        let (dg, _) = mats(&mut r, h, f);
-        let nw: Vec<f32> = (0..h).map(|_| r.gen_range(0.5..1.5)).collect();
-        let (nwg, nwc) = (vector(&g, &nw), vector(&c, &nw));
-        for n in [3usize, 8] {
-            let name = format!("matmul_norm_glu {ty} {h}x{k}, {f} FFN rows, {n} rows");
-            let (x, a) = (randv(&mut r, n * h, 1.0), randv(&mut r, n * k, 1.0));
-            let ab = upload(&g, &a, n, k);
-            let run = |fold: bool| {
-                let mut x_ = upload(&g, &x, n, h);
-                let mut bufs: Vec<_> = (0..3).map(|_| g.buf(1, 1).unwrap()).collect();
-                let [xn, gb, ub] = &mut bufs[..] else {
-                    unreachable!()
-                };
-                let mlp = GluMlp {
-                    gate: &gg,
-                    up: &ug,
-                    act: GluAct::Silu,
-                    next: &[],
-                };
-                if fold {
-                    g.profile_begin().unwrap();
-                    g.matmul_norm_glu(&wg, &ab, &mut x_, &nwg, 1e-6, xn, mlp, gb, ub)
-                        .unwrap();
-                    let names: Vec<String> = g
-                        .profile_end()
-                        .unwrap()
-                        .into_iter()
-                        .map(|t| t.name)
-                        .collect();
-                    let has = |k: &str| names.iter().any(|m| m.starts_with(k));
-                    let folded = has("mvrtn_4");
-                    eprintln!("{name}: folded {folded}, kernels {names:?}");
-                    // Q1_0's rows are whole 16-byte words here; Q4_K's tile goes by group.
-                    match ty {
-                        GgmlType::Q1_0 => assert!(folded, "{name}: not folded"),
-                        GgmlType::Q4_K => assert!(!folded, "{name}: folded"),
-                        _ => {}
-                    }
-                    assert_eq!(has("add_rms_norm"), !folded, "{name}: {names:?}");
-                    // Folded: the gate/up kernel took it (no norm launched after all).
-                    if folded {
-                        assert!(has("mvrtg_4") && !has("rms_norm"), "{name}: {names:?}");
-                    }
-                } else {
-                    matmul_norm_glu_separate(&g, &wg, &ab, &mut x_, &nwg, 1e-6, xn, mlp, gb, ub)
-                        .unwrap();
-                }
-                // The GEMV after it: the down projection of g.
-                let mut o = g.buf(1, 1).unwrap();
-                g.matmul(&dg, gb, &mut o).unwrap();
-                let mut all: Vec<Vec<f32>> = bufs.iter().map(|b| download(&g, b)).collect();
-                all.extend([download(&g, &x_), download(&g, &o)]);
-                all
-            };
-            let (fo, se) = (run(true), run(false));
-            // [xn, g, u, x, down(g)]
-            assert_eq!(n_diff(&fo[3], &se[3]), 0, "{name}: residual");
-            for (i, what) in [(1, "g"), (2, "u")] {
-                let e = rel(&fo[i], &se[i]);
-                eprintln!("{name}: {what} rel error {e:.2e} against the separate ops");
-                assert!(e < 2e-3, "{name}: {what} rel error {e:.2e}");
-            }
-            // What the down projection read is the q8_1 of g as it is.
-            let mut o = g.buf(1, 1).unwrap();
-            g.matmul(&dg, &upload(&g, &fo[1], n, f), &mut o).unwrap();
-            assert_eq!(n_diff(&fo[4], &download(&g, &o)), 0, "{name}: down(g)");
-            // The CPU backend's separate ops (each side quantizes its own way).
-            let mut xc = upload(&c, &x, n, h);
-            let mut bufs: Vec<_> = (0..3).map(|_| c.buf(1, 1).unwrap()).collect();
-            let [xn, gb, ub] = &mut bufs[..] else {
-                unreachable!()
-            };
-            let mlp = GluMlp {
-                gate: &gc,
-                up: &uc,
-                act: GluAct::Silu,
-                next: &[],
-            };
-            c.matmul_norm_glu(
-                &wc,
-                &upload(&c, &a, n, k),
-                &mut xc,
-                &nwc,
-                1e-6,
-                xn,
-                mlp,
-                gb,
-                ub,
-            )
-            .unwrap();
-            for (i, what, want) in [
-                (3, "x", download(&c, &xc)),
-                (1, "g", download(&c, &bufs[1])),
-            ] {
-                let e = rel(&fo[i], &want);
-                eprintln!("{name}: {what} rel error {e:.2e} against the CPU");
-                assert!(
-                    e < 3e-2,
-                    "{name}: {what} against the CPU, rel error {e:.2e}"
-                );
             }
         }
     }

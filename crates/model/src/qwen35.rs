@@ -16,8 +16,7 @@
 //! `nextn_predict_layers` blocks) are loaded and kept for speculative decoding.
 
 use neagari_backend::{
-    Attn, Backend, DeltaNet, GluAct, GluMlp, HeadMap, HostTensor, KvShape, KvType, QkPrep,
-    RecShape, Rope,
+    Attn, Backend, DeltaNet, GluAct, HeadMap, HostTensor, KvShape, KvType, QkPrep, RecShape, Rope,
 };
 
 use crate::source::{ModelSource, SourceExt};
@@ -646,7 +645,9 @@ impl<B: Backend> Qwen35<B> {
         be.attention_block(
             kv, a.kv_layer, pos0, &mut q, a.gated, &mut k, &v, &prep, &attn, &mut att,
         )?;
-        Ok(att)
+        let mut o = be.buf(nt, c.n_embd)?; // [n, H]
+        be.matmul(&a.wo, &att, &mut o)?;
+        Ok(o)
     }
 
     fn delta_forward(&self, be: &B, kv: &mut B::Kv, d: &DeltaW<B>, xn: &B::Buf) -> Result<B::Buf> {
@@ -705,18 +706,22 @@ impl<B: Backend> Qwen35<B> {
             c.eps,
             &mut core,
         )?;
-        Ok(core)
+        let mut o = be.buf(nt, c.n_embd)?; // [n, H]
+        be.matmul(&d.out, &core, &mut o)?;
+        Ok(o)
     }
 
-    /// A MoE layer's FFN of the normed `xn` (a dense FFN runs in `hidden`, through
-    /// `Backend::matmul_norm_glu`).
-    fn moe_forward(&self, be: &B, ffn: &Ffn<B>, xn: &B::Buf) -> Result<B::Buf> {
+    fn ffn_forward(&self, be: &B, ffn: &Ffn<B>, xn: &B::Buf) -> Result<B::Buf> {
         let c = &self.cfg;
         let (nt, h) = be.buf_shape(xn);
         let mut o = be.buf(nt, h)?; // [n, H]
         match ffn {
-            Ffn::Dense { .. } => {
-                return Err(ModelError::Unsupported("moe_forward on a dense FFN".into()))
+            Ffn::Dense { gate, up, down } => {
+                let mut g = be.buf(nt, c.n_ff)?; // [n, F]
+                let mut u = be.buf(nt, c.n_ff)?; // [n, F]
+                be.prefetch(&[down])?;
+                be.matmul_glu(gate, up, xn, GluAct::Silu, &mut g, &mut u)?;
+                be.matmul(down, &g, &mut o)?;
             }
             Ffn::Moe {
                 router,
@@ -893,46 +898,16 @@ impl<B: Backend> Qwen35<B> {
             be.rms_norm(&x, &l.attn_norm, c.eps, &mut xn)?;
         }
         for (il, l) in self.layers.iter().enumerate() {
-            // The mixer's output before its output projection `wo`.
-            let (mixed, wo) = match &l.mixer {
-                Mixer::Attn(a) => (self.attn_forward(be, kv, a, pos0, &xn)?, &a.wo),
-                Mixer::Delta(d) => (self.delta_forward(be, kv, d, &xn)?, &d.out),
+            let o = match &l.mixer {
+                Mixer::Attn(a) => self.attn_forward(be, kv, a, pos0, &xn)?,
+                Mixer::Delta(d) => self.delta_forward(be, kv, d, &xn)?,
             };
             // Each norm is told which matrices the GEMV after it reads (Backend::prefetch).
-            let o = match &l.ffn {
-                Ffn::Dense { gate, up, down } => {
-                    be.prefetch(&[gate, up])?;
-                    let mut g = be.buf(nt, c.n_ff)?; // [n, F]
-                    let mut u = be.buf(nt, c.n_ff)?; // [n, F]
-                    let mlp = GluMlp {
-                        gate,
-                        up,
-                        act: GluAct::Silu,
-                        next: &[down],
-                    };
-                    let eps = c.eps;
-                    be.matmul_norm_glu(
-                        wo,
-                        &mixed,
-                        &mut x,
-                        &l.post_norm,
-                        eps,
-                        &mut xn,
-                        mlp,
-                        &mut g,
-                        &mut u,
-                    )?;
-                    let mut o = be.buf(nt, c.n_embd)?; // [n, H]
-                    be.matmul(down, &g, &mut o)?;
-                    o
-                }
-                Ffn::Moe { .. } => {
-                    let mut o = be.buf(nt, c.n_embd)?; // [n, H]
-                    be.matmul(wo, &mixed, &mut o)?;
-                    be.add_rms_norm(&mut x, &o, &l.post_norm, c.eps, &mut xn)?;
-                    self.moe_forward(be, &l.ffn, &xn)?
-                }
-            };
+            if let Ffn::Dense { gate, up, .. } = &l.ffn {
+                be.prefetch(&[gate, up])?;
+            }
+            be.add_rms_norm(&mut x, &o, &l.post_norm, c.eps, &mut xn)?;
+            let o = self.ffn_forward(be, &l.ffn, &xn)?;
             // The residual add and the next layer's input norm.
             match self.layers.get(il + 1) {
                 Some(next) => {

@@ -12,8 +12,8 @@ use super::{
     CudaVector,
 };
 use crate::{
-    Attn, Backend, BackendError, DeltaNet, GluAct, GluMlp, HostTensor, KvShape, KvType, Penalties,
-    QkPrep, RecShape, Result, Rope,
+    Attn, Backend, BackendError, DeltaNet, GluAct, HostTensor, KvShape, KvType, Penalties, QkPrep,
+    RecShape, Result, Rope,
 };
 
 impl Backend for CudaBackend {
@@ -209,24 +209,6 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         self.add_rms_norm_op(x, y, w, eps, out)
-    }
-
-    fn matmul_norm_glu(
-        &self,
-        w: &CudaMat,
-        a: &CudaBuf,
-        x: &mut CudaBuf,
-        norm: &CudaVector,
-        eps: f32,
-        xn: &mut CudaBuf,
-        mlp: GluMlp<'_, CudaMat>,
-        g: &mut CudaBuf,
-        u: &mut CudaBuf,
-    ) -> Result<()> {
-        if self.matmul_norm_glu_fold(w, a, x, norm, eps, xn, &mlp, g, u)? {
-            return Ok(());
-        }
-        crate::matmul_norm_glu_separate(self, w, a, x, norm, eps, xn, mlp, g, u)
     }
 
     fn norm_add_rms_norm(

@@ -5,8 +5,6 @@
 //! per-head q/k RMSNorm with RoPE (`qk_norm_rope`, attention.cu). The Gated DeltaNet step is in
 //! hybrid.rs. NEAGARI_CUDA_FUSE=0 runs the separate ops instead.
 
-use super::fold::{Folded, UnfoldArgs};
-use super::gemv_rows::MvrtPlan;
 use super::*;
 
 /// The largest gate matrix (rows × cols) whose GLU is fused into its GEMV. Fusing pays
@@ -28,12 +26,7 @@ fn glu_act_code(act: GluAct) -> i32 {
 impl CudaBackend {
     /// A second q8_1 area (see [`Scratch::xq_alt`]) for up to `MV_MAX_ROWS` rows of
     /// `units`, grown if needed: the addresses of its codes and pairs for `rows` rows.
-    pub(super) fn xq_alt_reserve(
-        &self,
-        sc: &mut Scratch,
-        rows: usize,
-        units: usize,
-    ) -> Result<(u64, u64)> {
+    fn xq_alt_reserve(&self, sc: &mut Scratch, rows: usize, units: usize) -> Result<(u64, u64)> {
         // Room for MV_MAX_ROWS rows of `units`.
         let need = MV_MAX_ROWS * units * 40;
         let p = self.q8_1_area(&mut sc.xq_alt, &mut sc.xq_alt_key, need, "second ")?;
@@ -85,7 +78,7 @@ impl CudaBackend {
                 if n == 1 && self.matmul_glu_stream(k, gate, up, x, act, g, u)? {
                     return Ok(());
                 }
-                if n > 1 && self.matmul_glu_rows(k, gate, up, x, act, g, u, None)? {
+                if n > 1 && self.matmul_glu_rows(k, gate, up, x, act, g, u)? {
                     return Ok(());
                 }
             }
@@ -167,10 +160,9 @@ impl CudaBackend {
     /// g for the down projection), where the separate GEMV would take `mvrt_4` with whole
     /// rows and one copy a tile, and the rows are whole 32-row units; `false`: not taken.
     /// 27B gate/up (17,408 × 5,120), 8-row greedy step (H200, same call): Q1_0 5.569 →
-    /// 5.480 ms, TQ2_0 6.753 → 6.768 (level). With `folded`, x's q8_1 is a fold's
-    /// (fold.rs: in the second area, before its 1/rms) and g's goes to the first.
+    /// 5.480 ms, TQ2_0 6.753 → 6.768 (level).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn matmul_glu_rows(
+    fn matmul_glu_rows(
         &self,
         k: &IntKernels,
         gate: &CudaMat,
@@ -179,33 +171,32 @@ impl CudaBackend {
         act: GluAct,
         g: &mut CudaBuf,
         u: &mut CudaBuf,
-        folded: Option<&Folded>,
     ) -> Result<bool> {
-        let Some((func, p)) = self.glu_rows_plan(k, gate, up, x.rows) else {
+        let Some(func) = k.rows_tma.as_ref().and_then(|t| t.glu.as_ref()) else {
             return Ok(false);
         };
         let (n, rows, cols) = (x.rows, gate.rows, gate.cols);
+        if !self.glu_rows || self.mvr_kernels(k, n).is_none() || !rows.is_multiple_of(32) {
+            return Ok(false);
+        }
         let units = cols.div_ceil(32);
         let (wg, wu) = (self.dptr(&gate.data), self.dptr(&up.data));
-        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let ((qp, dsp), (oq, ods), un) = match folded {
-            Some(f) => {
-                self.reshape(g, n, rows)?;
-                self.reshape(u, n, rows)?;
-                ((f.qp, f.dsp), self.xq_reserve(&mut sc, n, rows / 32)?, f.un)
-            }
-            None => {
-                let (qp, dsp) = self.xq_input(&mut sc, k, x, cols)?;
-                // g's q8_1 goes to the second area.
-                if self.x_in_alt(&sc, qp) {
-                    return Ok(false);
-                }
-                self.reshape(g, n, rows)?;
-                self.reshape(u, n, rows)?;
-                let o = self.xq_alt_reserve(&mut sc, n, rows / 32)?;
-                ((qp, dsp), o, UnfoldArgs::default())
-            }
+        let aligned = wg.is_multiple_of(16) && wu.is_multiple_of(16);
+        let Some(p) = self.mvr_tma(k, units, gate.row_bytes, aligned) else {
+            return Ok(false);
         };
+        if p.rows != 4 * MVR_ROWS || p.parts != 1 || p.group_bytes.is_some() {
+            return Ok(false);
+        }
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let (qp, dsp) = self.xq_input(&mut sc, k, x, cols)?;
+        // g's q8_1 goes to the second area.
+        if self.x_in_alt(&sc, qp) {
+            return Ok(false);
+        }
+        self.reshape(g, n, rows)?;
+        self.reshape(u, n, rows)?;
+        let (oq, ods) = self.xq_alt_reserve(&mut sc, n, rows / 32)?;
         // A block a tile block, or (glu_loop) fewer blocks taking several each, two tiles
         // of shared memory where they fit (MVR_TMA_MAX is the kernel's limit).
         let nblk = rows / 32;
@@ -233,40 +224,12 @@ impl CudaBackend {
         );
         let act_i = glu_act_code(act);
         // `@keep`: x's q8_1 stays valid for other matmuls of x.
-        if folded.is_some() {
-            // It writes xn, g, u and g's q8_1 (in the first area, where x's was).
-            launch!(
-                self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb, &nr_i,
-                &act_i, &oq, &ods, &bufs_i, &un
-            )?;
-            sc.xq_key = Some((gp, n, rows, self.gen.load(Ordering::Relaxed)));
-            return Ok(true);
-        }
         launch!(
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
-            &nr_i, &act_i, &oq, &ods, &bufs_i, &un
+            &nr_i, &act_i, &oq, &ods, &bufs_i
         )?;
         self.glu_written(&mut sc, (gp, up_), n, rows, true);
         Ok(true)
-    }
-
-    /// `mvrtg_4` and its tile plan where it takes gate/up over `n` rows: 3–8 rows, rows
-    /// whole 32-row units, one bulk copy of whole rows a tile of 64.
-    pub(super) fn glu_rows_plan<'a>(
-        &self,
-        k: &'a IntKernels,
-        gate: &CudaMat,
-        up: &CudaMat,
-        n: usize,
-    ) -> Option<(&'a CudaFunction, MvrtPlan<'a>)> {
-        let func = k.rows_tma.as_ref().and_then(|t| t.glu.as_ref())?;
-        if !self.glu_rows || self.mvr_kernels(k, n).is_none() || !gate.rows.is_multiple_of(32) {
-            return None;
-        }
-        let (wg, wu) = (self.dptr(&gate.data), self.dptr(&up.data));
-        let aligned = wg.is_multiple_of(16) && wu.is_multiple_of(16);
-        let p = self.mvr_tma(k, gate.cols.div_ceil(32), gate.row_bytes, aligned)?;
-        (p.rows == 4 * MVR_ROWS && p.parts == 1 && p.group_bytes.is_none()).then_some((func, p))
     }
 
     /// One activation row's gate/up GEMV and GLU as one gemv_stream.cu `mvsg_R` launch

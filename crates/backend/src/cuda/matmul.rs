@@ -87,8 +87,7 @@ impl CudaBackend {
                             Some(RowsTma {
                                 funcs: self.mvrt_funcs(&f)?,
                                 group_units,
-                                glu: self.mvrt4_func(&f, "mvrtg_4")?,
-                                norm: self.mvrt4_func(&f, "mvrtn_4")?,
+                                glu: self.mvrtg_func(&f)?,
                             })
                         }
                         _ => None,

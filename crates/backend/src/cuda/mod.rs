@@ -254,8 +254,6 @@ struct RowsTma {
     group_units: usize,
     /// `mvrtg_4`: `matmul_glu` on `mvrt_4`'s tile (fused.rs), where 4 tiles are allowed.
     glu: Option<CudaFunction>,
-    /// `mvrtn_4`: `mvrt_4` with the norm after it folded in (fold.rs), likewise.
-    norm: Option<CudaFunction>,
 }
 
 /// Device scratch reused across calls (grown, never shrunk).
@@ -275,8 +273,6 @@ struct Scratch {
     /// `add_rms_norm_row`'s per-block sums of squares `[NORM_ROW_BLOCKS]` and its barrier
     /// `[arrivals, generation]`.
     norm_part: Option<CudaSlice<f64>>,
-    /// A fold's sums of squares `[MV_MAX_ROWS, H / 32]` (fold.rs).
-    fold_ss: Option<CudaSlice<f64>>,
     norm_cnt: Option<CudaSlice<u32>>,
     /// Greedy picks of `argmax` `[rows]`, as keys (graph.rs).
     amax: Option<CudaSlice<u64>>,
@@ -323,9 +319,6 @@ pub struct CudaBackend {
     /// … in one thread-block cluster (`add_rms_norm_cl`, Hopper and later), unless
     /// NEAGARI_CUDA_NORM_CL=0 (`add_rms_norm_row`'s barrier of global atomics).
     norm_cl: bool,
-    /// `matmul_norm_glu` hands its norm to the GEMVs around it where they allow
-    /// (fold.rs), unless NEAGARI_CUDA_FOLD=0 (the separate ops, for measuring).
-    fold: bool,
     /// Quantized formats take the integer GEMV, unless NEAGARI_CUDA_MV=float (measuring).
     mv_int: bool,
     /// Fused ops (`delta_net`, `matmul_glu`, `qk_norm_rope`) run as one launch each, unless
@@ -519,7 +512,6 @@ fn karg<T: DeviceRepr>(a: &T) -> *mut c_void {
 // After `launch!`, which they use (macros are in scope textually).
 mod attention;
 mod backend;
-mod fold;
 mod fused;
 mod gemv_rows;
 mod graph;
@@ -633,7 +625,6 @@ impl CudaBackend {
             mv_warps: knob("NEAGARI_CUDA_MV_WARPS").filter(|n| (1..=MVQ_WARPS).contains(n)),
             norm_row: knob_on("NEAGARI_CUDA_NORM_ROW"),
             norm_cl: maj >= 9 && knob_on("NEAGARI_CUDA_NORM_CL"),
-            fold: knob_on("NEAGARI_CUDA_FOLD"),
             mv_int: std::env::var("NEAGARI_CUDA_MV").as_deref() != Ok("float"),
             fuse: knob_on("NEAGARI_CUDA_FUSE"),
             fuse_attn: knob_on("NEAGARI_CUDA_FUSE") && knob_on("NEAGARI_CUDA_FUSE_ATTN"),

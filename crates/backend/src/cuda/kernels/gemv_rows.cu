@@ -669,12 +669,11 @@ __device__ __forceinline__ void mvrb_parts_sum(Ld ld, float* __restrict__ y, int
 // `acc`; they meet in shared memory in warp order and go to y. With K split, the parts'
 // sums then meet in the cluster's rank 0 or, with `ks`, through global memory
 // (`mvrb_parts_sum` either way, so the same bits). `sync` is the block's barrier of those
-// nw warps. With `ysh` (whole K), the sums go to it, [8, 16·MT] in shared memory, not y.
+// nw warps.
 template <int MT, class Sync>
 __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __restrict__ y,
                                             int rows, int nr, int base, int part, int parts,
-                                            int warp, int nw, Sync sync, Ks ks,
-                                            float* ysh = nullptr) {
+                                            int warp, int nw, Sync sync, Ks ks) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     __shared__ float red[MVR_WARPS][MT][4][32];
     // The block's sums when K is split in a cluster: read by its rank 0.
@@ -696,7 +695,6 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
             const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = 2 * t + (k & 1);
             if (parts > 1 && ks.p) kp[(part * MT + i) * 128 + k * 32 + lane] = v;
             else if (parts > 1) psum[i][k][lane] = v;
-            else if (ysh) ysh[c * 16 * MT + r - base] = v;
             else if (r < rows && c < nr) y[(i64)c * rows + r] = v;
         }
     }
@@ -732,8 +730,7 @@ template <class F, int MT, bool CH = false>
 __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, int pu, int stride, int gp, u64* bars,
-                                          int nr, int blk, int part, int parts, Ks ks = Ks{},
-                                          float* ysh = nullptr) {
+                                          int nr, int blk, int part, int parts, Ks ks = Ks{}) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int base = blk * 16 * MT, last = rows - 1 - base;
@@ -749,8 +746,7 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
         mvrb_step<F, MT>(acc, tile, stride, gp, s, last, g, t, x, e.d0, e.d1, e.y0, e.y1, e.q0,
                          e.q1);
     }
-    mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, nw, [] { __syncthreads(); }, ks,
-                    ysh);
+    mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, nw, [] { __syncthreads(); }, ks);
 }
 
 // Bytes between two rows of a tile in shared memory: the row's, plus 16 where that is an
@@ -770,14 +766,13 @@ __device__ __forceinline__ int mvrt_stride(i64 row_bytes) {
 // µs alone, 0.32 TB/s. Here a block's whole tile is asked for at once (at most the host's
 // cap) and the warps then read it from shared memory. Dynamic shared memory: the tile, MT·16
 // rows of `mvrt_stride(part_bytes)` (part_bytes a multiple of 16, W 16-byte aligned).
-// `wait` is the kernel's gdc_wait, called once the copies are asked for; `ysh` as
-// `mvrb_finish`'s.
+// `wait` is the kernel's gdc_wait, called once the copies are asked for.
 template <class F, int MT, class Wait>
 __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, i64 row_bytes, int nr, int blk,
                                           int parts, int part_units, int part_bytes, Ks ks,
-                                          Wait wait, float* ysh = nullptr) {
+                                          Wait wait) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 bar;
@@ -808,7 +803,7 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
     wait();
     mbar_wait(&bar, 0);
     mvrb_impl<F, MT>(sm, xq + u0 * 32, xds + u0, y, rows, units, pu, stride, F::GROUP_BYTES,
-                     nullptr, nr, blk, part, parts, ks, ysh);
+                     nullptr, nr, blk, part, parts, ks);
 #else
     // The host runs these kernels only on sm_90 and newer (CudaBackend::mvrt_mt).
     __trap();
@@ -837,60 +832,6 @@ MVRT(1, 3)
 MVRT(2, 2)
 MVRT(4, MVRT_MINB)
 
-// The residual add and RMSNorm between a block's output projection and the gated MLP,
-// handed to the two GEMVs around it (cuda/fold.rs) instead of a norm launch between them:
-// the projection's blocks add their outputs to the residual x, write the q8_1 of w·x (the
-// normed value before its 1/rms, which a row's sum of squares alone gives) and each unit's
-// sum of squares (ss [nr, units]); `mvrtg_4` then scales its sums by the row's 1/rms.
-struct Fold {
-    float* x;        // [nr, rows] the residual, updated in place
-    const float* w;  // [rows] the norm's weight
-    i8* oq;          // [nr, rows] q8_1 codes of w·x
-    float2* ods;     // [nr, rows / 32]
-    double* ss;      // [nr, rows / 32] Σ x² of each unit
-};
-
-// mvrtn_4: `mvrt_4` of whole rows (one part of K) whose outputs then go through `Fold`:
-// the block's 64 rows are two units of each activation row, a warp a (row, unit); its sums
-// stay in shared memory, and its rows of x and w are asked into L1 once the wait allows.
-// Rows a multiple of 64 (the host's condition); y is not written.
-extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
-    mvrtn_4(const u8* W, const i8* xq, const float2* xds, int rows, int units, i64 row_bytes,
-            int nr, Fold f, Pf pf) {
-    __shared__ float ysh[8 * 64];
-    const int r0 = blockIdx.x * 64;
-    // The norm's hint (prefetch.rs: the gate/up weights into L2, the next launch early).
-    mvrt_impl<FMTB, 4>(W, xq, xds, nullptr, rows, units, row_bytes, nr, blockIdx.x, 1, units,
-                       (int)row_bytes, Ks{}, [&] {
-                           pf_issue(pf);
-                           gdc_wait();
-                           // Two 128-byte lines of each row of x and of w.
-                           const int l = threadIdx.x;
-                           const float* p = l < 2 * nr ? f.x + (i64)(l >> 1) * rows
-                                          : l < 2 * nr + 2 ? f.w : nullptr;
-                           if (p) asm volatile("prefetch.global.L1 [%0];" ::"l"(p + r0 + (l & 1) * 32));
-                       }, ysh);
-    __syncthreads();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int nu = rows / 32;
-    for (int t = warp; t < 2 * nr; t += nw) {
-        const int c = t >> 1, ul = t & 1, u = r0 / 32 + ul;
-        const i64 i = (i64)c * rows + u * 32 + lane;
-        const float v = f.x[i] + ysh[c * 64 + ul * 32 + lane];
-        f.x[i] = v;
-        q8_1_warp(v * f.w[u * 32 + lane], f.oq, f.ods, (i64)c * nu + u, lane);
-        const double s = warp_sum_d((double)v * (double)v);
-        if (lane == 0) f.ss[(i64)c * nu + u] = s;
-    }
-}
-
-// What `mvrtg_4` takes from a `Fold` before it: the units' sums of squares (null: no
-// fold, the input is the normed value) and the norm's epsilon.
-struct Unfold {
-    const double* ss;
-    float eps;
-};
-
 // `matmul_glu` of 3–8 rows on `mvrt_4`'s tile: tile block b's 64 rows are gate rows 32b ..
 // +31, then the same rows of up (one bulk copy each), so the block ends with both sums of
 // each of its 32 outputs and writes g = act(gate)·up, u = up and g's q8_1 (oq, ods: its 32
@@ -908,8 +849,7 @@ struct Unfold {
 // instead: 5.57 ms.
 extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
     mvrtg_4(const u8* wg, const u8* wu, const i8* xq, const float2* xds, float* g, float* u,
-            int rows, int units, i64 row_bytes, int nr, int act, i8* oq, float2* ods, int bufs,
-            Unfold un) {
+            int rows, int units, i64 row_bytes, int nr, int act, i8* oq, float2* ods, int bufs) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 bar[2];
@@ -944,12 +884,6 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
     if (threadIdx.x < 32) fetch(blockIdx.x, 0);
     gdc_wait();
     const int lane = threadIdx.x & 31, c = threadIdx.x >> 5;
-    // With a Fold's input, warp c scales activation row c's sums by the row's 1/rms, which
-    // it makes from the units' sums at its first output (norm_out_row's arithmetic, added
-    // in one order, so every block agrees); the sums are asked into L1 now.
-    float rsc = 1.f;
-    if (un.ss && c < nr && lane * 16 < units)
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(un.ss + (i64)c * units + lane * 16));
     for (int blk = blockIdx.x, i = 0; blk < nblk; blk += gridDim.x, i++) {
         const int b = bufs > 1 ? i & 1 : 0, next = blk + gridDim.x;
         const u32 phase = (u32)((bufs > 1 ? i >> 1 : i) & 1);
@@ -961,13 +895,8 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
         __syncthreads();
         // Warp c: activation row c's 32 outputs, a lane each.
         if (c < nr) {
-            if (un.ss && i == 0) {
-                double t = 0.0;
-                for (int k = lane; k < units; k += 32) t += un.ss[(i64)c * units + k];
-                rsc = 1.0f / sqrtf((float)(warp_sum_d(t) / (double)(units * 32)) + un.eps);
-            }
             const i64 at = (i64)c * rows + blk * 32 + lane;
-            const float uv = ys[c][32 + lane] * rsc, h = glu_act_mul(ys[c][lane] * rsc, uv, act);
+            const float uv = ys[c][32 + lane], h = glu_act_mul(ys[c][lane], uv, act);
             g[at] = h;
             u[at] = uv;
             if (oq) q8_1_warp(h, oq, ods, at >> 5, lane);
