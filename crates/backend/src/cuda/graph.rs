@@ -111,7 +111,7 @@ struct StepStats {
 
 impl Step {
     pub(super) fn new() -> Step {
-        let on = std::env::var("NEAGARI_CUDA_STEP_STATS").as_deref() == Ok("1");
+        let on = super::knob_forced("NEAGARI_CUDA_STEP_STATS") == Some(true);
         Step {
             stats: on.then(StepStats::default),
             ..Step::default()

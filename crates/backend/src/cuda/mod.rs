@@ -625,7 +625,7 @@ impl CudaBackend {
             mv_warps: knob("NEAGARI_CUDA_MV_WARPS").filter(|n| (1..=MVQ_WARPS).contains(n)),
             norm_row: knob_on("NEAGARI_CUDA_NORM_ROW"),
             norm_cl: maj >= 9 && knob_on("NEAGARI_CUDA_NORM_CL"),
-            mv_int: std::env::var("NEAGARI_CUDA_MV").as_deref() != Ok("float"),
+            mv_int: knob::<String>("NEAGARI_CUDA_MV").as_deref() != Some("float"),
             fuse: knob_on("NEAGARI_CUDA_FUSE"),
             fuse_attn: knob_on("NEAGARI_CUDA_FUSE") && knob_on("NEAGARI_CUDA_FUSE_ATTN"),
             att_blocks: knob("NEAGARI_CUDA_ATT_BLOCKS")

@@ -305,9 +305,9 @@ pub(super) fn full_source(defines: &str, src: &str) -> String {
 /// NEAGARI_CUDA_PDL=exit (the next kernel launches when this one's blocks exit), =early
 /// (early launch, no prefetch), =0 (no PDL at all, `CudaBackend::pdl`).
 pub(super) fn gdc_define() -> &'static str {
-    match std::env::var("NEAGARI_CUDA_PDL").as_deref() {
-        Ok("exit") | Ok("0") => "",
-        Ok("early") => "#define GDC_EARLY\n",
+    match super::knob::<String>("NEAGARI_CUDA_PDL").as_deref() {
+        Some("exit") | Some("0") => "",
+        Some("early") => "#define GDC_EARLY\n",
         _ => "#define GDC_EARLY\n#define GDC_PREFETCH\n",
     }
 }

@@ -77,7 +77,7 @@ pub(super) struct Prefetch {
 
 impl Prefetch {
     pub(super) fn from_env() -> Self {
-        let v = std::env::var("NEAGARI_CUDA_BULKPF").unwrap_or_default();
+        let v = super::knob::<String>("NEAGARI_CUDA_BULKPF").unwrap_or_default();
         let mib: Vec<usize> = v.split(':').filter_map(|m| m.trim().parse().ok()).collect();
         let mib = match mib[..] {
             [n] => [n; 3],

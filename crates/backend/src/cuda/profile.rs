@@ -136,7 +136,7 @@ impl CudaBackend {
     pub(super) fn skipped(&self, f: &CudaFunction) -> bool {
         static SKIP: OnceLock<Vec<String>> = OnceLock::new();
         let skip = SKIP.get_or_init(|| {
-            std::env::var("NEAGARI_CUDA_SKIP")
+            super::knob::<String>("NEAGARI_CUDA_SKIP")
                 .map(|v| v.split(',').map(str::to_string).collect())
                 .unwrap_or_default()
         });
