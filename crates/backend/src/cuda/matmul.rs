@@ -103,7 +103,7 @@ impl CudaBackend {
     }
 
     /// Packed rows of a host tensor as the kernels read them (float rows padded to whole
-    /// 32-value units; Q1_0 and TQ2_0 in repack.rs's layout when `repack`).
+    /// 32-value units; Q1_0, TQ2_0 and Q4_K in repack.rs's layouts when `repack`).
     pub(super) fn pack_rows(
         t: &HostTensor,
         rows: usize,

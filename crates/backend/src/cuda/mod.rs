@@ -337,7 +337,7 @@ pub struct CudaBackend {
     /// `prepare_multi` loads a two-format group's one-launch GEMV (`mvqp*`), unless
     /// NEAGARI_CUDA_PAIR=0 (a launch a format, for measuring).
     pair: bool,
-    /// Q1_0 and TQ2_0 are uploaded in repack.rs's layout, unless NEAGARI_CUDA_REPACK=0
+    /// Q1_0, TQ2_0 and Q4_K are uploaded in repack.rs's layouts, unless NEAGARI_CUDA_REPACK=0
     /// (ggml's blocks and the kernels that read them, for measuring).
     repack: bool,
     /// Row groups a block of the repacked formats' GEMV (gemv_int.cu `mvq_step`): `None`

@@ -145,7 +145,13 @@ pub(super) fn ops_defines() -> &'static str {
 /// `k16` as [`rows_struct`]'s.
 pub(super) fn fmt_structs(ty: GgmlType, repack: bool, k16: bool) -> Option<FmtNames> {
     let repacked = repack && super::repack::repacked(ty);
-    let r = if repacked { "R" } else { "" };
+    // Q4_K's own repacked layout (its units' nibbles paired, repack.rs) keeps its kernels
+    // but for the structs' `N` forms.
+    let r = match (repacked, repack && ty == GgmlType::Q4_K) {
+        (true, _) => "R",
+        (false, true) => "N",
+        _ => "",
+    };
     let st = fmt_struct(ty)?;
     Some(FmtNames {
         st: format!("{st}{r}"),
@@ -155,6 +161,7 @@ pub(super) fn fmt_structs(ty: GgmlType, repack: bool, k16: bool) -> Option<FmtNa
         block: match (ty, repacked) {
             (GgmlType::Q1_0, true) => Some(("B_Q1_0R", 32)),
             (GgmlType::TQ2_0, true) => Some(("B_TQ2_0R", 64)),
+            (GgmlType::Q4_K, _) if repack => Some(("B_Q4_KN", 8)),
             (GgmlType::Q4_K, _) => Some(("B_Q4_K", 8)),
             _ => None,
         },

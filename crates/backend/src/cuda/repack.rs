@@ -20,6 +20,15 @@
 //! - TQ2_0 (256 weights, `BODY` 64): ggml's `qs[64]` unchanged (its codes are already in
 //!   `dp4a` order: byte `32c + m`, bits `2l`, is weight `128c + 32l + m`).
 //!
+//! Q4_K keeps ggml's super-blocks and sizes (d, dmin, 12 scale bytes, then 128 bytes of
+//! nibbles), but ggml puts units 2j and 2j + 1 in the low and high nibbles of the same 32
+//! bytes, so a one-row GEMV thread loaded 32 bytes for its 16 (and 12 registers a row in
+//! flight: `mvq1x4u` took 78). Here unit `s` of a super-block is the 16 bytes at `16 + 16s`,
+//! byte `4k + i` holding weight `8k + i` in its low nibble and `8k + 4 + i` in its high one:
+//! one 16-byte load a unit, and word `k`'s two nibble halves are the activation's words `2k`
+//! and `2k + 1` (the `N` forms of the Q4_K structs: vecdot.cuh `Q_Q4_Kt`, dequant.cuh
+//! `F_Q4_Kt`, gemv_rows.cu `R_Q4_Kt` and `B_Q4_Kt`; the same integer sums, so the same bits).
+//!
 //! The kernels that read it: kernels/lowbit.cu (`F_Q1_0R`, `F_TQ2_0R`: the f32 GEMV, the
 //! embedding, the f16 dequantizer for prefill) and kernels/vecdot.cuh (`Q_Q1_0R`,
 //! `Q_TQ2_0R`: the integer GEMV). NEAGARI_CUDA_REPACK=0 keeps ggml's layout and the old
@@ -133,20 +142,59 @@ fn repack_row(s: Shape, src: &[u8], dst: &mut [u8]) {
 }
 
 /// `rows` rows of ggml blocks (`src`, `row_in` bytes each) in the repacked layout, and its
-/// row size; `None` for a format without one. Large matrices are split over threads (a
-/// 27B-shaped Q1_0 file is 3.8 GB of words to permute).
+/// row size; `None` for a format without one.
 pub(super) fn repack_rows(
     ty: GgmlType,
     src: &[u8],
     rows: usize,
     row_in: usize,
 ) -> Option<(Vec<u8>, usize)> {
+    if ty == GgmlType::Q4_K {
+        return Some((split_rows(src, rows, row_in, row_in, pair_q4_k), row_in));
+    }
     let s = shape(ty)?;
-    let nb = row_in / s.block;
-    let rb = row_bytes_of(s, nb);
+    let rb = row_bytes_of(s, row_in / s.block);
+    Some((
+        split_rows(src, rows, row_in, rb, |r, d| repack_row(s, r, d)),
+        rb,
+    ))
+}
+
+/// Q4_K's super-blocks with each unit's 32 nibbles paired (module docs), `src` and `dst`
+/// whole super-blocks of the same length.
+fn pair_q4_k(src: &[u8], dst: &mut [u8]) {
+    for (o, b) in dst
+        .chunks_exact_mut(Q4K_BLOCK)
+        .zip(src.chunks_exact(Q4K_BLOCK))
+    {
+        o[..16].copy_from_slice(&b[..16]);
+        for s in 0..8 {
+            // ggml: weight i of unit s is nibble s % 2 of qs byte 32·(s / 2) + i.
+            let w = |i: usize| (b[16 + 32 * (s / 2) + i] >> (4 * (s % 2))) & 0xF;
+            for k in 0..4 {
+                for i in 0..4 {
+                    o[16 + 16 * s + 4 * k + i] = w(8 * k + i) | (w(8 * k + 4 + i) << 4);
+                }
+            }
+        }
+    }
+}
+
+/// Bytes of a Q4_K super-block (d, dmin, 12 scale bytes, 128 of nibbles).
+const Q4K_BLOCK: usize = 144;
+
+/// `rows` rows of `row_in` bytes (`src`) through `f` into rows of `rb` bytes (zeroed first).
+/// Large matrices are split over threads (a 27B-shaped Q1_0 file is 3.8 GB of words).
+fn split_rows(
+    src: &[u8],
+    rows: usize,
+    row_in: usize,
+    rb: usize,
+    f: impl Fn(&[u8], &mut [u8]) + Sync,
+) -> Vec<u8> {
     let mut out = vec![0u8; rb * rows];
     if rows == 0 || rb == 0 {
-        return Some((out, rb));
+        return out;
     }
     let threads = if src.len() < (16 << 20) {
         1
@@ -154,16 +202,17 @@ pub(super) fn repack_rows(
         std::thread::available_parallelism().map_or(1, |n| n.get().min(16))
     };
     let per = rows.div_ceil(threads);
+    let f = &f;
     std::thread::scope(|sc| {
         for (dst, srcs) in out.chunks_mut(per * rb).zip(src.chunks(per * row_in)) {
             sc.spawn(move || {
                 for (d, r) in dst.chunks_exact_mut(rb).zip(srcs.chunks_exact(row_in)) {
-                    repack_row(s, r, d);
+                    f(r, d);
                 }
             });
         }
     });
-    Some((out, rb))
+    out
 }
 
 /// The inverse of [`repack_rows`]: ggml's bytes of `rows` repacked rows of `cols` weights.
@@ -283,6 +332,68 @@ mod tests {
                 }
                 let got = decode_repacked(ty, &rp, rows, cols);
                 assert!(got == want, "{ty} {rows}x{cols}: decoded weights differ");
+            }
+        }
+    }
+
+    #[test]
+    fn q4_k_units_pair_their_nibbles() {
+        let ty = GgmlType::Q4_K;
+        let (rows, cols) = (3usize, 256 * 5);
+        let row_in = ty.row_bytes(cols).unwrap();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut src: Vec<u8> = (0..rows * row_in)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect();
+        for blk in src.chunks_exact_mut(Q4K_BLOCK) {
+            // d and dmin: f16s in [2^-8, 2^7).
+            blk[1] = 0x1C + (blk[1] % 0x1C);
+            blk[3] = 0x1C + (blk[3] % 0x1C);
+        }
+        let (rp, rb) = repack_rows(ty, &src, rows, row_in).unwrap();
+        assert_eq!((rb, rp.len()), (row_in, src.len()));
+        for r in 0..rows {
+            let (g, p) = (&src[r * row_in..][..row_in], &rp[r * rb..][..rb]);
+            let mut want = vec![0f32; cols];
+            dequantize_row(ty, g, &mut want).unwrap();
+            for (b, (pb, gb)) in p
+                .chunks_exact(Q4K_BLOCK)
+                .zip(g.chunks_exact(Q4K_BLOCK))
+                .enumerate()
+            {
+                assert_eq!(pb[..16], gb[..16], "the head is ggml's");
+                for s in 0..8 {
+                    // dequant.cuh F_Q4_Kt<true>::unit: word k's low nibbles are weights 8k..,
+                    // its high ones 8k + 4.. (the scale and min as ggml's).
+                    let (sc, m) = if s < 4 {
+                        (gb[4 + s] & 63, gb[8 + s] & 63)
+                    } else {
+                        (
+                            (gb[8 + s] & 0xF) | ((gb[s] >> 6) << 4),
+                            (gb[8 + s] >> 4) | ((gb[4 + s] >> 6) << 4),
+                        )
+                    };
+                    let d = half::f16::from_le_bytes([gb[0], gb[1]]).to_f32() * sc as f32;
+                    let dm = half::f16::from_le_bytes([gb[2], gb[3]]).to_f32() * m as f32;
+                    for k in 0..4 {
+                        for i in 0..4 {
+                            let v = pb[16 + 16 * s + 4 * k + i];
+                            for (n, q) in [(8 * k + i, v & 0xF), (8 * k + 4 + i, v >> 4)] {
+                                let got = d * q as f32 - dm;
+                                assert_eq!(
+                                    got,
+                                    want[256 * b + 32 * s + n],
+                                    "row {r} block {b} unit {s} weight {n}"
+                                );
+                            }
+                        }
+                    }
+                }
             }
         }
     }

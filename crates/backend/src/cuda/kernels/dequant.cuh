@@ -125,7 +125,9 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int& sc, int& m
     }
 }
 
-struct F_Q4_K {
+// Q4_K in ggml's layout (N false) or repack.rs's (N true; vecdot.cuh's Q_Q4_Kt says how).
+template <bool N>
+struct F_Q4_Kt {
     static constexpr int BLOCK = 256, BYTES = 144;
     static __device__ __forceinline__ void unit(const u8* row, int u, float* w) {
         const u8* b = row + (i64)(u >> 3) * 144;
@@ -134,6 +136,19 @@ struct F_Q4_K {
         scale_min_k4(s, b + 4, sc, m);
         float d1 = h2f(ld16(b)) * (float)sc, m1 = h2f(ld16(b + 2)) * (float)m;
         // 16-byte aligned: the super-block is 144 = 9·16 bytes and qs starts at byte 16.
+        if constexpr (N) {
+            const uint4 v = *(const uint4*)(b + 16 + 16 * s);
+            const u32 words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+#pragma unroll
+                for (int byte = 0; byte < 4; byte++) {
+                    const u32 q = words[k] >> (8 * byte);
+                    w[8 * k + byte] = d1 * (float)(q & 0xF) - m1;
+                    w[8 * k + 4 + byte] = d1 * (float)((q >> 4) & 0xF) - m1;
+                }
+            return;
+        }
         const uint4* q4 = (const uint4*)(b + 16 + 32 * (s >> 1));
         int sh = (s & 1) * 4;
 #pragma unroll
@@ -149,6 +164,8 @@ struct F_Q4_K {
         }
     }
 };
+using F_Q4_K = F_Q4_Kt<false>;
+using F_Q4_KN = F_Q4_Kt<true>;
 
 struct F_Q5_K {
     static constexpr int BLOCK = 256, BYTES = 176;

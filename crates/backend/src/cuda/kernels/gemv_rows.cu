@@ -78,27 +78,40 @@ struct R_Q8_0 {
     }
 };
 
-struct R_Q4_K {
-    // The super-block's d and dmin, its 12 scale bytes, the thread's 8 bytes of qs.
+// Q4_K in ggml's layout (N false) or repack.rs's (N true: vecdot.cuh's Q_Q4_Kt; word t of
+// the unit's 16 bytes is words 2t (low nibbles) and 2t + 1 (high) at once).
+template <bool N>
+struct R_Q4_Kt {
+    // The super-block's d and dmin, its 12 scale bytes, the thread's 8 bytes of qs (4 when
+    // repacked: q.y unused).
     struct Raw { u32 dm, s0, s1, s2; uint2 q; };
     static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
         const u8* b = row + (i64)(u >> 3) * 144;
         const int s = u & 7;
         // Aligned: super-blocks are 9·16 bytes, scales at 4, qs at 16.
         const u32* w = (const u32*)b;
+        if constexpr (N)
+            return Raw{w[0], w[1], w[2], w[3], make_uint2(*(const u32*)(b + 16 + 16 * s + 4 * t), 0u)};
         return Raw{w[0], w[1], w[2], w[3], *(const uint2*)(b + 16 + 32 * (s >> 1) + 8 * t)};
     }
     static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
         const int s = u & 7;
-        const int sh = (s & 1) * 4;
-        w0 = (r.q.x >> sh) & 0x0F0F0F0F;
-        w1 = (r.q.y >> sh) & 0x0F0F0F0F;
+        if constexpr (N) {
+            w0 = r.q.x & 0x0F0F0F0F;
+            w1 = (r.q.x >> 4) & 0x0F0F0F0F;
+        } else {
+            const int sh = (s & 1) * 4;
+            w0 = (r.q.x >> sh) & 0x0F0F0F0F;
+            w1 = (r.q.y >> sh) & 0x0F0F0F0F;
+        }
         // The scale bytes held in s0 (0..3), s1 (4..7), s2 (8..11).
         int sc, m;
         k4_scale_min(r.s0, r.s1, r.s2, s, sc, m);
         return make_float2(h2f((u16)r.dm) * (float)sc, -h2f((u16)(r.dm >> 16)) * (float)m);
     }
 };
+using R_Q4_K = R_Q4_Kt<false>;
+using R_Q4_KN = R_Q4_Kt<true>;
 
 struct R_Q5_K {
     // R_Q4_K's head, the thread's 8 bytes of qs and of the fifth bits (bit s of each byte).
@@ -314,21 +327,34 @@ struct B_TQ2_0R {
 
 // Q4_K: a scale and a min per unit (PER_UNIT), so a step adds Σ_units (d·sc)·d_x·c − (dmin·m)·
 // d_x·Σq, as R_Q4_K. Step s is half s % 2 of super-block s / 2 (sub-blocks 4(s % 2) ..
-// + 3): the super-block's 16-byte head (d, dmin, 12 scale bytes) and thread t's 8 bytes of
-// each of the half's two 32-byte qs runs (low nibbles: the even sub-block, high: the odd).
-struct B_Q4_K {
+// + 3): the super-block's 16-byte head (d, dmin, 12 scale bytes) and, in ggml's layout (N
+// false), thread t's 8 bytes of each of the half's two 32-byte qs runs (low nibbles: the even
+// sub-block, high: the odd); in repack.rs's (N true), word t of each of the four units.
+template <bool N>
+struct B_Q4_Kt {
     static constexpr bool PER_UNIT = true;
     static constexpr int GROUP_BYTES = 144, GROUP_STEPS = 2;
+    // Repacked: q0 = units 0 and 1's words, q1 = units 2 and 3's.
     struct Raw { uint4 h; uint2 q0, q1; };
     static __device__ __forceinline__ Raw load(const u8* row, int s, int t, int gp) {
         const u8* b = row + (i64)(s >> 1) * gp;
+        if constexpr (N) {
+            const u32* q = (const u32*)(b + 16 + 64 * (s & 1) + 4 * t);
+            return Raw{*(const uint4*)b, make_uint2(q[0], q[4]), make_uint2(q[8], q[12])};
+        }
         const u8* q = b + 16 + 64 * (s & 1) + 8 * t;
         return Raw{*(const uint4*)b, *(const uint2*)q, *(const uint2*)(q + 32)};
     }
     static __device__ __forceinline__ void unpack(const Raw& r, int j, int t, int& w0, int& w1) {
         const uint2 q = j < 2 ? r.q0 : r.q1;
-        w0 = (q.x >> (4 * (j & 1))) & 0x0F0F0F0F;
-        w1 = (q.y >> (4 * (j & 1))) & 0x0F0F0F0F;
+        if constexpr (N) {
+            const u32 v = (j & 1) ? q.y : q.x;
+            w0 = v & 0x0F0F0F0F;
+            w1 = (v >> 4) & 0x0F0F0F0F;
+        } else {
+            w0 = (q.x >> (4 * (j & 1))) & 0x0F0F0F0F;
+            w1 = (q.y >> (4 * (j & 1))) & 0x0F0F0F0F;
+        }
     }
     // The step's four 6-bit scales and mins as floats (dequant.cuh's scale_min_k4, four
     // bytes at a time), d and dmin.
@@ -352,6 +378,8 @@ struct B_Q4_K {
         dmin = h2f((u16)(r.h.x >> 16));
     }
 };
+using B_Q4_K = B_Q4_Kt<false>;
+using B_Q4_KN = B_Q4_Kt<true>;
 
 // The most parts `mvrt_*` splits K in (mod.rs MVRT_PARTS).
 #define MVRT_MAXP 4

@@ -148,10 +148,15 @@ struct Q_Q8_0 {
     }
 };
 
-struct Q_Q4_K {
-    // A unit's 32 nibbles (the low or high halves of q's bytes, by nsh) times the NR
-    // activation rows, scaled: `dot`'s and `dot_u`'s shared arithmetic. (Masking the
-    // nibbles in place and shifting the sums once cut mvqm1x4's loop 288 → 245 SASS but
+// Q4_K in ggml's layout (N false) or in repack.rs's (N true: unit s of a super-block is the
+// 16 bytes at qs + 16s, byte 4k + i holding weight 8k + i in its low nibble and 8k + 4 + i in
+// its high one, so a unit is one 16-byte load and word k makes activation words 2k, 2k + 1).
+// The same integer sums either way, so the same bits.
+template <bool N>
+struct Q_Q4_Kt {
+    // A unit's 32 nibbles times the NR activation rows, scaled: `dot`'s and `dot_u`'s shared
+    // arithmetic. ggml's layout: the low or high halves (by nsh) of q's 8 words. (Masking
+    // the nibbles in place and shifting the sums once cut mvqm1x4's loop 288 → 245 SASS but
     // took it from 44 to 54 registers: tg64 166.3 / 166.9 → 164.3, H200, session 35.)
     template <int NR>
     static __device__ __forceinline__ void acc_nibbles(const u32 (&q)[8], int nsh, float d1,
@@ -160,6 +165,26 @@ struct Q_Q4_K {
         int w[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) w[k] = (q[k] >> nsh) & 0x0F0F0F0F;
+        acc_words<NR>(w, d1, m1, x, ds, acc);
+    }
+    // The repacked unit's 4 words.
+    template <int NR>
+    static __device__ __forceinline__ void acc_pairs(const uint4 v, float d1, float m1,
+                                                     const int (&x)[NR][8],
+                                                     const float2 (&ds)[NR], float (&acc)[NR]) {
+        const u32 q[4] = {v.x, v.y, v.z, v.w};
+        int w[8];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w[2 * k] = q[k] & 0x0F0F0F0F;
+            w[2 * k + 1] = (q[k] >> 4) & 0x0F0F0F0F;
+        }
+        acc_words<NR>(w, d1, m1, x, ds, acc);
+    }
+    template <int NR>
+    static __device__ __forceinline__ void acc_words(const int (&w)[8], float d1, float m1,
+                                                     const int (&x)[NR][8],
+                                                     const float2 (&ds)[NR], float (&acc)[NR]) {
 #pragma unroll
         for (int r = 0; r < NR; r++)
             acc[r] += d1 * ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) - m1 * ds[r].y;
@@ -173,25 +198,32 @@ struct Q_Q4_K {
         scale_min_k4(s, b + 4, sc, m);
         const float d1 = h2f(ld16(b)) * (float)sc, m1 = h2f(ld16(b + 2)) * (float)m;
         // 16-byte aligned: super-blocks are 9·16 bytes and qs starts at byte 16.
-        const uint4* q4 = (const uint4*)(b + 16 + 32 * (s >> 1));
-        const int sh = (s & 1) * 4;
-        const uint4 v0 = q4[0], v1 = q4[1];
-        const u32 q[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-        acc_nibbles<NR>(q, sh, d1, m1, x, ds, acc);
+        if constexpr (N) {
+            acc_pairs<NR>(*(const uint4*)(b + 16 + 16 * s), d1, m1, x, ds, acc);
+        } else {
+            const uint4* q4 = (const uint4*)(b + 16 + 32 * (s >> 1));
+            const int sh = (s & 1) * 4;
+            const uint4 v0 = q4[0], v1 = q4[1];
+            const u32 q[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+            acc_nibbles<NR>(q, sh, d1, m1, x, ds, acc);
+        }
     }
     // A unit's loads apart from its arithmetic, for gemv_int.cu's `mvq_split`: the
-    // super-block's head (d, dmin, 12 scale bytes) and the 32 bytes of qs whose low (even
-    // unit) or high (odd unit) nibbles are the unit's; 16-byte aligned (super-blocks are
-    // 9·16 bytes, qs starts at byte 16). `dot_u` is `dot`'s arithmetic on them (both end in
-    // `acc_nibbles`); `dot` keeps its own loads, since every other Q4_K kernel reads
-    // through it and the 16-byte form was measured only inside mvq_split.
+    // super-block's head (d, dmin, 12 scale bytes) and the unit's qs — ggml's layout: the
+    // 32 bytes whose low (even unit) or high (odd unit) nibbles are the unit's (b); the
+    // repacked one: its 16 bytes (b unused). 16-byte aligned (super-blocks are 9·16 bytes,
+    // qs starts at byte 16). `dot_u` is `dot`'s arithmetic on them.
     struct U {
         uint4 h, a, b;
     };
     static __device__ __forceinline__ U load_u(const u8* row, int u) {
         const uint4* b = (const uint4*)(row + (i64)(u >> 3) * 144);
-        const int p = 1 + 2 * ((u & 7) >> 1);
-        return U{b[0], b[p], b[p + 1]};
+        if constexpr (N) {
+            return U{b[0], b[1 + (u & 7)], uint4{}};
+        } else {
+            const int p = 1 + 2 * ((u & 7) >> 1);
+            return U{b[0], b[p], b[p + 1]};
+        }
     }
     template <int NR>
     static __device__ __forceinline__ void dot_u(const U& w, int u, const int (&x)[NR][8],
@@ -203,11 +235,17 @@ struct Q_Q4_K {
         const int m = s < 4 ? mid & 63 : (hi >> 4 & 0xF) | ((mid >> 6 & 3) << 4);
         const float d1 = h2f((u16)(w.h.x & 0xFFFF)) * (float)sc;
         const float m1 = h2f((u16)(w.h.x >> 16)) * (float)m;
-        const int nsh = (s & 1) * 4;
-        const u32 q[8] = {w.a.x, w.a.y, w.a.z, w.a.w, w.b.x, w.b.y, w.b.z, w.b.w};
-        acc_nibbles<NR>(q, nsh, d1, m1, x, ds, acc);
+        if constexpr (N) {
+            acc_pairs<NR>(w.a, d1, m1, x, ds, acc);
+        } else {
+            const int nsh = (s & 1) * 4;
+            const u32 q[8] = {w.a.x, w.a.y, w.a.z, w.a.w, w.b.x, w.b.y, w.b.z, w.b.w};
+            acc_nibbles<NR>(q, nsh, d1, m1, x, ds, acc);
+        }
     }
 };
+using Q_Q4_K = Q_Q4_Kt<false>;
+using Q_Q4_KN = Q_Q4_Kt<true>;
 
 struct Q_Q5_K {
     template <int NR>
