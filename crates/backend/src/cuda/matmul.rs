@@ -60,6 +60,7 @@ impl CudaBackend {
                     mv1x4u: f("mvq1x4u")?,
                     mv1x8: f("mvq1x8")?,
                     mv1x1: f("mvq1x1")?,
+                    multi_u: f("mvqm1x4u")?,
                     multi: [
                         f("mvqm1x1")?,
                         f("mvqm1x2")?,
@@ -229,18 +230,20 @@ impl CudaBackend {
         units.div_ceil(32 * rounds).clamp(1, MVQ_WARPS)
     }
 
-    /// Whether one activation row's 4-row-block GEMV takes `mvq1x4u` on half the warps
-    /// `mv_warps` picks, two rounds a thread (`mv_half`): rows of one round of more than one
-    /// warp, in few blocks (the 27B's 5120 × 6144 ssm_out and o, 1,280 blocks: 9.16 → 7.29
-    /// µs, H200). Q4_K only: its `mvq_split` loads a round's rows apart from their
-    /// arithmetic (`load_u`, vecdot.cuh); the other formats would run `mvq_impl` there.
-    fn half_warps(&self, w: &CudaMat, units: usize) -> bool {
+    /// Whether one activation row's 4-row-block GEMV of `rows` rows in all takes `mvq1x4u`
+    /// (`mvqm1x4u` in `matmul_multi`) on half the warps `mv_warps` picks, two rounds a
+    /// thread: rows of one round of more than one warp, in fewer than `limit` blocks an SM
+    /// (`mv_half`; `mvm_half` for several matrices). The 27B's 5120 × 6144 ssm_out and o,
+    /// 1,280 blocks: 9.16 → 7.29 µs (H200). Q4_K only: its `mvq_split` loads a round's rows
+    /// apart from their arithmetic (`load_u`, vecdot.cuh); the other formats would run
+    /// `mvq_impl` there.
+    fn half_warps(&self, ty: GgmlType, units: usize, rows: usize, limit: usize) -> bool {
         self.mvq_split
-            && w.ty == GgmlType::Q4_K
+            && ty == GgmlType::Q4_K
             && self.mv_warps.is_none()
             && units > 32
             && units <= self.mv_warps(units) * 32
-            && w.rows.div_ceil(4) < self.mv_half * self.n_sm
+            && rows.div_ceil(4) < limit * self.n_sm
     }
 
     /// Block shape `(x, y)` of the integer GEMV for `rows` weight rows of `units` units, `r`
@@ -348,13 +351,20 @@ impl CudaBackend {
         let tc = self.mvr_kernels(k, n);
         let aligned = mats.iter().all(|m| m.w.is_multiple_of(16));
         let tma = tc.and_then(|_| self.mvr_tma(k, units, ws[0].row_bytes, aligned));
+        let per_block = self.mv_per_block(total, cols, ws[0].row_bytes, k.step);
+        let half = n == 1
+            && per_block == 4
+            && tc.is_none()
+            && self.half_warps(ws[0].ty, units, total, self.mvm_half);
         let (func, r) = if let Some(p) = &tma {
             (p.func(true), p.rows)
         } else if let Some(f) = tc {
             (&f[1], MVR_ROWS)
+        } else if half {
+            (&k.multi_u, 4)
         } else {
             match n {
-                1 => match self.mv_per_block(total, cols, ws[0].row_bytes, k.step) {
+                1 => match per_block {
                     1 => (&k.multi[0], 1),
                     2 => (&k.multi[1], 2),
                     8 => (&k.multi[6], 8),
@@ -367,6 +377,7 @@ impl CudaBackend {
         };
         let (bx, by) = match tc {
             Some(_) => (self.mvr_threads(units, tma.as_ref()), 1),
+            None if half => (self.mv_warps(units).div_ceil(2) * 32, 1),
             None => self.mv_block(k, units, total, r),
         };
         let (units_i, rb, nr_i) = (units as i32, ws[0].row_bytes as i64, n as i32);
@@ -467,7 +478,10 @@ impl CudaBackend {
             let per_block = self.mv_per_block(w.rows, w.cols, w.row_bytes, k.step);
             let tc = self.mvr_kernels(k, nr);
             let tma = tc.and_then(|_| self.mvr_tma(k, units, w.row_bytes, wp.is_multiple_of(16)));
-            let half = which == 0 && per_block == 4 && tc.is_none() && self.half_warps(w, units);
+            let half = which == 0
+                && per_block == 4
+                && tc.is_none()
+                && self.half_warps(w.ty, units, w.rows, self.mv_half);
             let (func, rows_per_block) = if let Some(p) = &tma {
                 (p.func(false), p.rows)
             } else if let Some(f) = tc {

@@ -230,6 +230,8 @@ struct IntKernels {
     /// `mvqm*`: up to four matrices in one launch (`Backend::matmul_multi`): one activation
     /// row with 1, 2 or 4 weight rows per block, then 2, 4 and 8 activation rows.
     multi: [CudaFunction; 7],
+    /// `mvqm1x4` by `mvq_split` (`mvqm1x4u`, where `mvm_half` says).
+    multi_u: CudaFunction,
     /// `mvqg*`: gate and up with their GLU (`Backend::matmul_glu`): one activation row
     /// with 1, 2, 4 or 8 weight rows per block, then 2, 4 and 8 activation rows.
     glu: [CudaFunction; 7],
@@ -353,6 +355,13 @@ pub struct CudaBackend {
     /// rounds a thread (`half_warps`; NEAGARI_CUDA_MV_HALF=N, 0 turns it off): 27B Q4_K
     /// one-token step 6.02 → 5.94 ms, tg64 166 → 169 (H200).
     mv_half: usize,
+    /// The same for `matmul_multi` (`mvqm1x4u`) under NEAGARI_CUDA_MVM_HALF=N blocks an SM
+    /// (default 80; 0 turns it off). Its loads go out before the wait, so the norm before
+    /// the 27B's Q4_K qkv+z (31 blocks an SM) and gate+up (66) hides under them: one-token
+    /// greedy step 6.790 / 6.792 → 6.674 / 6.668 ms, tg64 147.6 / 147.4 → 149.2 / 149.4
+    /// (H100, with Q4_K's paired nibbles; in ggml's layout, session 39, it was level).
+    /// Shapes past 80 blocks an SM are unmeasured.
+    mvm_half: usize,
     /// Blocks a value head of the fused DeltaNet kernel (`delta_rows`, hybrid.cu):
     /// NEAGARI_CUDA_DS_BLOCKS=N, 1..=16, default 4.
     ds_blocks: usize,
@@ -637,6 +646,7 @@ impl CudaBackend {
             mv_groups: knob("NEAGARI_CUDA_MV_GROUPS").filter(|n| (1..=MVQ_WARPS * 32).contains(n)),
             mvq_split: knob_on("NEAGARI_CUDA_MVQ_SPLIT"),
             mv_half: knob("NEAGARI_CUDA_MV_HALF").unwrap_or(12),
+            mvm_half: knob("NEAGARI_CUDA_MVM_HALF").unwrap_or(80),
             ds_blocks: knob("NEAGARI_CUDA_DS_BLOCKS")
                 .filter(|n| (1..=16).contains(n))
                 .unwrap_or(4),

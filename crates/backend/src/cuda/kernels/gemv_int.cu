@@ -292,6 +292,15 @@ MVQM(mvqm1x8, 1, 8)
 MVQM(mvqm2, 2, 2)
 MVQM(mvqm4, 4, 1)
 MVQM(mvqm8, 8, 1)
+// mvqm1x4 by mvq_split (matmul.rs `half_warps`, NEAGARI_CUDA_MVM_HALF): the host gives it
+// half the warps of `mv_warps`, two rounds a thread, as `mvq1x4u` takes the 27B's Q4_K
+// ssm_out, and the first round's loads go out before the wait.
+extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32)
+    mvqm1x4u(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes, int nr) {
+    const Mat4 p = MAT4_PICK(blockIdx.x);
+    gdc_prefetch_rows(p.W, p.rows, row_bytes, 4, p.b);
+    mvq_split<FMTQ, 4>(p.W, xq, xds, p.y, p.rows, units, row_bytes, p.b, [] { gdc_wait(); });
+}
 #endif
 
 // glu_act_mul (act(g)·u of the GLU kernels): common.cuh.
