@@ -245,18 +245,23 @@ mod tests {
     use super::*;
     use neagari_quant::dequantize_row;
 
-    /// Deterministic bytes (xorshift), with f16 scales kept finite.
-    fn random_rows(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
-        let s = shape(ty).unwrap();
+    /// `n` deterministic bytes (xorshift).
+    fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
         let mut x = seed;
-        let mut bytes: Vec<u8> = (0..rows * ty.row_bytes(cols).unwrap())
+        (0..n)
             .map(|_| {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
                 (x >> 24) as u8
             })
-            .collect();
+            .collect()
+    }
+
+    /// Deterministic rows, with f16 scales kept finite.
+    fn random_rows(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let s = shape(ty).unwrap();
+        let mut bytes = random_bytes(rows * ty.row_bytes(cols).unwrap(), seed);
         for blk in bytes.chunks_exact_mut(s.block) {
             // An f16 in [2^-8, 2^7): exponent bits 7..21.
             blk[s.scale_at + 1] = 0x1C + (blk[s.scale_at + 1] % 0x1C);
@@ -341,15 +346,7 @@ mod tests {
         let ty = GgmlType::Q4_K;
         let (rows, cols) = (3usize, 256 * 5);
         let row_in = ty.row_bytes(cols).unwrap();
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let mut src: Vec<u8> = (0..rows * row_in)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
-            .collect();
+        let mut src = random_bytes(rows * row_in, 0x9E37_79B9_7F4A_7C15);
         for blk in src.chunks_exact_mut(Q4K_BLOCK) {
             // d and dmin: f16s in [2^-8, 2^7).
             blk[1] = 0x1C + (blk[1] % 0x1C);
