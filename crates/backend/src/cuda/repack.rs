@@ -169,12 +169,22 @@ fn pair_q4_k(src: &[u8], dst: &mut [u8]) {
     {
         o[..16].copy_from_slice(&b[..16]);
         for s in 0..8 {
-            // ggml: weight i of unit s is nibble s % 2 of qs byte 32·(s / 2) + i.
-            let w = |i: usize| (b[16 + 32 * (s / 2) + i] >> (4 * (s % 2))) & 0xF;
+            // ggml: weight i of unit s is nibble s % 2 of qs byte 32·(s / 2) + i, so word k
+            // of the run, shifted and masked, holds weights 4k..4k + 3 in its bytes' low
+            // nibbles; output word k pairs words 2k (low) and 2k + 1 (high).
+            let run = &b[16 + 32 * (s / 2)..][..32];
+            let n = |k: usize| {
+                let w = u32::from_le_bytes([
+                    run[4 * k],
+                    run[4 * k + 1],
+                    run[4 * k + 2],
+                    run[4 * k + 3],
+                ]);
+                (w >> (4 * (s % 2))) & 0x0F0F_0F0F
+            };
             for k in 0..4 {
-                for i in 0..4 {
-                    o[16 + 16 * s + 4 * k + i] = w(8 * k + i) | (w(8 * k + 4 + i) << 4);
-                }
+                let v = n(2 * k) | (n(2 * k + 1) << 4);
+                o[16 + 16 * s + 4 * k..][..4].copy_from_slice(&v.to_le_bytes());
             }
         }
     }
