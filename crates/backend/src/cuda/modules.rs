@@ -145,9 +145,9 @@ pub(super) fn ops_defines() -> &'static str {
 /// `k16` as [`rows_struct`]'s.
 pub(super) fn fmt_structs(ty: GgmlType, repack: bool, k16: bool) -> Option<FmtNames> {
     let repacked = repack && super::repack::repacked(ty);
-    // Q4_K's own repacked layout (its units' nibbles paired, repack.rs) keeps its kernels
-    // but for the structs' `N` forms.
-    let r = match (repacked, repack && ty == GgmlType::Q4_K) {
+    // Q4_K's and Q5_K's own repacked layout (their units' nibbles paired, repack.rs) keeps
+    // their kernels but for the structs' `N` forms.
+    let r = match (repacked, repack && super::repack::paired(ty)) {
         (true, _) => "R",
         (false, true) => "N",
         _ => "",

@@ -149,8 +149,12 @@ pub(super) fn repack_rows(
     rows: usize,
     row_in: usize,
 ) -> Option<(Vec<u8>, usize)> {
-    if ty == GgmlType::Q4_K {
-        return Some((split_rows(src, rows, row_in, row_in, pair_q4_k), row_in));
+    match ty {
+        GgmlType::Q4_K => return Some((split_rows(src, rows, row_in, row_in, pair_q4_k), row_in)),
+        GgmlType::Q5_K if paired(ty) => {
+            return Some((split_rows(src, rows, row_in, row_in, pair_q5_k), row_in));
+        }
+        _ => {}
     }
     let s = shape(ty)?;
     let rb = row_bytes_of(s, row_in / s.block);
@@ -192,6 +196,53 @@ fn pair_q4_k(src: &[u8], dst: &mut [u8]) {
 
 /// Bytes of a Q4_K super-block (d, dmin, 12 scale bytes, 128 of nibbles).
 const Q4K_BLOCK: usize = 144;
+
+/// Bytes of a Q5_K super-block (Q4_K's head, 32 bytes of fifth bits, 128 of nibbles).
+const Q5K_BLOCK: usize = 176;
+
+/// Whether format `ty` is uploaded with its units' nibbles paired (module docs): Q4_K, and
+/// Q5_K with NEAGARI_CUDA_Q5K_PAIR=1 (staged for measuring; not yet run on a GPU).
+pub(super) fn paired(ty: GgmlType) -> bool {
+    match ty {
+        GgmlType::Q4_K => true,
+        GgmlType::Q5_K => super::knob_forced("NEAGARI_CUDA_Q5K_PAIR") == Some(true),
+        _ => false,
+    }
+}
+
+/// Q5_K's super-blocks with each unit's nibbles paired as Q4_K's and its 32 fifth bits in
+/// one word at `16 + 4s` (bit `8i + m` the fifth bit of weight `4m + i`), `src` and `dst`
+/// whole super-blocks of the same length.
+fn pair_q5_k(src: &[u8], dst: &mut [u8]) {
+    for (o, b) in dst
+        .chunks_exact_mut(Q5K_BLOCK)
+        .zip(src.chunks_exact(Q5K_BLOCK))
+    {
+        o[..16].copy_from_slice(&b[..16]);
+        for s in 0..8 {
+            // ggml: weight l of unit s has its fifth bit at bit s of qh byte l.
+            let mut h = 0u32;
+            for l in 0..32 {
+                h |= u32::from((b[16 + l] >> s) & 1) << (8 * (l % 4) + l / 4);
+            }
+            o[16 + 4 * s..][..4].copy_from_slice(&h.to_le_bytes());
+            let run = &b[48 + 32 * (s / 2)..][..32];
+            let n = |k: usize| {
+                let w = u32::from_le_bytes([
+                    run[4 * k],
+                    run[4 * k + 1],
+                    run[4 * k + 2],
+                    run[4 * k + 3],
+                ]);
+                (w >> (4 * (s % 2))) & 0x0F0F_0F0F
+            };
+            for k in 0..4 {
+                let v = n(2 * k) | (n(2 * k + 1) << 4);
+                o[48 + 16 * s + 4 * k..][..4].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+}
 
 /// `rows` rows of `row_in` bytes (`src`) through `f` into rows of `rb` bytes (zeroed first).
 /// Large matrices are split over threads (a 27B-shaped Q1_0 file is 3.8 GB of words).
@@ -399,6 +450,58 @@ mod tests {
                                 );
                             }
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q5_k_units_pair_their_nibbles_and_fifth_bits() {
+        let ty = GgmlType::Q5_K;
+        let (rows, cols) = (2usize, 256 * 3);
+        let row_in = ty.row_bytes(cols).unwrap();
+        let mut src = random_bytes(rows * row_in, 0x2545_F491_4F6C_DD1D);
+        for blk in src.chunks_exact_mut(Q5K_BLOCK) {
+            blk[1] = 0x1C + (blk[1] % 0x1C);
+            blk[3] = 0x1C + (blk[3] % 0x1C);
+        }
+        let mut rp = vec![0u8; src.len()];
+        pair_q5_k(&src, &mut rp);
+        for r in 0..rows {
+            let (g, p) = (&src[r * row_in..][..row_in], &rp[r * row_in..][..row_in]);
+            let mut want = vec![0f32; cols];
+            dequantize_row(ty, g, &mut want).unwrap();
+            for (b, (pb, gb)) in p
+                .chunks_exact(Q5K_BLOCK)
+                .zip(g.chunks_exact(Q5K_BLOCK))
+                .enumerate()
+            {
+                assert_eq!(pb[..16], gb[..16], "the head is ggml's");
+                for s in 0..8 {
+                    let (sc, m) = if s < 4 {
+                        (gb[4 + s] & 63, gb[8 + s] & 63)
+                    } else {
+                        (
+                            (gb[8 + s] & 0xF) | ((gb[s] >> 6) << 4),
+                            (gb[8 + s] >> 4) | ((gb[4 + s] >> 6) << 4),
+                        )
+                    };
+                    let d = half::f16::from_le_bytes([gb[0], gb[1]]).to_f32() * sc as f32;
+                    let dm = half::f16::from_le_bytes([gb[2], gb[3]]).to_f32() * m as f32;
+                    let h = u32::from_le_bytes(pb[16 + 4 * s..][..4].try_into().unwrap());
+                    // dequant.cuh F_Q5_Kt<true>::unit: weight l = 8k + 4·hi + i is nibble hi
+                    // of qs byte 4k + i, its fifth bit is bit 8i + l / 4 of the unit's word.
+                    for l in 0..32 {
+                        let (k, hi, i) = (l / 8, (l / 4) % 2, l % 4);
+                        let q = (pb[48 + 16 * s + 4 * k + i] >> (4 * hi)) & 0xF;
+                        let q = u32::from(q) + (((h >> (8 * i + l / 4)) & 1) << 4);
+                        let got = d * q as f32 - dm;
+                        assert_eq!(
+                            got,
+                            want[256 * b + 32 * s + l],
+                            "row {r} block {b} unit {s} weight {l}"
+                        );
                     }
                 }
             }

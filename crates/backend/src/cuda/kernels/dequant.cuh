@@ -167,7 +167,9 @@ struct F_Q4_Kt {
 using F_Q4_K = F_Q4_Kt<false>;
 using F_Q4_KN = F_Q4_Kt<true>;
 
-struct F_Q5_K {
+// Q5_K in ggml's layout (N false) or repack.rs's (N true; vecdot.cuh's Q_Q5_Kt says how).
+template <bool N>
+struct F_Q5_Kt {
     static constexpr int BLOCK = 256, BYTES = 176;
     static __device__ __forceinline__ void unit(const u8* row, int u, float* w) {
         const u8* b = row + (i64)(u >> 3) * 176;
@@ -175,6 +177,18 @@ struct F_Q5_K {
         int sc, m;
         scale_min_k4(s, b + 4, sc, m);
         float d1 = h2f(ld16(b)) * (float)sc, m1 = h2f(ld16(b + 2)) * (float)m;
+        if constexpr (N) {
+            const u8* ql = b + 48 + 16 * s;
+            const u32 h = *(const u32*)(b + 16 + 4 * s);
+#pragma unroll
+            for (int l = 0; l < 32; l++) {
+                // Weight l = 8k + 4·hi + i: nibble hi of byte 4k + i; fifth bit 8(l % 4) + l / 4.
+                const int k = l >> 3, hi = (l >> 2) & 1, i = l & 3;
+                const int q = ((ql[4 * k + i] >> (4 * hi)) & 0xF) + (int)(((h >> (8 * i + (l >> 2))) & 1) << 4);
+                w[l] = d1 * (float)q - m1;
+            }
+            return;
+        }
         const u8* qh = b + 16;
         const u8* ql = b + 48 + 32 * (s >> 1);
         int sh = (s & 1) * 4;
@@ -185,6 +199,8 @@ struct F_Q5_K {
         }
     }
 };
+using F_Q5_K = F_Q5_Kt<false>;
+using F_Q5_KN = F_Q5_Kt<true>;
 
 struct F_Q6_K {
     static constexpr int BLOCK = 256, BYTES = 210;

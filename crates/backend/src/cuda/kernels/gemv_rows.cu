@@ -113,26 +113,40 @@ struct R_Q4_Kt {
 using R_Q4_K = R_Q4_Kt<false>;
 using R_Q4_KN = R_Q4_Kt<true>;
 
-struct R_Q5_K {
-    // R_Q4_K's head, the thread's 8 bytes of qs and of the fifth bits (bit s of each byte).
+// Q5_K in ggml's layout (N false) or repack.rs's (N true: vecdot.cuh's Q_Q5_Kt; qs word t
+// and the unit's fifth-bit word make words 2t and 2t + 1).
+template <bool N>
+struct R_Q5_Kt {
+    // R_Q4_K's head, the thread's 8 bytes of qs and of the fifth bits (bit s of each byte);
+    // repacked: qs word t (q.x) and the unit's fifth-bit word (h.x).
     struct Raw { u32 dm, s0, s1, s2; uint2 q, h; };
     static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
         const u8* b = row + (i64)(u >> 3) * 176;
         const int s = u & 7;
         // Aligned: super-blocks are 11·16 bytes, qh at 16, qs at 48.
         const u32* w = (const u32*)b;
+        if constexpr (N)
+            return Raw{w[0], w[1], w[2], w[3], make_uint2(*(const u32*)(b + 48 + 16 * s + 4 * t), 0u),
+                       make_uint2(*(const u32*)(b + 16 + 4 * s), 0u)};
         return Raw{w[0], w[1], w[2], w[3], *(const uint2*)(b + 48 + 32 * (s >> 1) + 8 * t),
                    *(const uint2*)(b + 16 + 8 * t)};
     }
     static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
         const int s = u & 7, sh = (s & 1) * 4;
-        w0 = ((r.q.x >> sh) & 0x0F0F0F0F) | (((r.h.x >> s) & 0x01010101) << 4);
-        w1 = ((r.q.y >> sh) & 0x0F0F0F0F) | (((r.h.y >> s) & 0x01010101) << 4);
+        if constexpr (N) {
+            w0 = (r.q.x & 0x0F0F0F0F) | (((r.h.x >> (2 * t)) & 0x01010101) << 4);
+            w1 = ((r.q.x >> 4) & 0x0F0F0F0F) | (((r.h.x >> (2 * t + 1)) & 0x01010101) << 4);
+        } else {
+            w0 = ((r.q.x >> sh) & 0x0F0F0F0F) | (((r.h.x >> s) & 0x01010101) << 4);
+            w1 = ((r.q.y >> sh) & 0x0F0F0F0F) | (((r.h.y >> s) & 0x01010101) << 4);
+        }
         int sc, m;
         k4_scale_min(r.s0, r.s1, r.s2, s, sc, m);
         return make_float2(h2f((u16)r.dm) * (float)sc, -h2f((u16)(r.dm >> 16)) * (float)m);
     }
 };
+using R_Q5_K = R_Q5_Kt<false>;
+using R_Q5_KN = R_Q5_Kt<true>;
 
 // The per-16 formats (HALVES): `unpack` makes the thread's words and returns the row's
 // scales of the unit's two halves (x, y) and, with MINS, their mins (z, w): a weight is

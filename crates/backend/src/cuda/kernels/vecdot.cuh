@@ -247,7 +247,11 @@ struct Q_Q4_Kt {
 using Q_Q4_K = Q_Q4_Kt<false>;
 using Q_Q4_KN = Q_Q4_Kt<true>;
 
-struct Q_Q5_K {
+// Q5_K in ggml's layout (N false) or in repack.rs's (N true: the qs of unit s paired as
+// Q_Q4_Kt's at qs + 16s, and its 32 fifth bits as one word at qh + 4s, bit 8i + m the fifth
+// bit of weight 4m + i, so activation word m's are bits m of the word's four bytes).
+template <bool N>
+struct Q_Q5_Kt {
     template <int NR>
     static __device__ __forceinline__ void dot(const u8* row, int u, const int (&x)[NR][8],
                                                const float2 (&ds)[NR], float (&acc)[NR]) {
@@ -256,22 +260,35 @@ struct Q_Q5_K {
         int sc, m;
         scale_min_k4(s, b + 4, sc, m);
         const float d1 = h2f(ld16(b)) * (float)sc, m1 = h2f(ld16(b + 2)) * (float)m;
-        // 16-byte aligned: super-blocks are 11·16 bytes, qh at 16, ql at 48.
-        const uint4* l4 = (const uint4*)(b + 48 + 32 * (s >> 1));
-        const uint4* h4 = (const uint4*)(b + 16);
-        const uint4 a0 = l4[0], a1 = l4[1], c0 = h4[0], c1 = h4[1];
-        const u32 ql[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-        const u32 qh[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-        const int sh = (s & 1) * 4;
         int w[8];
+        // 16-byte aligned: super-blocks are 11·16 bytes, qh at 16, ql at 48.
+        if constexpr (N) {
+            const uint4 v = *(const uint4*)(b + 48 + 16 * s);
+            const u32 h = *(const u32*)(b + 16 + 4 * s);
+            const u32 q[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int k = 0; k < 8; k++)
-            w[k] = ((ql[k] >> sh) & 0x0F0F0F0F) | (((qh[k] >> s) & 0x01010101) << 4);
+            for (int k = 0; k < 4; k++) {
+                w[2 * k] = (q[k] & 0x0F0F0F0F) | (((h >> (2 * k)) & 0x01010101) << 4);
+                w[2 * k + 1] = ((q[k] >> 4) & 0x0F0F0F0F) | (((h >> (2 * k + 1)) & 0x01010101) << 4);
+            }
+        } else {
+            const uint4* l4 = (const uint4*)(b + 48 + 32 * (s >> 1));
+            const uint4* h4 = (const uint4*)(b + 16);
+            const uint4 a0 = l4[0], a1 = l4[1], c0 = h4[0], c1 = h4[1];
+            const u32 ql[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const u32 qh[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+            const int sh = (s & 1) * 4;
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                w[k] = ((ql[k] >> sh) & 0x0F0F0F0F) | (((qh[k] >> s) & 0x01010101) << 4);
+        }
 #pragma unroll
         for (int r = 0; r < NR; r++)
             acc[r] += d1 * ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) - m1 * ds[r].y;
     }
 };
+using Q_Q5_K = Q_Q5_Kt<false>;
+using Q_Q5_KN = Q_Q5_Kt<true>;
 
 struct Q_Q6_K {
     template <int NR>
