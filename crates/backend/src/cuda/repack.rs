@@ -28,6 +28,9 @@
 //! one 16-byte load a unit, and word `k`'s two nibble halves are the activation's words `2k`
 //! and `2k + 1` (the `N` forms of the Q4_K structs: vecdot.cuh `Q_Q4_Kt`, dequant.cuh
 //! `F_Q4_Kt`, gemv_rows.cu `R_Q4_Kt` and `B_Q4_Kt`; the same integer sums, so the same bits).
+//! Q5_K, with NEAGARI_CUDA_Q5K_PAIR=1 ([`paired`]; staged, not yet run on a GPU), pairs its
+//! nibbles the same way at byte 48 and keeps a unit's 32 fifth bits as one word at `16 + 4s`
+//! (bit `8i + m` for weight `4m + i`, so activation word `m`'s are bits `m` of its bytes).
 //!
 //! The kernels that read it: kernels/lowbit.cu (`F_Q1_0R`, `F_TQ2_0R`: the f32 GEMV, the
 //! embedding, the f16 dequantizer for prefill) and kernels/vecdot.cuh (`Q_Q1_0R`,
