@@ -250,8 +250,54 @@ using Q_Q4_KN = Q_Q4_Kt<true>;
 // Q5_K in ggml's layout (N false) or in repack.rs's (N true: the qs of unit s paired as
 // Q_Q4_Kt's at qs + 16s, and its 32 fifth bits as one word at qh + 4s, bit 8i + m the fifth
 // bit of weight 4m + i, so activation word m's are bits m of the word's four bytes).
+// Repacked, a unit's loads come apart from its arithmetic (U, load_u, dot_u: gemv_int.cu's
+// `mvq_split`, by `has_unit`), which ggml's 64 bytes a unit did not allow in registers.
+struct Q5KPairs {
+    // The repacked unit's words: qs word k's nibble halves and bits 2k, 2k + 1 of h.
+    template <int NR>
+    static __device__ __forceinline__ void acc(const uint4 v, u32 h, float d1, float m1,
+                                               const int (&x)[NR][8], const float2 (&ds)[NR],
+                                               float (&acc)[NR]) {
+        const u32 q[4] = {v.x, v.y, v.z, v.w};
+        int w[8];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w[2 * k] = (q[k] & 0x0F0F0F0F) | (((h >> (2 * k)) & 0x01010101) << 4);
+            w[2 * k + 1] = ((q[k] >> 4) & 0x0F0F0F0F) | (((h >> (2 * k + 1)) & 0x01010101) << 4);
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[r] += d1 * ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) - m1 * ds[r].y;
+    }
+    // The super-block's head (d, dmin, 12 scale bytes), the unit's 16 bytes of qs and its
+    // word of fifth bits (super-blocks are 11·16 bytes: qh at 16, qs at 48).
+    struct U {
+        uint4 h, a;
+        u32 q5;
+    };
+    static __device__ __forceinline__ U load_u(const u8* row, int u) {
+        const u8* b = row + (i64)(u >> 3) * 176;
+        const int s = u & 7;
+        return U{*(const uint4*)b, *(const uint4*)(b + 48 + 16 * s), *(const u32*)(b + 16 + 4 * s)};
+    }
+    template <int NR>
+    static __device__ __forceinline__ void dot_u(const U& w, int u, const int (&x)[NR][8],
+                                                 const float2 (&ds)[NR], float (&a)[NR]) {
+        const int s = u & 7;
+        int sc, m;
+        k4_scale_min(w.h.y, w.h.z, w.h.w, s, sc, m);
+        const float d1 = h2f((u16)(w.h.x & 0xFFFF)) * (float)sc;
+        const float m1 = h2f((u16)(w.h.x >> 16)) * (float)m;
+        acc<NR>(w.a, w.q5, d1, m1, x, ds, a);
+    }
+};
 template <bool N>
-struct Q_Q5_Kt {
+struct Q5KSplit {};
+template <>
+struct Q5KSplit<true> : Q5KPairs {};
+
+template <bool N>
+struct Q_Q5_Kt : Q5KSplit<N> {
     template <int NR>
     static __device__ __forceinline__ void dot(const u8* row, int u, const int (&x)[NR][8],
                                                const float2 (&ds)[NR], float (&acc)[NR]) {
@@ -260,17 +306,10 @@ struct Q_Q5_Kt {
         int sc, m;
         scale_min_k4(s, b + 4, sc, m);
         const float d1 = h2f(ld16(b)) * (float)sc, m1 = h2f(ld16(b + 2)) * (float)m;
-        int w[8];
         // 16-byte aligned: super-blocks are 11·16 bytes, qh at 16, ql at 48.
         if constexpr (N) {
-            const uint4 v = *(const uint4*)(b + 48 + 16 * s);
-            const u32 h = *(const u32*)(b + 16 + 4 * s);
-            const u32 q[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                w[2 * k] = (q[k] & 0x0F0F0F0F) | (((h >> (2 * k)) & 0x01010101) << 4);
-                w[2 * k + 1] = ((q[k] >> 4) & 0x0F0F0F0F) | (((h >> (2 * k + 1)) & 0x01010101) << 4);
-            }
+            Q5KPairs::acc<NR>(*(const uint4*)(b + 48 + 16 * s), *(const u32*)(b + 16 + 4 * s),
+                              d1, m1, x, ds, acc);
         } else {
             const uint4* l4 = (const uint4*)(b + 48 + 32 * (s >> 1));
             const uint4* h4 = (const uint4*)(b + 16);
@@ -278,13 +317,14 @@ struct Q_Q5_Kt {
             const u32 ql[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
             const u32 qh[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
             const int sh = (s & 1) * 4;
+            int w[8];
 #pragma unroll
             for (int k = 0; k < 8; k++)
                 w[k] = ((ql[k] >> sh) & 0x0F0F0F0F) | (((qh[k] >> s) & 0x01010101) << 4);
-        }
 #pragma unroll
-        for (int r = 0; r < NR; r++)
-            acc[r] += d1 * ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) - m1 * ds[r].y;
+            for (int r = 0; r < NR; r++)
+                acc[r] += d1 * ds[r].x * (float)dot8<NR>(w, x, r, 0, 8) - m1 * ds[r].y;
+        }
     }
 };
 using Q_Q5_K = Q_Q5_Kt<false>;
