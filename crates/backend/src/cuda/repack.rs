@@ -152,12 +152,13 @@ pub(super) fn repack_rows(
     rows: usize,
     row_in: usize,
 ) -> Option<(Vec<u8>, usize)> {
-    match ty {
-        GgmlType::Q4_K => return Some((split_rows(src, rows, row_in, row_in, pair_q4_k), row_in)),
-        GgmlType::Q5_K if paired(ty) => {
-            return Some((split_rows(src, rows, row_in, row_in, pair_q5_k), row_in));
-        }
-        _ => {}
+    if paired(ty) {
+        let f = if ty == GgmlType::Q4_K {
+            pair_q4_k
+        } else {
+            pair_q5_k
+        };
+        return Some((split_rows(src, rows, row_in, row_in, f), row_in));
     }
     let s = shape(ty)?;
     let rb = row_bytes_of(s, row_in / s.block);
@@ -175,24 +176,25 @@ fn pair_q4_k(src: &[u8], dst: &mut [u8]) {
         .zip(src.chunks_exact(Q4K_BLOCK))
     {
         o[..16].copy_from_slice(&b[..16]);
-        for s in 0..8 {
-            // ggml: weight i of unit s is nibble s % 2 of qs byte 32·(s / 2) + i, so word k
-            // of the run, shifted and masked, holds weights 4k..4k + 3 in its bytes' low
-            // nibbles; output word k pairs words 2k (low) and 2k + 1 (high).
-            let run = &b[16 + 32 * (s / 2)..][..32];
-            let n = |k: usize| {
-                let w = u32::from_le_bytes([
-                    run[4 * k],
-                    run[4 * k + 1],
-                    run[4 * k + 2],
-                    run[4 * k + 3],
-                ]);
-                (w >> (4 * (s % 2))) & 0x0F0F_0F0F
-            };
-            for k in 0..4 {
-                let v = n(2 * k) | (n(2 * k + 1) << 4);
-                o[16 + 16 * s + 4 * k..][..4].copy_from_slice(&v.to_le_bytes());
-            }
+        pair_nibbles(&b[16..], &mut o[16..]);
+    }
+}
+
+/// A K-quant super-block's 128 bytes of nibbles (`qs`, ggml's order) into `out` with each
+/// unit's paired (module docs). ggml: weight i of unit s is nibble s % 2 of byte
+/// 32·(s / 2) + i, so word k of that run, shifted and masked, holds weights 4k..4k + 3 in
+/// its bytes' low nibbles; the unit's output word k pairs words 2k (low) and 2k + 1 (high).
+fn pair_nibbles(qs: &[u8], out: &mut [u8]) {
+    for s in 0..8 {
+        let run = &qs[32 * (s / 2)..][..32];
+        let n = |k: usize| {
+            let w =
+                u32::from_le_bytes([run[4 * k], run[4 * k + 1], run[4 * k + 2], run[4 * k + 3]]);
+            (w >> (4 * (s % 2))) & 0x0F0F_0F0F
+        };
+        for k in 0..4 {
+            let v = n(2 * k) | (n(2 * k + 1) << 4);
+            out[16 * s + 4 * k..][..4].copy_from_slice(&v.to_le_bytes());
         }
     }
 }
@@ -229,21 +231,8 @@ fn pair_q5_k(src: &[u8], dst: &mut [u8]) {
                 h |= u32::from((b[16 + l] >> s) & 1) << (8 * (l % 4) + l / 4);
             }
             o[16 + 4 * s..][..4].copy_from_slice(&h.to_le_bytes());
-            let run = &b[48 + 32 * (s / 2)..][..32];
-            let n = |k: usize| {
-                let w = u32::from_le_bytes([
-                    run[4 * k],
-                    run[4 * k + 1],
-                    run[4 * k + 2],
-                    run[4 * k + 3],
-                ]);
-                (w >> (4 * (s % 2))) & 0x0F0F_0F0F
-            };
-            for k in 0..4 {
-                let v = n(2 * k) | (n(2 * k + 1) << 4);
-                o[48 + 16 * s + 4 * k..][..4].copy_from_slice(&v.to_le_bytes());
-            }
         }
+        pair_nibbles(&b[48..], &mut o[48..]);
     }
 }
 
@@ -320,6 +309,33 @@ mod tests {
                 (x >> 24) as u8
             })
             .collect()
+    }
+
+    /// `n` deterministic bytes of Q4_K / Q5_K super-blocks of `block` bytes, d and dmin
+    /// f16s in [2^-8, 2^7).
+    fn random_k_rows(n: usize, block: usize, seed: u64) -> Vec<u8> {
+        let mut src = random_bytes(n, seed);
+        for blk in src.chunks_exact_mut(block) {
+            blk[1] = 0x1C + (blk[1] % 0x1C);
+            blk[3] = 0x1C + (blk[3] % 0x1C);
+        }
+        src
+    }
+
+    /// Unit s's scale d·sc and min dmin·m of a Q4_K / Q5_K super-block (ggml's 6-bit
+    /// scales, dequant.cuh's scale_min_k4).
+    fn unit_scale_min(gb: &[u8], s: usize) -> (f32, f32) {
+        let (sc, m) = if s < 4 {
+            (gb[4 + s] & 63, gb[8 + s] & 63)
+        } else {
+            (
+                (gb[8 + s] & 0xF) | ((gb[s] >> 6) << 4),
+                (gb[8 + s] >> 4) | ((gb[4 + s] >> 6) << 4),
+            )
+        };
+        let d = half::f16::from_le_bytes([gb[0], gb[1]]).to_f32();
+        let dmin = half::f16::from_le_bytes([gb[2], gb[3]]).to_f32();
+        (d * sc as f32, dmin * m as f32)
     }
 
     /// Deterministic rows, with f16 scales kept finite.
@@ -410,12 +426,7 @@ mod tests {
         let ty = GgmlType::Q4_K;
         let (rows, cols) = (3usize, 256 * 5);
         let row_in = ty.row_bytes(cols).unwrap();
-        let mut src = random_bytes(rows * row_in, 0x9E37_79B9_7F4A_7C15);
-        for blk in src.chunks_exact_mut(Q4K_BLOCK) {
-            // d and dmin: f16s in [2^-8, 2^7).
-            blk[1] = 0x1C + (blk[1] % 0x1C);
-            blk[3] = 0x1C + (blk[3] % 0x1C);
-        }
+        let src = random_k_rows(rows * row_in, Q4K_BLOCK, 0x9E37_79B9_7F4A_7C15);
         let (rp, rb) = repack_rows(ty, &src, rows, row_in).unwrap();
         assert_eq!((rb, rp.len()), (row_in, src.len()));
         for r in 0..rows {
@@ -431,16 +442,7 @@ mod tests {
                 for s in 0..8 {
                     // dequant.cuh F_Q4_Kt<true>::unit: word k's low nibbles are weights 8k..,
                     // its high ones 8k + 4.. (the scale and min as ggml's).
-                    let (sc, m) = if s < 4 {
-                        (gb[4 + s] & 63, gb[8 + s] & 63)
-                    } else {
-                        (
-                            (gb[8 + s] & 0xF) | ((gb[s] >> 6) << 4),
-                            (gb[8 + s] >> 4) | ((gb[4 + s] >> 6) << 4),
-                        )
-                    };
-                    let d = half::f16::from_le_bytes([gb[0], gb[1]]).to_f32() * sc as f32;
-                    let dm = half::f16::from_le_bytes([gb[2], gb[3]]).to_f32() * m as f32;
+                    let (d, dm) = unit_scale_min(gb, s);
                     for k in 0..4 {
                         for i in 0..4 {
                             let v = pb[16 + 16 * s + 4 * k + i];
@@ -464,11 +466,7 @@ mod tests {
         let ty = GgmlType::Q5_K;
         let (rows, cols) = (2usize, 256 * 3);
         let row_in = ty.row_bytes(cols).unwrap();
-        let mut src = random_bytes(rows * row_in, 0x2545_F491_4F6C_DD1D);
-        for blk in src.chunks_exact_mut(Q5K_BLOCK) {
-            blk[1] = 0x1C + (blk[1] % 0x1C);
-            blk[3] = 0x1C + (blk[3] % 0x1C);
-        }
+        let src = random_k_rows(rows * row_in, Q5K_BLOCK, 0x2545_F491_4F6C_DD1D);
         let mut rp = vec![0u8; src.len()];
         pair_q5_k(&src, &mut rp);
         for r in 0..rows {
@@ -482,16 +480,7 @@ mod tests {
             {
                 assert_eq!(pb[..16], gb[..16], "the head is ggml's");
                 for s in 0..8 {
-                    let (sc, m) = if s < 4 {
-                        (gb[4 + s] & 63, gb[8 + s] & 63)
-                    } else {
-                        (
-                            (gb[8 + s] & 0xF) | ((gb[s] >> 6) << 4),
-                            (gb[8 + s] >> 4) | ((gb[4 + s] >> 6) << 4),
-                        )
-                    };
-                    let d = half::f16::from_le_bytes([gb[0], gb[1]]).to_f32() * sc as f32;
-                    let dm = half::f16::from_le_bytes([gb[2], gb[3]]).to_f32() * m as f32;
+                    let (d, dm) = unit_scale_min(gb, s);
                     let h = u32::from_le_bytes(pb[16 + 4 * s..][..4].try_into().unwrap());
                     // dequant.cuh F_Q5_Kt<true>::unit: weight l = 8k + 4·hi + i is nibble hi
                     // of qs byte 4k + i, its fifth bit is bit 8i + l / 4 of the unit's word.
