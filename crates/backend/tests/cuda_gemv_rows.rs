@@ -158,15 +158,16 @@ fn multi_row_gemv_on_tensor_cores() {
         return;
     }
     // The 27B's rows take the shapes measured for them (docs/BENCHMARKS.md): TQ2_0's rows
-    // end in half a group of its layout and stay whole; Q4_K's ffn_down is split for a
-    // tile to fit, Q1_0's ffn_down in thirds for twice the tiles.
+    // end in half a group of its layout and stay whole; Q4_K's ffn_down, whose tile would
+    // not fit whole, goes through the ring in 2-tile blocks of whole rows (MVRQ_TILES;
+    // split in 4 parts without it); Q1_0's ffn_down in thirds for twice the tiles.
     for (ty, cols, want) in [
         (GgmlType::Q1_0, 5120, (4, 1)),
         (GgmlType::Q1_0, 17408, (4, 3)),
         (GgmlType::TQ2_0, 5120, (4, 1)),
         (GgmlType::TQ2_0, 17408, (1, 1)),
         (GgmlType::Q4_K, 5120, (2, 1)),
-        (GgmlType::Q4_K, 17408, (2, 4)),
+        (GgmlType::Q4_K, 17408, (2, 1)),
     ] {
         let m = g.load_mat(&random_mat(&mut r, ty, 16, cols).0).unwrap();
         assert_eq!(g.gemv_rows_plan(&m, 8), Some(want), "{ty} {cols}-wide rows");
@@ -308,20 +309,21 @@ fn multi_row_gemv_on_tensor_cores() {
 fn ring_gemv_equals_by_group() {
     let Some(_) = gpu() else { return };
     let fb = gpu_with(&[("NEAGARI_CUDA_MVRC", "1"), ("NEAGARI_CUDA_MVRQ", "0")]);
-    // (slots, tiles of whole rows: NEAGARI_CUDA_MVRQ_TILES)
-    let rings: Vec<(String, CudaBackend)> = [(4usize, ""), (8, ""), (12, ""), (8, "2"), (8, "4")]
-        .into_iter()
-        .map(|(n, tiles)| {
-            let what = format!("{n} slots, whole-row tiles {tiles:?}");
-            let slots = n.to_string();
-            let be = gpu_with(&[
-                ("NEAGARI_CUDA_MVRC", "1"),
-                ("NEAGARI_CUDA_MVRQ", slots.as_str()),
-                ("NEAGARI_CUDA_MVRQ_TILES", tiles),
-            ]);
-            (what, be)
-        })
-        .collect();
+    // (slots, tiles of whole rows: NEAGARI_CUDA_MVRQ_TILES, 0 none)
+    let rings: Vec<(String, CudaBackend)> =
+        [(4usize, "0"), (8, "0"), (12, "0"), (8, "2"), (8, "4")]
+            .into_iter()
+            .map(|(n, tiles)| {
+                let what = format!("{n} slots, whole-row tiles {tiles:?}");
+                let slots = n.to_string();
+                let be = gpu_with(&[
+                    ("NEAGARI_CUDA_MVRC", "1"),
+                    ("NEAGARI_CUDA_MVRQ", slots.as_str()),
+                    ("NEAGARI_CUDA_MVRQ_TILES", tiles),
+                ]);
+                (what, be)
+            })
+            .collect();
     let probe = fb
         .load_mat(&random_mat(&mut rng(), GgmlType::Q4_K, 16, 5120).0)
         .unwrap();

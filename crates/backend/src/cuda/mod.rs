@@ -144,6 +144,8 @@ const MVRQ_MAXS: usize = 16;
 /// 43.2 / 46.5, qkv+z 21.4 / 23.1, head 263.0 / 268.4 (H200; every group at once, `mvrc`:
 /// 51.2, 23.9, 293.0).
 const MVRQ_SLOTS: usize = 8;
+/// Tiles a block of the ring's whole rows where the whole tile would not fit (`mvrq_tiles`).
+const MVRQ_TILES: usize = 2;
 /// The parts `mvrt_*` may split K in, fewest first; at most MVRT_MAXP.
 const MVRT_PARTS: [usize; 3] = [1, 2, 4];
 /// gemv_rows.cu's MVRT_MAXP.
@@ -414,13 +416,14 @@ pub struct CudaBackend {
     /// Slots of `mvrq_*`'s ring, where the tile goes by group (MVRQ_SLOTS; NEAGARI_CUDA_MVRQ=N,
     /// 0: `mvrc_*`, every group of the tile in flight at once).
     mvrq: usize,
-    /// Where set (NEAGARI_CUDA_MVRQ_TILES=1|2|4), the ring takes rows whole with that many
-    /// tiles a block first, where the whole tile would not fit too (no K split); unset, it
-    /// takes the tiles and parts of the whole tile's plan. 27B Q4_K, 8 rows, H200: the
-    /// GEMVs (µs; gate+up, qkv+z, down, ssm_out, head) unset 43.2, 21.4, 29.5, 13.3, 263;
-    /// at 2 tiles 43.2, 21.4, 27.8, 11.2, 263; at 4 (read as NEAGARI_CUDA_MVRC=1, the same
-    /// plans for Q4_K) 37.8, 18.3, 27.6, 11.6, 215 — yet the 8-row greedy step at 4 took
-    /// 8.88 ms against 8.47 unset, unexplained; the step at 2 is not measured.
+    /// Where set (MVRQ_TILES; NEAGARI_CUDA_MVRQ_TILES=1|2|4, 0 unset), the ring takes rows
+    /// whole with that many tiles a block first, where the whole tile would not fit too (no
+    /// K split); unset, it takes the tiles and parts of the whole tile's plan. 27B Q4_K, 8
+    /// rows, H200: the GEMVs (µs; gate+up, qkv+z, down, ssm_out, head) unset 43.2, 21.4,
+    /// 29.5, 13.3, 263; at 2 tiles 43.2, 21.4, 27.8, 11.2, 263; at 4 (read as
+    /// NEAGARI_CUDA_MVRC=1, the same plans for Q4_K) 37.8, 18.3, 27.6, 11.6, 215 — yet the
+    /// 8-row greedy step at 4 took 8.88 ms against 8.47 unset, unexplained. At 2 the step
+    /// took 8.218 ms against 8.378–8.426 unset (session 48, H200).
     mvrq_tiles: Option<usize>,
     /// The tensor maps `mvrc_*` reads, by (weights, rows, row bytes, group bytes, box rows).
     tmaps: Mutex<HashMap<gemv_rows::TMapKey, gemv_rows::TMap>>,
@@ -680,7 +683,8 @@ impl CudaBackend {
                 None => gemv_rows::ByGroup::Wide,
             },
             mvrq: knob("NEAGARI_CUDA_MVRQ").map_or(MVRQ_SLOTS, |n: usize| n.min(MVRQ_MAXS)),
-            mvrq_tiles: knob("NEAGARI_CUDA_MVRQ_TILES").filter(|n| MVRT_TILES.contains(n)),
+            mvrq_tiles: Some(knob("NEAGARI_CUDA_MVRQ_TILES").unwrap_or(MVRQ_TILES))
+                .filter(|n| MVRT_TILES.contains(n)),
             tmaps: Mutex::new(HashMap::new()),
             mvr_on: maj >= 8 && knob_on("NEAGARI_CUDA_MV_TC"),
             mvr_k16: knob_forced("NEAGARI_CUDA_MVR_K16") == Some(true),

@@ -28,9 +28,10 @@
 //! one 16-byte load a unit, and word `k`'s two nibble halves are the activation's words `2k`
 //! and `2k + 1` (the `N` forms of the Q4_K structs: vecdot.cuh `Q_Q4_Kt`, dequant.cuh
 //! `F_Q4_Kt`, gemv_rows.cu `R_Q4_Kt` and `B_Q4_Kt`; the same integer sums, so the same bits).
-//! Q5_K, with NEAGARI_CUDA_Q5K_PAIR=1 ([`paired`]; staged, not yet run on a GPU), pairs its
-//! nibbles the same way at byte 48 and keeps a unit's 32 fifth bits as one word at `16 + 4s`
-//! (bit `8i + m` for weight `4m + i`, so activation word `m`'s are bits `m` of its bytes).
+//! Q5_K pairs its nibbles the same way at byte 48 and keeps a unit's 32 fifth bits as one
+//! word at `16 + 4s` (bit `8i + m` for weight `4m + i`, so activation word `m`'s are bits `m`
+//! of its bytes): Llama 3 8B all-Q5_K tg64 417 → 442 on the H200 (docs/BENCHMARKS.md,
+//! session 48). NEAGARI_CUDA_Q5K_PAIR=0 keeps ggml's layout for Q5_K alone.
 //!
 //! The kernels that read it: kernels/lowbit.cu (`F_Q1_0R`, `F_TQ2_0R`: the f32 GEMV, the
 //! embedding, the f16 dequantizer for prefill) and kernels/vecdot.cuh (`Q_Q1_0R`,
@@ -205,12 +206,12 @@ const Q4K_BLOCK: usize = 144;
 /// Bytes of a Q5_K super-block (Q4_K's head, 32 bytes of fifth bits, 128 of nibbles).
 const Q5K_BLOCK: usize = 176;
 
-/// Whether format `ty` is uploaded with its units' nibbles paired (module docs): Q4_K, and
-/// Q5_K with NEAGARI_CUDA_Q5K_PAIR=1 (staged for measuring; not yet run on a GPU).
+/// Whether format `ty` is uploaded with its units' nibbles paired (module docs): Q4_K and
+/// Q5_K (NEAGARI_CUDA_Q5K_PAIR=0 not Q5_K, for measuring).
 pub(super) fn paired(ty: GgmlType) -> bool {
     match ty {
         GgmlType::Q4_K => true,
-        GgmlType::Q5_K => super::knob_forced("NEAGARI_CUDA_Q5K_PAIR") == Some(true),
+        GgmlType::Q5_K => super::knob_on("NEAGARI_CUDA_Q5K_PAIR"),
         _ => false,
     }
 }
