@@ -422,6 +422,28 @@ mod tests {
         }
     }
 
+    /// Each super-block `b` of row `r` of a paired K-quant (`rp`, rows as long as ggml's in
+    /// `src`) beside ggml's and ggml's dequantized weights of it: `check(r, b, paired, ggml,
+    /// want)`. The 16-byte head (d, dmin, scale bytes) is ggml's.
+    fn each_paired_block(
+        ty: GgmlType,
+        block: usize,
+        (src, rp): (&[u8], &[u8]),
+        (rows, cols): (usize, usize),
+        mut check: impl FnMut(usize, usize, &[u8], &[u8], &[f32]),
+    ) {
+        let row_in = ty.row_bytes(cols).unwrap();
+        for r in 0..rows {
+            let (g, p) = (&src[r * row_in..][..row_in], &rp[r * row_in..][..row_in]);
+            let mut want = vec![0f32; cols];
+            dequantize_row(ty, g, &mut want).unwrap();
+            for (b, (pb, gb)) in p.chunks_exact(block).zip(g.chunks_exact(block)).enumerate() {
+                assert_eq!(pb[..16], gb[..16], "the head is ggml's");
+                check(r, b, pb, gb, &want[256 * b..][..256]);
+            }
+        }
+    }
+
     #[test]
     fn q4_k_units_pair_their_nibbles() {
         let ty = GgmlType::Q4_K;
@@ -430,16 +452,12 @@ mod tests {
         let src = random_k_rows(rows * row_in, Q4K_BLOCK, 0x9E37_79B9_7F4A_7C15);
         let (rp, rb) = repack_rows(ty, &src, rows, row_in).unwrap();
         assert_eq!((rb, rp.len()), (row_in, src.len()));
-        for r in 0..rows {
-            let (g, p) = (&src[r * row_in..][..row_in], &rp[r * rb..][..rb]);
-            let mut want = vec![0f32; cols];
-            dequantize_row(ty, g, &mut want).unwrap();
-            for (b, (pb, gb)) in p
-                .chunks_exact(Q4K_BLOCK)
-                .zip(g.chunks_exact(Q4K_BLOCK))
-                .enumerate()
-            {
-                assert_eq!(pb[..16], gb[..16], "the head is ggml's");
+        each_paired_block(
+            ty,
+            Q4K_BLOCK,
+            (&src, &rp),
+            (rows, cols),
+            |r, b, pb, gb, want| {
                 for s in 0..8 {
                     // dequant.cuh F_Q4_Kt<true>::unit: word k's low nibbles are weights 8k..,
                     // its high ones 8k + 4.. (the scale and min as ggml's).
@@ -451,15 +469,15 @@ mod tests {
                                 let got = d * q as f32 - dm;
                                 assert_eq!(
                                     got,
-                                    want[256 * b + 32 * s + n],
+                                    want[32 * s + n],
                                     "row {r} block {b} unit {s} weight {n}"
                                 );
                             }
                         }
                     }
                 }
-            }
-        }
+            },
+        );
     }
 
     #[test]
@@ -470,16 +488,12 @@ mod tests {
         let src = random_k_rows(rows * row_in, Q5K_BLOCK, 0x2545_F491_4F6C_DD1D);
         let mut rp = vec![0u8; src.len()];
         pair_q5_k(&src, &mut rp);
-        for r in 0..rows {
-            let (g, p) = (&src[r * row_in..][..row_in], &rp[r * row_in..][..row_in]);
-            let mut want = vec![0f32; cols];
-            dequantize_row(ty, g, &mut want).unwrap();
-            for (b, (pb, gb)) in p
-                .chunks_exact(Q5K_BLOCK)
-                .zip(g.chunks_exact(Q5K_BLOCK))
-                .enumerate()
-            {
-                assert_eq!(pb[..16], gb[..16], "the head is ggml's");
+        each_paired_block(
+            ty,
+            Q5K_BLOCK,
+            (&src, &rp),
+            (rows, cols),
+            |r, b, pb, gb, want| {
                 for s in 0..8 {
                     let (d, dm) = unit_scale_min(gb, s);
                     let h = u32::from_le_bytes(pb[16 + 4 * s..][..4].try_into().unwrap());
@@ -492,13 +506,13 @@ mod tests {
                         let got = d * q as f32 - dm;
                         assert_eq!(
                             got,
-                            want[256 * b + 32 * s + l],
+                            want[32 * s + l],
                             "row {r} block {b} unit {s} weight {l}"
                         );
                     }
                 }
-            }
-        }
+            },
+        );
     }
 
     #[test]
