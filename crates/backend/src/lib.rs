@@ -618,6 +618,42 @@ pub trait Backend: Send + Sync + 'static {
         self.add(x, y)?;
         self.rms_norm(x, w, eps, out)
     }
+    /// `add_rms_norm(x, y, w, eps, out)`, then `matmul_multi(ws, out, outs)`: the norm and the
+    /// projections that read it in one call, so a device backend may finish the norm inside
+    /// the GEMVs (the CUDA backend for a decode row of Q4_K). `out` is written either way.
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm_matmul(
+        &self,
+        x: &mut Self::Buf,
+        y: &Self::Buf,
+        w: &Self::Vector,
+        eps: f32,
+        out: &mut Self::Buf,
+        ws: &[&Self::Mat],
+        outs: &mut [&mut Self::Buf],
+    ) -> Result<()> {
+        self.add_rms_norm(x, y, w, eps, out)?;
+        self.matmul_multi(ws, out, outs)
+    }
+    /// `add_rms_norm(x, y, w, eps, out)`, `prefetch(next)` (the matrices the GEMV after the
+    /// GLU reads), then `matmul_glu(gate, up, out, act, g, u)`, as `add_rms_norm_matmul`.
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm_matmul_glu(
+        &self,
+        x: &mut Self::Buf,
+        y: &Self::Buf,
+        w: &Self::Vector,
+        eps: f32,
+        out: &mut Self::Buf,
+        (gate, up, next): (&Self::Mat, &Self::Mat, &[&Self::Mat]),
+        act: GluAct,
+        g: &mut Self::Buf,
+        u: &mut Self::Buf,
+    ) -> Result<()> {
+        self.add_rms_norm(x, y, w, eps, out)?;
+        self.prefetch(next)?;
+        self.matmul_glu(gate, up, out, act, g, u)
+    }
     /// `y = rms_norm(y, w_y)` in place, then `add_rms_norm(x, y, w, out)`: Gemma's post-norm
     /// of a block's output, the residual add and the next norm (whole rows).
     fn norm_add_rms_norm(

@@ -9,8 +9,8 @@
 
 mod cuda_common;
 use cuda_common::{
-    check_q8_1, cpu, download, exact_product, gpu, n_diff, random_mat, randv, rel, rng, upload,
-    vector,
+    check_q8_1, cpu, download, exact_product, gpu, gpu_with, n_diff, random_mat, randv, rel, rng,
+    upload, vector,
 };
 use std::io::Write;
 
@@ -1151,6 +1151,160 @@ fn fused_matmul_glu() {
             }
         }
     }
+}
+
+/// What `add_rms_norm_matmul` leaves: x after the add, the normed row, each projection.
+type NormOut = (Vec<f32>, Vec<f32>, Vec<Vec<f32>>);
+
+/// `add_rms_norm_matmul` of one row on `be` (false: `add_rms_norm` then `matmul_multi`).
+fn norm_then_matmul<B: Backend>(
+    be: &B,
+    mats: &[HostTensor],
+    (x, y, w): (&[f32], &[f32], &[f32]),
+    one_call: bool,
+) -> NormOut {
+    let cols = x.len();
+    let ms: Vec<B::Mat> = mats.iter().map(|t| be.load_mat(t).unwrap()).collect();
+    let refs: Vec<&B::Mat> = ms.iter().collect();
+    let (mut xb, yb, wv) = (
+        upload(be, x, 1, cols),
+        upload(be, y, 1, cols),
+        vector(be, w),
+    );
+    let mut xn = be.buf(1, 1).unwrap();
+    let mut outs: Vec<B::Buf> = mats.iter().map(|_| be.buf(1, 1).unwrap()).collect();
+    let mut orefs: Vec<&mut B::Buf> = outs.iter_mut().collect();
+    if one_call {
+        be.add_rms_norm_matmul(&mut xb, &yb, &wv, 1e-6, &mut xn, &refs, &mut orefs)
+            .unwrap();
+    } else {
+        be.add_rms_norm(&mut xb, &yb, &wv, 1e-6, &mut xn).unwrap();
+        be.matmul_multi(&refs, &xn, &mut orefs).unwrap();
+    }
+    let o = outs.iter().map(|o| download(be, o)).collect();
+    (download(be, &xb), download(be, &xn), o)
+}
+
+/// A decode row's residual add and norm finished inside the Q4_K GEMV that reads it (norm.rs
+/// `norm_matmul_op`: `add_norm_part`, then `mvqm1x4u` scaling its sums by 1/rms): x and the
+/// normed row are the separate ops' bits, the projections within float error of theirs
+/// (x·w is quantized, not x·w/rms: some values differ, which shows the fold ran) and of the
+/// CPU's; without the fold (NEAGARI_CUDA_NORM_FOLD=0) the one call is the separate ops,
+/// bit for bit. A matmul of the normed row afterwards quantizes it afresh; the GLU form
+/// matches too.
+#[test]
+fn norm_folded_into_gemv() {
+    let Some(_) = gpu() else { return };
+    let g = gpu_with(&[("NEAGARI_CUDA_NORM_FOLD", "1")]);
+    let g0 = gpu_with(&[("NEAGARI_CUDA_NORM_FOLD", "0")]);
+    let c = cpu();
+    let mut r = rng();
+    // The 27B's 5120 wide (three warps, two rounds for two of them), four matrices as its
+    // DeltaNet in-projection (cut down); 2048 wide (one warp, two rounds), three matrices.
+    // (At least 4 · 4 · 132 rows in all: fewer would take 2-row blocks, not `mvqm1x4u`.)
+    let shapes: [(usize, &[usize]); 2] = [(5120, &[2048, 1024, 64, 64]), (2048, &[2048, 512, 512])];
+    for (cols, rows) in shapes {
+        let mats: Vec<HostTensor> = rows
+            .iter()
+            .map(|&m| random_mat(&mut r, GgmlType::Q4_K, m, cols).0)
+            .collect();
+        let (x, y, w) = (
+            randv(&mut r, cols, 2.0),
+            randv(&mut r, cols, 1.0),
+            randv(&mut r, cols, 1.0),
+        );
+        let xyw = (&x[..], &y[..], &w[..]);
+        let (xf, nf, of) = norm_then_matmul(&g, &mats, xyw, true);
+        let (xs, ns, os) = norm_then_matmul(&g, &mats, xyw, false);
+        let (x0, n0, o0) = norm_then_matmul(&g0, &mats, xyw, true);
+        let (_, nc, oc) = norm_then_matmul(&c, &mats, xyw, true);
+        let name = format!("norm into Q4_K {cols} wide");
+        assert_eq!(n_diff(&xf, &xs), 0, "{name}: x");
+        assert_eq!(n_diff(&nf, &ns), 0, "{name}: normed row");
+        assert_eq!(
+            (n_diff(&x0, &xs), n_diff(&n0, &ns)),
+            (0, 0),
+            "{name}: unfolded"
+        );
+        let (of, os, o0, oc) = (of.concat(), os.concat(), o0.concat(), oc.concat());
+        assert_eq!(n_diff(&o0, &os), 0, "{name}: unfolded projections");
+        let d = n_diff(&of, &os);
+        eprintln!(
+            "{name}: {d} of {} projections differ from the separate ops'",
+            of.len()
+        );
+        assert!(d > 0, "{name}: the fold did not run");
+        check_float_op(&format!("{name} vs separate"), 1e-4, os, of.clone());
+        check_float_op(&format!("{name} vs CPU"), 3e-2, oc, of);
+        check_float_op(&format!("{name}: normed row vs CPU"), 1e-5, nc, nf);
+    }
+    // A matmul of the normed row after the fold (here Q8_0) takes a fresh q8_1 of it, not
+    // the fold's q8_1 of x·w; and the GLU form (a gate of 2048 × 5120 is past GLU_FUSE_MAX:
+    // the GEMVs and the GLU kernel apart).
+    let cols = 5120;
+    let (tg, tu) = (
+        random_mat(&mut r, GgmlType::Q4_K, 2048, cols).0,
+        random_mat(&mut r, GgmlType::Q4_K, 2048, cols).0,
+    );
+    let tq = random_mat(&mut r, GgmlType::Q8_0, 256, cols).0;
+    let (x, y, w) = (
+        randv(&mut r, cols, 2.0),
+        randv(&mut r, cols, 1.0),
+        randv(&mut r, cols, 1.0),
+    );
+    let glu = |be: &CudaBackend, one_call: bool| {
+        let (gm, um, qm) = (
+            be.load_mat(&tg).unwrap(),
+            be.load_mat(&tu).unwrap(),
+            be.load_mat(&tq).unwrap(),
+        );
+        let (mut xb, yb, wv) = (
+            upload(be, &x, 1, cols),
+            upload(be, &y, 1, cols),
+            vector(be, &w),
+        );
+        let (mut xn, mut gb, mut ub, mut qb) = (
+            be.buf(1, 1).unwrap(),
+            be.buf(1, 1).unwrap(),
+            be.buf(1, 1).unwrap(),
+            be.buf(1, 1).unwrap(),
+        );
+        if one_call {
+            be.add_rms_norm_matmul_glu(
+                &mut xb,
+                &yb,
+                &wv,
+                1e-6,
+                &mut xn,
+                (&gm, &um, &[]),
+                GluAct::Silu,
+                &mut gb,
+                &mut ub,
+            )
+            .unwrap();
+        } else {
+            be.add_rms_norm(&mut xb, &yb, &wv, 1e-6, &mut xn).unwrap();
+            be.matmul_glu(&gm, &um, &xn, GluAct::Silu, &mut gb, &mut ub)
+                .unwrap();
+        }
+        be.matmul(&qm, &xn, &mut qb).unwrap();
+        (download(be, &xn), download(be, &gb), download(be, &qb))
+    };
+    let (nf, gf, qf) = glu(&g, true);
+    let (ns, gs, qs) = glu(&g, false);
+    assert_eq!(n_diff(&nf, &ns), 0, "GLU fold: normed row");
+    assert_eq!(
+        n_diff(&qf, &qs),
+        0,
+        "GLU fold: a later matmul of the normed row"
+    );
+    let d = n_diff(&gf, &gs);
+    eprintln!(
+        "GLU fold: {d} of {} values differ from the separate ops'",
+        gf.len()
+    );
+    assert!(d > 0, "GLU fold: the fold did not run");
+    check_float_op("GLU fold vs separate", 1e-4, gs, gf);
 }
 
 struct QkInputs {

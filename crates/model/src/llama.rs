@@ -275,7 +275,22 @@ impl<B: Backend> Llama<B> {
             be.rms_norm(&x, &l.attn_norm, c.eps, &mut xn)?;
         }
         for (il, l) in self.layers.iter().enumerate() {
-            be.matmul_multi(&[&l.wq, &l.wk, &l.wv], &xn, &mut [&mut q, &mut k, &mut v])?;
+            if il == 0 {
+                be.matmul_multi(&[&l.wq, &l.wk, &l.wv], &xn, &mut [&mut q, &mut k, &mut v])?;
+            } else {
+                // The residual add of the layer before's output and this layer's input norm,
+                // in one call with the projections that read it (Backend::add_rms_norm_matmul).
+                be.prefetch(&[&l.wq, &l.wk])?;
+                be.add_rms_norm_matmul(
+                    &mut x,
+                    &o,
+                    &l.attn_norm,
+                    c.eps,
+                    &mut xn,
+                    &[&l.wq, &l.wk, &l.wv],
+                    &mut [&mut q, &mut k, &mut v],
+                )?;
+            }
             for (buf, bias) in [(&mut q, &l.bq), (&mut k, &l.bk), (&mut v, &l.bv)] {
                 if let Some(b) = bias {
                     be.add_bias(buf, b)?;
@@ -295,19 +310,21 @@ impl<B: Backend> Llama<B> {
             be.matmul(&l.wo, &att, &mut o)?;
             // Each norm (and the GLU) is told which matrices the GEMV after it reads.
             be.prefetch(&[&l.gate, &l.up])?;
-            be.add_rms_norm(&mut x, &o, &l.ffn_norm, c.eps, &mut xn)?;
-
-            be.prefetch(&[&l.down])?;
-            be.matmul_glu(&l.gate, &l.up, &xn, GluAct::Silu, &mut gate, &mut up)?;
+            be.add_rms_norm_matmul_glu(
+                &mut x,
+                &o,
+                &l.ffn_norm,
+                c.eps,
+                &mut xn,
+                (&l.gate, &l.up, &[&l.down]),
+                GluAct::Silu,
+                &mut gate,
+                &mut up,
+            )?;
             be.matmul(&l.down, &gate, &mut o)?;
-            // The residual add and the next layer's input norm.
-            match self.layers.get(il + 1) {
-                Some(next) => {
-                    be.prefetch(&[&next.wq, &next.wk])?;
-                    be.add_rms_norm(&mut x, &o, &next.attn_norm, c.eps, &mut xn)?
-                }
-                None => be.add(&mut x, &o)?,
-            }
+        }
+        if !self.layers.is_empty() {
+            be.add(&mut x, &o)?;
         }
         be.kv_commit(kv, pos0 + n)?;
         Ok(x)

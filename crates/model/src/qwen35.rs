@@ -613,17 +613,17 @@ impl<B: Backend> Qwen35<B> {
         kv: &mut B::Kv,
         a: &AttnW<B>,
         pos0: usize,
-        xn: &B::Buf,
+        inp: NormIn<'_, B>,
     ) -> Result<B::Buf> {
         let c = &self.cfg;
-        let (nt, _) = be.buf_shape(xn);
+        let nt = inp.rows(be);
         let hd = c.head_dim;
         let q_dim = c.n_heads * hd;
         // [n, n_heads·hd], or gated [n, n_heads·(query hd | gate hd)]
         let mut q = be.buf(nt, if a.gated { 2 * q_dim } else { q_dim })?;
         let mut k = be.buf(nt, c.n_kv_heads * hd)?; // [n, n_kv·hd]
         let mut v = be.buf(nt, c.n_kv_heads * hd)?; // [n, n_kv·hd]
-        be.matmul_multi(&[&a.wq, &a.wk, &a.wv], xn, &mut [&mut q, &mut k, &mut v])?;
+        inp.matmul(be, &[&a.wq, &a.wk, &a.wv], &mut [&mut q, &mut k, &mut v])?;
         let attn = Attn {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
@@ -650,13 +650,19 @@ impl<B: Backend> Qwen35<B> {
         Ok(o)
     }
 
-    fn delta_forward(&self, be: &B, kv: &mut B::Kv, d: &DeltaW<B>, xn: &B::Buf) -> Result<B::Buf> {
+    fn delta_forward(
+        &self,
+        be: &B,
+        kv: &mut B::Kv,
+        d: &DeltaW<B>,
+        inp: NormIn<'_, B>,
+    ) -> Result<B::Buf> {
         let c = &self.cfg;
         let s = c
             .ssm
             .as_ref()
             .ok_or_else(|| ModelError::Unsupported("no ssm config".into()))?;
-        let (nt, _) = be.buf_shape(xn);
+        let nt = inp.rows(be);
         let mut qkv = be.buf(nt, s.conv_channels())?; // [n, 2·key_dim + value_dim]
         let mut z = be.buf(nt, s.value_dim())?; // [n, value_dim]
         let mut beta = be.buf(nt, s.n_v_heads)?; // [n, n_v]
@@ -667,16 +673,16 @@ impl<B: Backend> Qwen35<B> {
                 beta: wb,
                 alpha: wa,
             } => {
-                be.matmul_multi(
+                inp.matmul(
+                    be,
                     &[&d.qkv, &d.gate, wb, wa],
-                    xn,
                     &mut [&mut qkv, &mut z, &mut beta, &mut alpha],
                 )?;
             }
             BetaAlpha::Fused(w) => {
                 let r = s.n_v_heads / s.n_k_heads;
                 let mut ba = be.buf(nt, 2 * s.n_v_heads)?; // [n, n_k·(b r | a r)]
-                be.matmul_multi(&[&d.qkv, &d.gate, w], xn, &mut [&mut qkv, &mut z, &mut ba])?;
+                inp.matmul(be, &[&d.qkv, &d.gate, w], &mut [&mut qkv, &mut z, &mut ba])?;
                 be.copy_cols(&ba, 0, r, 2 * r, s.n_k_heads, &mut beta)?;
                 be.copy_cols(&ba, r, r, 2 * r, s.n_k_heads, &mut alpha)?;
             }
@@ -711,16 +717,16 @@ impl<B: Backend> Qwen35<B> {
         Ok(o)
     }
 
-    fn ffn_forward(&self, be: &B, ffn: &Ffn<B>, xn: &B::Buf) -> Result<B::Buf> {
+    fn ffn_forward(&self, be: &B, ffn: &Ffn<B>, inp: NormIn<'_, B>) -> Result<B::Buf> {
         let c = &self.cfg;
-        let (nt, h) = be.buf_shape(xn);
+        let nt = inp.rows(be);
+        let h = c.n_embd;
         let mut o = be.buf(nt, h)?; // [n, H]
         match ffn {
             Ffn::Dense { gate, up, down } => {
                 let mut g = be.buf(nt, c.n_ff)?; // [n, F]
                 let mut u = be.buf(nt, c.n_ff)?; // [n, F]
-                be.prefetch(&[down])?;
-                be.matmul_glu(gate, up, xn, GluAct::Silu, &mut g, &mut u)?;
+                inp.matmul_glu(be, (gate, up, &[down]), &mut g, &mut u)?;
                 be.matmul(down, &g, &mut o)?;
             }
             Ffn::Moe {
@@ -730,6 +736,7 @@ impl<B: Backend> Qwen35<B> {
                 down,
                 shared,
             } => {
+                let xn = inp.normed(be)?;
                 let (e, f, k) = (c.n_expert, c.n_ff_exp, c.n_expert_used);
                 let mut logits = be.buf(nt, e)?; // [n, E]
                 be.matmul(router, xn, &mut logits)?;
@@ -894,34 +901,111 @@ impl<B: Backend> Qwen35<B> {
         let mut x = be.buf(nt, c.n_embd)?; // [n, H] residual stream
         be.embed(&self.tok_embd, tokens, 1.0, &mut x)?;
         let mut xn = be.buf(nt, c.n_embd)?; // [n, H]
-        if let Some(l) = self.layers.first() {
-            be.rms_norm(&x, &l.attn_norm, c.eps, &mut xn)?;
-        }
-        for (il, l) in self.layers.iter().enumerate() {
-            let o = match &l.mixer {
-                Mixer::Attn(a) => self.attn_forward(be, kv, a, pos0, &xn)?,
-                Mixer::Delta(d) => self.delta_forward(be, kv, d, &xn)?,
-            };
+                                            // The previous layer's FFN output, added to x by this layer's input norm.
+        let mut prev: Option<B::Buf> = None;
+        for l in &self.layers {
             // Each norm is told which matrices the GEMV after it reads (Backend::prefetch).
+            if prev.is_some() {
+                match &l.mixer {
+                    Mixer::Attn(a) => be.prefetch(&[&a.wq, &a.wk])?,
+                    Mixer::Delta(d) => be.prefetch(&[&d.qkv, &d.gate])?,
+                }
+            }
+            let inp = NormIn {
+                x: &mut x,
+                add: prev.as_ref(),
+                w: &l.attn_norm,
+                eps: c.eps,
+                xn: &mut xn,
+            };
+            let o = match &l.mixer {
+                Mixer::Attn(a) => self.attn_forward(be, kv, a, pos0, inp)?,
+                Mixer::Delta(d) => self.delta_forward(be, kv, d, inp)?,
+            };
             if let Ffn::Dense { gate, up, .. } = &l.ffn {
                 be.prefetch(&[gate, up])?;
             }
-            be.add_rms_norm(&mut x, &o, &l.post_norm, c.eps, &mut xn)?;
-            let o = self.ffn_forward(be, &l.ffn, &xn)?;
-            // The residual add and the next layer's input norm.
-            match self.layers.get(il + 1) {
-                Some(next) => {
-                    match &next.mixer {
-                        Mixer::Attn(a) => be.prefetch(&[&a.wq, &a.wk])?,
-                        Mixer::Delta(d) => be.prefetch(&[&d.qkv, &d.gate])?,
-                    }
-                    be.add_rms_norm(&mut x, &o, &next.attn_norm, c.eps, &mut xn)?
-                }
-                None => be.add(&mut x, &o)?,
-            }
+            let inp = NormIn {
+                x: &mut x,
+                add: Some(&o),
+                w: &l.post_norm,
+                eps: c.eps,
+                xn: &mut xn,
+            };
+            prev = Some(self.ffn_forward(be, &l.ffn, inp)?);
+        }
+        if let Some(o) = prev {
+            be.add(&mut x, &o)?;
         }
         be.kv_commit(kv, pos0 + nt)?;
         Ok(x)
+    }
+}
+
+/// A block's input: `xn = rms_norm(x, w)` (the first layer), or after `x += add` (the block
+/// before's output), made by the call that also runs the projections reading it
+/// (`Backend::add_rms_norm_matmul`), so a backend may finish the norm inside them.
+struct NormIn<'a, B: Backend> {
+    x: &'a mut B::Buf,
+    add: Option<&'a B::Buf>,
+    w: &'a B::Vector,
+    eps: f32,
+    xn: &'a mut B::Buf,
+}
+
+impl<'a, B: Backend> NormIn<'a, B> {
+    fn rows(&self, be: &B) -> usize {
+        be.buf_shape(self.x).0
+    }
+
+    /// `outs[i] = ws[i] · xn`.
+    fn matmul(self, be: &B, ws: &[&B::Mat], outs: &mut [&mut B::Buf]) -> Result<()> {
+        match self.add {
+            Some(y) => be.add_rms_norm_matmul(self.x, y, self.w, self.eps, self.xn, ws, outs)?,
+            None => {
+                be.rms_norm(self.x, self.w, self.eps, self.xn)?;
+                be.matmul_multi(ws, self.xn, outs)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The gated MLP's projections and SiLU GLU of xn (`next`: what the GEMV after reads).
+    fn matmul_glu(
+        self,
+        be: &B,
+        (gate, up, next): (&B::Mat, &B::Mat, &[&B::Mat]),
+        g: &mut B::Buf,
+        u: &mut B::Buf,
+    ) -> Result<()> {
+        match self.add {
+            Some(y) => be.add_rms_norm_matmul_glu(
+                self.x,
+                y,
+                self.w,
+                self.eps,
+                self.xn,
+                (gate, up, next),
+                GluAct::Silu,
+                g,
+                u,
+            )?,
+            None => {
+                be.rms_norm(self.x, self.w, self.eps, self.xn)?;
+                be.prefetch(next)?;
+                be.matmul_glu(gate, up, self.xn, GluAct::Silu, g, u)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// xn itself, for readers other than one projection call (the MoE's router and experts).
+    fn normed(self, be: &B) -> Result<&'a B::Buf> {
+        match self.add {
+            Some(y) => be.add_rms_norm(self.x, y, self.w, self.eps, self.xn)?,
+            None => be.rms_norm(self.x, self.w, self.eps, self.xn)?,
+        }
+        Ok(self.xn)
     }
 }
 

@@ -211,6 +211,48 @@ impl Backend for CudaBackend {
         self.add_rms_norm_op(x, y, w, eps, out)
     }
 
+    fn add_rms_norm_matmul(
+        &self,
+        x: &mut CudaBuf,
+        y: &CudaBuf,
+        w: &CudaVector,
+        eps: f32,
+        out: &mut CudaBuf,
+        ws: &[&CudaMat],
+        outs: &mut [&mut CudaBuf],
+    ) -> Result<()> {
+        if self.norm_matmul_op(x, y, w, eps, out, ws, outs)? {
+            return Ok(());
+        }
+        self.add_rms_norm_op(x, y, w, eps, out)?;
+        self.matmul_multi_op(ws, out, outs)
+    }
+
+    fn add_rms_norm_matmul_glu(
+        &self,
+        x: &mut CudaBuf,
+        y: &CudaBuf,
+        w: &CudaVector,
+        eps: f32,
+        out: &mut CudaBuf,
+        (gate, up, next): (&CudaMat, &CudaMat, &[&CudaMat]),
+        act: GluAct,
+        g: &mut CudaBuf,
+        u: &mut CudaBuf,
+    ) -> Result<()> {
+        // Where `matmul_glu` would run the GEMVs and the GLU kernel apart: the norm inside
+        // the GEMVs, then the GLU (the hint for the GEMV after it).
+        if self.glu_apart(gate, up, x.rows)
+            && self.norm_matmul_op(x, y, w, eps, out, &[gate, up], &mut [&mut *g, &mut *u])?
+        {
+            self.prefetch_op(next);
+            return self.glu(g, u, act);
+        }
+        self.add_rms_norm_op(x, y, w, eps, out)?;
+        self.prefetch_op(next);
+        self.matmul_glu_op(gate, up, out, act, g, u)
+    }
+
     fn norm_add_rms_norm(
         &self,
         x: &mut CudaBuf,

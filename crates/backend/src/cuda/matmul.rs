@@ -5,6 +5,7 @@
 
 use cudarc::cublas::sys as blas_sys;
 
+use super::norm::NrmArgs;
 use super::*;
 
 impl CudaBackend {
@@ -237,7 +238,7 @@ impl CudaBackend {
     /// 1,280 blocks: 9.16 → 7.29 µs (H200). Q4_K only: its `mvq_split` loads a round's rows
     /// apart from their arithmetic (`load_u`, vecdot.cuh); the other formats would run
     /// `mvq_impl` there.
-    fn half_warps(&self, ty: GgmlType, units: usize, rows: usize, limit: usize) -> bool {
+    pub(super) fn half_warps(&self, ty: GgmlType, units: usize, rows: usize, limit: usize) -> bool {
         self.mvq_split
             && ty == GgmlType::Q4_K
             && self.mv_warps.is_none()
@@ -316,14 +317,41 @@ impl CudaBackend {
         })
     }
 
+    /// Whether `matmul_multi` of `n` rows of `cols` over `ws` is one `mvqm1x4u` launch: up to
+    /// four matrices of one format, row size and width with integer kernels, one row, four
+    /// rows a block and `half_warps`, no tensor-core or streaming kernel. What
+    /// `norm_matmul_op` folds a norm into.
+    pub(super) fn multi_half(&self, ws: &[&CudaMat], n: usize, cols: usize) -> bool {
+        let Some(w0) = ws.first() else {
+            return false;
+        };
+        let Some(k) = &w0.k.int else {
+            return false;
+        };
+        let total: usize = ws.iter().map(|w| w.rows).sum();
+        let units = cols.div_ceil(32);
+        n == 1
+            && self.mv_int
+            && ws.len() <= 4
+            && ws.iter().all(|w| {
+                w.ty == w0.ty && w.row_bytes == w0.row_bytes && w.cols == cols && w.k.int.is_some()
+            })
+            && k.stream.is_empty()
+            && self.mvr_kernels(k, n).is_none()
+            && self.mv_per_block(total, cols, w0.row_bytes, k.step) == 4
+            && self.half_warps(w0.ty, units, total, self.mvm_half)
+    }
+
     /// `matmul_multi` on the integer GEMV: every matrix of one format and width, up to 8
-    /// activation rows; four matrices a launch.
+    /// activation rows; four matrices a launch. With `nrm` (`multi_half` holds) the one
+    /// `mvqm1x4u` launch finishes the norm before it (norm.rs `norm_matmul_op`).
     pub(super) fn matmul_multi_int(
         &self,
         k: &IntKernels,
         ws: &[&CudaMat],
         x: &CudaBuf,
         outs: &mut [&mut CudaBuf],
+        nrm: Option<NrmArgs>,
     ) -> Result<()> {
         let (n, cols) = (x.rows, x.cols);
         for (w, o) in ws.iter().zip(outs.iter_mut()) {
@@ -356,6 +384,11 @@ impl CudaBackend {
             && per_block == 4
             && tc.is_none()
             && self.half_warps(ws[0].ty, units, total, self.mvm_half);
+        if nrm.is_some() && (!half || ws.len() > 4) {
+            return Err(BackendError::Other(
+                "cuda: a norm folded into a GEMV that cannot finish it".into(),
+            ));
+        }
         let (func, r) = if let Some(p) = &tma {
             (p.func(true), p.rows)
         } else if let Some(f) = tc {
@@ -424,6 +457,17 @@ impl CudaBackend {
                 block_dim: (bx as u32, by as u32, 1),
                 shared_mem_bytes: 0,
             };
+            if half {
+                // `mvqm1x4u` takes the norm's parts (none: all zero).
+                let nrm = nrm.unwrap_or_default();
+                launch!(
+                    @keep self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1],
+                    &a.y[2], &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2], &a.rows[3],
+                    &a.starts[1], &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &rb, &nr_i,
+                    &nrm
+                )?;
+                continue;
+            }
             launch!(
                 @keep self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1],
                 &a.y[2], &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2], &a.rows[3], &a.starts[1],
@@ -852,7 +896,7 @@ impl CudaBackend {
                 .filter(|(j, _)| group.contains(j))
                 .map(|(_, o)| &mut **o)
                 .collect();
-            self.matmul_multi_int(k, &gw, x, &mut go)?;
+            self.matmul_multi_int(k, &gw, x, &mut go, None)?;
             for j in group {
                 done[j] = true;
             }

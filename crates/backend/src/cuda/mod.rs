@@ -175,6 +175,7 @@ struct OpsKernels {
     add_rms_norm_q: CudaFunction,
     add_rms_norm_row: CudaFunction,
     add_rms_norm_cl: CudaFunction,
+    add_norm_part: CudaFunction,
     /// `Backend::norm_add_rms_norm` in one launch.
     /// [rows of ≤ blockDim values, of ≤ 8·blockDim]
     norm_add_norm: [CudaFunction; 2],
@@ -323,6 +324,11 @@ pub struct CudaBackend {
     /// … in one thread-block cluster (`add_rms_norm_cl`, Hopper and later), unless
     /// NEAGARI_CUDA_NORM_CL=0 (`add_rms_norm_row`'s barrier of global atomics).
     norm_cl: bool,
+    /// A decode row's residual add and norm finished inside the Q4_K GEMV that reads it
+    /// (norm.rs `norm_matmul_op`) with NEAGARI_CUDA_NORM_FOLD=1 (off by default until it
+    /// is timed: its first version, one block writing the normed row, made the 27B Q4_K's
+    /// one-token step 6.68 → 8.00 ms on an H100).
+    norm_fold: bool,
     /// Quantized formats take the integer GEMV, unless NEAGARI_CUDA_MV=float (measuring).
     mv_int: bool,
     /// Fused ops (`delta_net`, `matmul_glu`, `qk_norm_rope`) run as one launch each, unless
@@ -581,6 +587,7 @@ impl CudaBackend {
             add_rms_norm_q: f("add_rms_norm_q")?,
             add_rms_norm_row: f("add_rms_norm_row")?,
             add_rms_norm_cl: f("add_rms_norm_cl")?,
+            add_norm_part: f("add_norm_part")?,
             norm_add_norm: [f("norm_add_norm_1")?, f("norm_add_norm_8")?],
             norm_add_norm_q: [f("norm_add_norm_q_1")?, f("norm_add_norm_q_8")?],
             glu_silu_q: f("glu_silu_q")?,
@@ -637,6 +644,7 @@ impl CudaBackend {
             mv_warps: knob("NEAGARI_CUDA_MV_WARPS").filter(|n| (1..=MVQ_WARPS).contains(n)),
             norm_row: knob_on("NEAGARI_CUDA_NORM_ROW"),
             norm_cl: maj >= 9 && knob_on("NEAGARI_CUDA_NORM_CL"),
+            norm_fold: knob_forced("NEAGARI_CUDA_NORM_FOLD") == Some(true),
             mv_int: knob::<String>("NEAGARI_CUDA_MV").as_deref() != Some("float"),
             fuse: knob_on("NEAGARI_CUDA_FUSE"),
             fuse_attn: knob_on("NEAGARI_CUDA_FUSE") && knob_on("NEAGARI_CUDA_FUSE_ATTN"),

@@ -2,7 +2,44 @@
 //! or, for a decode row, several blocks meeting at a barrier) and Gemma's post-norm + add +
 //! norm; each may also write the q8_1 input of the next matmul.
 
+use cudarc::driver::DeviceRepr;
+
 use super::*;
+
+/// common.cuh's `Nrm`, by value: the parts of a decode row's norm that the GEMV reading it
+/// finishes (`norm_matmul_op`); all zero: no norm.
+#[derive(Clone, Copy, Default)]
+#[repr(C)]
+pub(super) struct NrmArgs {
+    part: u64,
+    x: u64,
+    w: u64,
+    out: u64,
+    np: i32,
+    g: i32,
+    eps: f32,
+    pad: u32,
+}
+
+// SAFETY: plain old data of the kernel parameter's C layout (four 8-byte addresses, three
+// 4-byte scalars and the 4 bytes of tail padding C gives the struct, 48 bytes), by value.
+unsafe impl DeviceRepr for NrmArgs {}
+const _: () = assert!(std::mem::size_of::<NrmArgs>() == 48);
+
+impl NrmArgs {
+    fn new(part: u64, (x, w, out): (u64, u64, u64), np: usize, g: usize, eps: f32) -> Self {
+        Self {
+            part,
+            x,
+            w,
+            out,
+            np: np as i32,
+            g: g as i32,
+            eps,
+            pad: 0,
+        }
+    }
+}
 
 impl CudaBackend {
     /// RMSNorm of `x`'s groups into the buffer at `op` (which may be x's own).
@@ -54,6 +91,102 @@ impl CudaBackend {
             return Ok(());
         }
         launch!(self, &self.ops.rms_norm, cfg, &xp, &wp, &op, &g_i, &eps)
+    }
+
+    /// `add_rms_norm` then `matmul_multi(ws, out, outs)` of a decode row with the norm
+    /// finished inside the GEMV (common.cuh's `Nrm`): `add_norm_part` adds, stores x, writes
+    /// the q8_1 of x·w and each block's sum of squares, without the blocks meeting; the one
+    /// `mvqm1x4u` launch over `ws` scales its sums by 1/rms and writes `out`. Taken where
+    /// `add_rms_norm` would run `add_rms_norm_cl` and `matmul_multi` one `mvqm1x4u` launch
+    /// (matmul.rs `multi_half`), with NEAGARI_CUDA_NORM_FOLD=1; `false`: not taken,
+    /// nothing launched. `add_norm_part` has the cluster's blocks and threads, so the row's
+    /// total, 1/rms and `out` are its bits; the GEMV's sums differ from the separate ops' in
+    /// the last places (x·w is quantized, not x·w/rms).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn norm_matmul_op(
+        &self,
+        x: &mut CudaBuf,
+        y: &CudaBuf,
+        w: &CudaVector,
+        eps: f32,
+        out: &mut CudaBuf,
+        ws: &[&CudaMat],
+        outs: &mut [&mut CudaBuf],
+    ) -> Result<bool> {
+        let g = x.cols;
+        let cl = g.div_ceil(NORM_ROW_THREADS).clamp(2, NORM_CL_MAX);
+        let cl_threads = g.div_ceil(cl).next_multiple_of(32);
+        let cluster_norm = self.norm_row
+            && self.norm_cl
+            && Self::fuse_q8_1(1, g)
+            && g > NORM_ROW_THREADS
+            && cl_threads <= 1024;
+        let ok = self.norm_fold
+            && x.rows == 1
+            && (y.rows, y.cols) == (1, g)
+            && w.len == g
+            && cluster_norm
+            && ws.len() == outs.len()
+            && self.multi_half(ws, 1, g)
+            // The GEMV's first g / 32 blocks write the normed row.
+            && ws.iter().map(|w| w.rows).sum::<usize>().div_ceil(4) >= g / 32;
+        let Some(k) = ws.first().and_then(|w0| w0.k.int.as_ref()).filter(|_| ok) else {
+            return Ok(false);
+        };
+        self.reshape(out, 1, g)?;
+        let pf = self.take_pf(super::prefetch::PfSite::Norm, 1);
+        let (xp, yp, wp, op) = (
+            self.dptr(&x.data),
+            self.dptr(&y.data),
+            self.dptr(&w.data),
+            self.dptr(&out.data),
+        );
+        let g_i = g as i32;
+        let nrm = {
+            let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            if sc.norm_part.is_none() {
+                self.check_alloc("the norm scratch")?;
+                self.scratch_moved();
+                sc.norm_part = Some(
+                    self.stream
+                        .alloc_zeros::<f64>(NORM_ROW_BLOCKS)
+                        .map_err(drv)?,
+                );
+            }
+            let pp = sc.norm_part.as_ref().map(|p| self.dptr(p)).unwrap_or(0);
+            let (qp, dsp) = self.xq_reserve(&mut sc, 1, g / 32)?;
+            let cfg = LaunchConfig {
+                grid_dim: (cl as u32, 1, 1),
+                block_dim: (cl_threads as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(
+                self,
+                &self.ops.add_norm_part,
+                cfg,
+                &xp,
+                &yp,
+                &wp,
+                &g_i,
+                &qp,
+                &dsp,
+                &pp,
+                &pf
+            )?;
+            sc.xq_key = Some((op, 1, g, self.gen.load(Ordering::Relaxed)));
+            NrmArgs::new(pp, (xp, wp, op), cl, g, eps)
+        };
+        self.matmul_multi_int(k, ws, out, outs, Some(nrm))?;
+        // That q8_1 is of x·w, not of `out` (which the GEMV wrote): no later matmul of out
+        // may take it.
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if sc.xq_key.is_some_and(|(p, ..)| p == op) {
+            sc.xq_key = None;
+        }
+        if sc.xq_alt_key.is_some_and(|(p, ..)| p == op) {
+            sc.xq_alt_key = None;
+        }
+        Ok(true)
     }
 
     pub(super) fn add_rms_norm_op(

@@ -160,6 +160,28 @@ __device__ __forceinline__ void pf_issue(const Pf& pf) {
 #endif
 }
 
+// A decode row's RMSNorm finished by the GEMV that reads it (cuda/norm.rs
+// `norm_matmul_op`): ops.cu's add_norm_part left x (the residual after the add), each of
+// its np blocks' sum of squares in part[0, np) and the q8_1 of x·w without the row's 1/rms.
+// The GEMV scales its sums by 1/rms (nrm_scale) and writes the normed row out =
+// x·(1/rms)·w — add_rms_norm_cl's total, in its block order, and its arithmetic, so its
+// bits. part null: no norm. The host's `NrmArgs`, by value.
+struct Nrm {
+    const double* part;
+    const float* x;
+    const float* w;
+    float* out;
+    int np, g;
+    float eps;
+};
+// Lane b (< np) of the calling warp holds part[b]; every lane gets 1/rms.
+__device__ __forceinline__ float nrm_scale(const Nrm& n, double mine) {
+    double t = 0.0;
+    for (int b = 0; b < n.np; b++) t += __shfl_sync(0xffffffffu, mine, b);
+    const float mean = (float)(t / (double)n.g);
+    return 1.0f / sqrtf(mean + n.eps);
+}
+
 // Bulk copies from global into shared memory by the tensor memory accelerator (sm_90+;
 // no-ops before): one thread inits an mbarrier (one arrival), says how many bytes its phase
 // waits for (`mbar_expect`), issues the copies (`bulk_load`: 16-byte aligned addresses and

@@ -197,11 +197,15 @@ struct has_unit<F, decltype((void)sizeof(typename F::U))> {
 // 34.0 µs, head 197 → 214: 77–94 registers against 40 halve the blocks an SM), and with
 // the next round's loads also in flight (118 registers) every shape lost. The same sums
 // in the same order as mvq_impl, so the same bits.
+// With a norm (`nrm`, common.cuh's Nrm; part set) the sums are scaled by the row's 1/rms
+// and the first g / 32 blocks write the normed row, 32 values each; the loads of the parts
+// and of those values go out after the wait and are used after the loop, so their latency
+// hides under it.
 template <class F, int R, class Wait>
 __device__ __forceinline__ void mvq_split(const u8* __restrict__ W, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, i64 row_bytes, int blk,
-                                          Wait wait) {
+                                          Wait wait, const Nrm& nrm) {
     if constexpr (!has_unit<F>::v) {
         wait();
         mvq_impl<F, 1, R>(W, xq, xds, y, rows, units, row_bytes, 1, blk);
@@ -221,6 +225,13 @@ __device__ __forceinline__ void mvq_split(const u8* __restrict__ W, const i8* __
         for (int q = 0; q < R; q++) acc[q][0] = 0.f;
         if ((int)threadIdx.x < units) ld(threadIdx.x);
         wait();
+        const bool norm = nrm.part != nullptr;
+        const double mine = norm && threadIdx.x < 32 && lane < nrm.np ? nrm.part[lane] : 0.0;
+        // Warp 0 of block b < g / 32 writes value b·32 + lane of the normed row (one block
+        // writing all of it took 10 µs a call: a chain of dependent loads and stores).
+        const int oi = blockIdx.x * 32 + lane;
+        const bool wo = norm && threadIdx.x < 32 && oi < nrm.g;
+        const float ox = wo ? nrm.x[oi] : 0.f, ow = wo ? nrm.w[oi] : 0.f;
         for (int u = threadIdx.x; u < units; u += T) {
             int x[1][8];
             float2 ds[1];
@@ -230,19 +241,25 @@ __device__ __forceinline__ void mvq_split(const u8* __restrict__ W, const i8* __
             if (u + T < units) ld(u + T);
         }
         __shared__ float red[R][MVQ_WARPS];
+        __shared__ float inv_rms;
 #pragma unroll
         for (int q = 0; q < R; q++) {
             const float s = warp_sum(acc[q][0]);
             if (lane == 0) red[q][threadIdx.x >> 5] = s;
+        }
+        if (norm && threadIdx.x < 32) {
+            const float r = nrm_scale(nrm, mine);
+            if (lane == 0) inv_rms = r;
         }
         __syncthreads();
         for (int q = threadIdx.x; q < R; q += T) {
             if (row0 + q < rows) {
                 float s = 0.f;
                 for (int k = 0; k < nw; k++) s += red[q][k];
-                y[row0 + q] = s;
+                y[row0 + q] = norm ? s * inv_rms : s;
             }
         }
+        if (wo) nrm.out[oi] = ox * inv_rms * ow;
     }
 }
 
@@ -269,7 +286,8 @@ extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32)
     mvq1x4u(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units,
             i64 row_bytes, int nr) {
     gdc_prefetch_rows(W, rows, row_bytes, 4, blockIdx.x);
-    mvq_split<FMTQ, 4>(W, xq, xds, y, rows, units, row_bytes, blockIdx.x, [] { gdc_wait(); });
+    mvq_split<FMTQ, 4>(W, xq, xds, y, rows, units, row_bytes, blockIdx.x, [] { gdc_wait(); },
+                       Nrm{});
 }
 #endif
 
@@ -294,12 +312,15 @@ MVQM(mvqm4, 4, 1)
 MVQM(mvqm8, 8, 1)
 // mvqm1x4 by mvq_split (matmul.rs `half_warps`, NEAGARI_CUDA_MVM_HALF): the host gives it
 // half the warps of `mv_warps`, two rounds a thread, as `mvq1x4u` takes the 27B's Q4_K
-// ssm_out, and the first round's loads go out before the wait.
+// ssm_out, and the first round's loads go out before the wait. With `nrm` it finishes the
+// norm before it (norm.rs `norm_matmul_op`).
 extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32)
-    mvqm1x4u(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes, int nr) {
+    mvqm1x4u(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes, int nr,
+             Nrm nrm) {
     const Mat4 p = MAT4_PICK(blockIdx.x);
     gdc_prefetch_rows(p.W, p.rows, row_bytes, 4, p.b);
-    mvq_split<FMTQ, 4>(p.W, xq, xds, p.y, p.rows, units, row_bytes, p.b, [] { gdc_wait(); });
+    mvq_split<FMTQ, 4>(p.W, xq, xds, p.y, p.rows, units, row_bytes, p.b, [] { gdc_wait(); },
+                       nrm);
 }
 #endif
 

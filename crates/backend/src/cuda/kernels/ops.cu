@@ -265,6 +265,27 @@ extern "C" __global__ void add_rms_norm_row(float* x, const float* y, const floa
 // cluster size gridDim.x (≤ 8), blockDim.x · gridDim.x ≥ g, a value a thread; the sum adds
 // the block sums in rank order, so every block gets the same value. Row blockIdx.y of
 // gridDim.y (a cluster a row; xq/xds rows of g / 32 units).
+// add_rms_norm_cl's first half alone, its blocks not meeting: x += y stored, each block's
+// sum of squares in part[row · gridDim.x + block] (add_sumsq_block's, so the row's total
+// added in block order is add_rms_norm_cl's with as many blocks of as many threads), and
+// the q8_1 of x·w, not yet scaled by the row's 1/rms: a GEMV reading it scales its sums by
+// that (common.cuh `Nrm`). Row blockIdx.y; g a multiple of 32.
+extern "C" __global__ void add_norm_part(float* x, const float* y, const float* w, int g,
+                                         i8* xq, float2* xds, double* part, Pf pf) {
+    pf_issue(pf);
+    gdc_wait();
+    const i64 row = (i64)blockIdx.y * g;
+    x += row;
+    y += row;
+    xq += row;
+    xds += row >> 5;
+    float v, wi;
+    const double t = add_sumsq_block(x, y, w, g, v, wi);
+    if (threadIdx.x == 0) part[(i64)blockIdx.y * gridDim.x + blockIdx.x] = t;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < g) q8_1_warp(v * wi, xq, xds, i >> 5, threadIdx.x & 31);
+}
+
 extern "C" __global__ void add_rms_norm_cl(float* x, const float* y, const float* w, float* out,
                                            int g, float eps, i8* xq, float2* xds, Pf pf) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
