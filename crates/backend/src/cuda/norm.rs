@@ -93,6 +93,19 @@ impl CudaBackend {
         launch!(self, &self.ops.rms_norm, cfg, &xp, &wp, &op, &g_i, &eps)
     }
 
+    /// The blocks of a cluster and their threads where `add_rms_norm` of `rows` rows of `g`
+    /// runs `add_rms_norm_cl` (decode rows: one cluster a row, a value a thread).
+    fn cluster_norm(&self, rows: usize, g: usize) -> Option<(usize, usize)> {
+        let cl = g.div_ceil(NORM_ROW_THREADS).clamp(2, NORM_CL_MAX);
+        let cl_threads = g.div_ceil(cl).next_multiple_of(32);
+        (self.norm_row
+            && self.norm_cl
+            && Self::fuse_q8_1(rows, g)
+            && g > NORM_ROW_THREADS
+            && cl_threads <= 1024)
+            .then_some((cl, cl_threads))
+    }
+
     /// `add_rms_norm` then `matmul_multi(ws, out, outs)` of a decode row with the norm
     /// finished inside the GEMV (common.cuh's `Nrm`): `add_norm_part` adds, stores x, writes
     /// the q8_1 of x·w and each block's sum of squares, without the blocks meeting; the one
@@ -114,18 +127,13 @@ impl CudaBackend {
         outs: &mut [&mut CudaBuf],
     ) -> Result<bool> {
         let g = x.cols;
-        let cl = g.div_ceil(NORM_ROW_THREADS).clamp(2, NORM_CL_MAX);
-        let cl_threads = g.div_ceil(cl).next_multiple_of(32);
-        let cluster_norm = self.norm_row
-            && self.norm_cl
-            && Self::fuse_q8_1(1, g)
-            && g > NORM_ROW_THREADS
-            && cl_threads <= 1024;
+        let Some((cl, cl_threads)) = self.cluster_norm(1, g) else {
+            return Ok(false);
+        };
         let ok = self.norm_fold
             && x.rows == 1
             && (y.rows, y.cols) == (1, g)
             && w.len == g
-            && cluster_norm
             && ws.len() == outs.len()
             && self.multi_half(ws, 1, g)
             // The GEMV's first g / 32 blocks write the normed row.
@@ -227,14 +235,7 @@ impl CudaBackend {
         // A decode step's rows (one, or a verify's up to 8), each in one cluster of up to
         // 8 blocks, a value a thread: one block a row took 9.9 µs on the 27B's 8-row
         // verify (5,120 wide), the cluster 5.8 on one row.
-        let cl = g.div_ceil(NORM_ROW_THREADS).clamp(2, NORM_CL_MAX);
-        let cl_threads = g.div_ceil(cl).next_multiple_of(32);
-        if self.norm_row
-            && self.norm_cl
-            && Self::fuse_q8_1(x.rows, g)
-            && g > NORM_ROW_THREADS
-            && cl_threads <= 1024
-        {
+        if let Some((cl, cl_threads)) = self.cluster_norm(x.rows, g) {
             let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
             let (qp, dsp) = self.xq_reserve(&mut sc, x.rows, g / 32)?;
             let cfg = LaunchConfig {
