@@ -93,6 +93,26 @@ impl CudaBackend {
         launch!(self, &self.ops.rms_norm, cfg, &xp, &wp, &op, &g_i, &eps)
     }
 
+    /// The device addresses of the decode-row norms' scratch (allocated on first use): the
+    /// blocks' sums of squares `[NORM_ROW_BLOCKS]` f64 and `add_rms_norm_row`'s barrier
+    /// (two u32).
+    fn norm_scratch(&self, sc: &mut Scratch) -> Result<(u64, u64)> {
+        if sc.norm_part.is_none() || sc.norm_cnt.is_none() {
+            self.check_alloc("the norm scratch")?;
+            self.scratch_moved();
+            sc.norm_part = Some(
+                self.stream
+                    .alloc_zeros::<f64>(NORM_ROW_BLOCKS)
+                    .map_err(drv)?,
+            );
+            sc.norm_cnt = Some(self.stream.alloc_zeros::<u32>(2).map_err(drv)?);
+        }
+        match (&sc.norm_part, &sc.norm_cnt) {
+            (Some(p), Some(c)) => Ok((self.dptr(p), self.dptr(c))),
+            _ => Err(BackendError::Other("cuda: norm scratch missing".into())),
+        }
+    }
+
     /// The blocks of a cluster and their threads where `add_rms_norm` of `rows` rows of `g`
     /// runs `add_rms_norm_cl` (decode rows: one cluster a row, a value a thread).
     fn cluster_norm(&self, rows: usize, g: usize) -> Option<(usize, usize)> {
@@ -152,16 +172,7 @@ impl CudaBackend {
         let g_i = g as i32;
         let nrm = {
             let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-            if sc.norm_part.is_none() {
-                self.check_alloc("the norm scratch")?;
-                self.scratch_moved();
-                sc.norm_part = Some(
-                    self.stream
-                        .alloc_zeros::<f64>(NORM_ROW_BLOCKS)
-                        .map_err(drv)?,
-                );
-            }
-            let pp = sc.norm_part.as_ref().map(|p| self.dptr(p)).unwrap_or(0);
+            let (pp, _) = self.norm_scratch(&mut sc)?;
             let (qp, dsp) = self.xq_reserve(&mut sc, 1, g / 32)?;
             let cfg = LaunchConfig {
                 grid_dim: (cl as u32, 1, 1),
@@ -270,20 +281,7 @@ impl CudaBackend {
             && nb <= NORM_ROW_BLOCKS.min(self.n_sm)
         {
             let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-            if sc.norm_part.is_none() || sc.norm_cnt.is_none() {
-                self.check_alloc("the norm scratch")?;
-                self.scratch_moved();
-                sc.norm_part = Some(
-                    self.stream
-                        .alloc_zeros::<f64>(NORM_ROW_BLOCKS)
-                        .map_err(drv)?,
-                );
-                sc.norm_cnt = Some(self.stream.alloc_zeros::<u32>(2).map_err(drv)?);
-            }
-            let (pp, cp) = match (&sc.norm_part, &sc.norm_cnt) {
-                (Some(p), Some(c)) => (self.dptr(p), self.dptr(c)),
-                _ => return Err(BackendError::Other("cuda: norm scratch missing".into())),
-            };
+            let (pp, cp) = self.norm_scratch(&mut sc)?;
             let (qp, dsp) = self.xq_reserve(&mut sc, 1, g / 32)?;
             let cfg = LaunchConfig {
                 grid_dim: (nb as u32, 1, 1),
