@@ -1200,9 +1200,10 @@ fn norm_folded_into_gemv() {
     let c = cpu();
     let mut r = rng();
     // The 27B's 5120 wide (three warps, two rounds for two of them), four matrices as its
-    // DeltaNet in-projection (cut down); 2048 wide (one warp, two rounds), three matrices.
-    // (At least 4 · 4 · 132 rows in all: fewer would take 2-row blocks, not `mvqm1x4u`.)
-    let shapes: [(usize, &[usize]); 2] = [(5120, &[2048, 1024, 64, 64]), (2048, &[2048, 512, 512])];
+    // DeltaNet in-projection (cut down); Llama 3 8B's 4096 wide (two warps, two rounds),
+    // three matrices as its q/k/v. (At least 4 · 4 · 132 rows in all and 4096 wide: fewer
+    // rows or narrower ones take 2-row blocks, not `mvqm1x4u`.)
+    let shapes: [(usize, &[usize]); 2] = [(5120, &[2048, 1024, 64, 64]), (4096, &[2048, 512, 512])];
     for (cols, rows) in shapes {
         let mats: Vec<HostTensor> = rows
             .iter()

@@ -325,9 +325,8 @@ pub struct CudaBackend {
     /// NEAGARI_CUDA_NORM_CL=0 (`add_rms_norm_row`'s barrier of global atomics).
     norm_cl: bool,
     /// A decode row's residual add and norm finished inside the Q4_K GEMV that reads it
-    /// (norm.rs `norm_matmul_op`) with NEAGARI_CUDA_NORM_FOLD=1 (off by default until it
-    /// is timed: its first version, one block writing the normed row, made the 27B Q4_K's
-    /// one-token step 6.68 → 8.00 ms on an H100).
+    /// (norm.rs `norm_matmul_op`) unless NEAGARI_CUDA_NORM_FOLD=0: the 27B Q4_K's one-token
+    /// step 6.71 → 6.57 ms (H100; all 127 norms a step).
     norm_fold: bool,
     /// Quantized formats take the integer GEMV, unless NEAGARI_CUDA_MV=float (measuring).
     mv_int: bool,
@@ -644,7 +643,7 @@ impl CudaBackend {
             mv_warps: knob("NEAGARI_CUDA_MV_WARPS").filter(|n| (1..=MVQ_WARPS).contains(n)),
             norm_row: knob_on("NEAGARI_CUDA_NORM_ROW"),
             norm_cl: maj >= 9 && knob_on("NEAGARI_CUDA_NORM_CL"),
-            norm_fold: knob_forced("NEAGARI_CUDA_NORM_FOLD") == Some(true),
+            norm_fold: knob_on("NEAGARI_CUDA_NORM_FOLD"),
             mv_int: knob::<String>("NEAGARI_CUDA_MV").as_deref() != Some("float"),
             fuse: knob_on("NEAGARI_CUDA_FUSE"),
             fuse_attn: knob_on("NEAGARI_CUDA_FUSE") && knob_on("NEAGARI_CUDA_FUSE_ATTN"),

@@ -131,7 +131,7 @@ impl CudaBackend {
     /// the q8_1 of x·w and each block's sum of squares, without the blocks meeting; the one
     /// `mvqm1x4u` launch over `ws` scales its sums by 1/rms and writes `out`. Taken where
     /// `add_rms_norm` would run `add_rms_norm_cl` and `matmul_multi` one `mvqm1x4u` launch
-    /// (matmul.rs `multi_half`), with NEAGARI_CUDA_NORM_FOLD=1; `false`: not taken,
+    /// (matmul.rs `multi_half`), unless NEAGARI_CUDA_NORM_FOLD=0; `false`: not taken,
     /// nothing launched. `add_norm_part` has the cluster's blocks and threads, so the row's
     /// total, 1/rms and `out` are its bits; the GEMV's sums differ from the separate ops' in
     /// the last places (x·w is quantized, not x·w/rms).
