@@ -389,17 +389,24 @@ fn rope_run<B: Backend>(
     download(be, &xb)
 }
 
-#[test]
-fn rope_variants_match_the_cpu() {
-    let Some(g) = gpu() else { return };
-    let c = cpu();
-    let mut r = rng();
+/// The two non-plain RoPEs the rope tests run: YaRN (64 dims, NeoX pairing, a quarter of
+/// the frequencies) and a partial rotation (32 dims, interleaved, half).
+fn test_ropes() -> (Rope, Rope) {
     let mut yarn = Rope::plain(64, 10000.0, true);
     yarn.freq_scale = 0.25;
     yarn.ext_factor = 1.0;
     yarn.n_ctx_orig = 4096;
     let mut partial = Rope::plain(32, 500000.0, false);
     partial.freq_scale = 0.5;
+    (yarn, partial)
+}
+
+#[test]
+fn rope_variants_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut r = rng();
+    let (yarn, partial) = test_ropes();
     let cases: Vec<(Rope, usize, bool)> = vec![
         (Rope::plain(128, 10000.0, false), 128, false),
         (Rope::plain(256, 1_000_000.0, true), 256, false),

@@ -597,12 +597,7 @@ fn fused_qk_norm_rope() {
     let Some(g) = gpu() else { return };
     let c = cpu();
     let mut r = rng();
-    let mut yarn = Rope::plain(64, 10000.0, true);
-    yarn.freq_scale = 0.25;
-    yarn.ext_factor = 1.0;
-    yarn.n_ctx_orig = 4096;
-    let mut partial = Rope::plain(32, 500000.0, false);
-    partial.freq_scale = 0.5;
+    let (yarn, partial) = crate::test_ropes();
     // (rope, head_dim, q heads, kv heads, norms, freq factors)
     let cases: Vec<(Rope, usize, usize, usize, bool, bool)> = vec![
         (Rope::plain(256, 10000.0, true), 256, 4, 1, true, false), // Gemma 3 270M

@@ -1008,8 +1008,8 @@ __device__ __forceinline__ void mvrc_impl(const TMap* tm, const i8* __restrict__
 
 // mvrc_<MT> / mvrmc_<MT>: mvrt_<MT> / mvrmt_<MT> by group (the host's choice where a row is
 // whole groups), the matrices' maps by value (`__grid_constant__`: the copies read them
-// where they are). `slots` is unused: the arguments are the ring's (`mvrq_<MT>`), so the
-// host launches both alike.
+// where they are). `slots` (and mvrmc's norm, never set here) are unused: the arguments
+// are the ring's (`mvrq_<MT>`), so the host launches both alike.
 #define MVRC(MT, MINB)                                                                             \
     extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
         mvrc_##MT(const __grid_constant__ TMap tm, const i8* xq, const float2* xds, float* y,   \
@@ -1022,7 +1022,7 @@ __device__ __forceinline__ void mvrc_impl(const TMap* tm, const i8* __restrict__
         mvrmc_##MT(const __grid_constant__ TMap t0, const __grid_constant__ TMap t1,            \
                    const __grid_constant__ TMap t2, const __grid_constant__ TMap t3,            \
                    MAT4_PARAMS, const i8* xq, const float2* xds, int units, int nr, int parts,  \
-                   int part_units, int part_bytes, int slots, Ks ks) {                         \
+                   int part_units, int part_bytes, int slots, Ks ks, Nrm) {                    \
         const Mat4 p = MAT4_PICK(blockIdx.x / parts);                                          \
         const TMap* tm = p.m == 0 ? &t0 : p.m == 1 ? &t1 : p.m == 2 ? &t2 : &t3;               \
         mvrc_impl<FMTB, MT>(tm, xq, xds, p.y, p.rows, units, nr, p.b, parts, part_units,       \
