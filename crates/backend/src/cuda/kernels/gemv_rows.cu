@@ -711,13 +711,11 @@ __device__ __forceinline__ void mvrb_parts_sum(Ld ld, float* __restrict__ y, int
 // `acc`; they meet in shared memory in warp order and go to y. With K split, the parts'
 // sums then meet in the cluster's rank 0 or, with `ks`, through global memory
 // (`mvrb_parts_sum` either way, so the same bits). `sync` is the block's barrier of those
-// nw warps. With `scale` (K whole, parts = 1: a norm finished here, `mvrq_norm`) row c's
-// sums are scaled by scale[c].
+// nw warps.
 template <int MT, class Sync>
 __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __restrict__ y,
                                             int rows, int nr, int base, int part, int parts,
-                                            int warp, int nw, Sync sync, Ks ks,
-                                            const float* scale = nullptr) {
+                                            int warp, int nw, Sync sync, Ks ks) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     __shared__ float red[MVR_WARPS][MT][4][32];
     // The block's sums when K is split in a cluster: read by its rank 0.
@@ -739,7 +737,7 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
             const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = 2 * t + (k & 1);
             if (parts > 1 && ks.p) kp[(part * MT + i) * 128 + k * 32 + lane] = v;
             else if (parts > 1) psum[i][k][lane] = v;
-            else if (r < rows && c < nr) y[(i64)c * rows + r] = scale ? v * scale[c] : v;
+            else if (r < rows && c < nr) y[(i64)c * rows + r] = v;
         }
     }
     if (parts == 1) return;
@@ -1008,8 +1006,8 @@ __device__ __forceinline__ void mvrc_impl(const TMap* tm, const i8* __restrict__
 
 // mvrc_<MT> / mvrmc_<MT>: mvrt_<MT> / mvrmt_<MT> by group (the host's choice where a row is
 // whole groups), the matrices' maps by value (`__grid_constant__`: the copies read them
-// where they are). `slots` (and mvrmc's norm, never set here) are unused: the arguments
-// are the ring's (`mvrq_<MT>`), so the host launches both alike.
+// where they are). `slots` is unused: the arguments are the ring's (`mvrq_<MT>`), so the
+// host launches both alike.
 #define MVRC(MT, MINB)                                                                             \
     extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
         mvrc_##MT(const __grid_constant__ TMap tm, const i8* xq, const float2* xds, float* y,   \
@@ -1022,7 +1020,7 @@ __device__ __forceinline__ void mvrc_impl(const TMap* tm, const i8* __restrict__
         mvrmc_##MT(const __grid_constant__ TMap t0, const __grid_constant__ TMap t1,            \
                    const __grid_constant__ TMap t2, const __grid_constant__ TMap t3,            \
                    MAT4_PARAMS, const i8* xq, const float2* xds, int units, int nr, int parts,  \
-                   int part_units, int part_bytes, int slots, Ks ks, Nrm) {                    \
+                   int part_units, int part_bytes, int slots, Ks ks) {                         \
         const Mat4 p = MAT4_PICK(blockIdx.x / parts);                                          \
         const TMap* tm = p.m == 0 ? &t0 : p.m == 1 ? &t1 : p.m == 2 ? &t2 : &t3;               \
         mvrc_impl<FMTB, MT>(tm, xq, xds, p.y, p.rows, units, nr, p.b, parts, part_units,       \
@@ -1048,49 +1046,15 @@ MVRC(4, MVRT_MINB)
 // groups between a warp's two groups (MVR_WARPS / GS, at least 1): the slot of a warp's
 // next group then last held a group that warp waited for, so the `full` phase it waits on
 // by parity is the next one and not the one after.
-// The decode rows' RMSNorm finished in the ring GEMV (cuda/norm.rs `norm_matmul_op`, 3–8
-// rows; common.cuh's Nrm: add_norm_part left x, the parts and the q8_1 of x·w), by the
-// producer warp's lanes 1..31 while lane 0 feeds the ring: lane 1 waits for the kernel
-// before, makes every row's 1/rms (nrm_scale's sum: the parts in block order, so
-// add_rms_norm_cl's bits) into `inv` and arrives on `bar`, where the compute warps wait
-// before they scale their sums; then the lanes write the block's pairs (row c, unit u) of
-// the normed rows, pairs blockIdx.x, + gridDim.x, ….
-__device__ __forceinline__ void mvrq_norm(const Nrm& n, int nr, int lane, float* inv, u64* bar) {
-    constexpr unsigned LANES = 0xfffffffeu;  // lanes 1..31
-    gdc_wait();
-    if (lane == 1) {
-        for (int c = 0; c < nr; c++) {
-            double t = 0.0;
-            for (int b = 0; b < n.np; b++) t += n.part[c * n.np + b];
-            const float mean = (float)(t / (double)n.g);
-            inv[c] = 1.0f / sqrtf(mean + n.eps);
-        }
-        mbar_arrive(bar);
-    }
-    __syncwarp(LANES);
-    const int units = n.g >> 5;
-    for (int q = blockIdx.x; q < nr * units; q += gridDim.x) {
-        const int c = q / units, o = (q - c * units) * 32;
-        const float s = inv[c];
-        const i64 at = (i64)c * n.g + o;
-        for (int i = lane - 1; i < 32; i += 31) n.out[at + i] = n.x[at + i] * s * n.w[o + i];
-    }
-}
-
 template <class F, int MT, class Wait>
 __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, int nr, int blk, int parts,
                                           int part_units, int part_bytes, int slots, Ks ks,
-                                          Wait wait, const Nrm& nrm) {
+                                          Wait wait) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 full[MVRQ_MAXS], empty[MVRQ_MAXS];
-    // With a norm (nrm.part set, parts = 1): the rows' 1/rms and the barrier that says they
-    // are written (mvrq_norm).
-    __shared__ float inv_rms[8];
-    __shared__ u64 nrm_bar;
-    const bool norm = nrm.part != nullptr;
     constexpr int RB = 16 * MT, GB = F::GROUP_BYTES, GS = F::GROUP_STEPS, SLOT = RB * GB;
     // Warps computing a group's steps (each arrives on its `empty` once).
     constexpr int NW = MVR_WARPS, CW = GS < NW ? GS : NW;
@@ -1103,7 +1067,6 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
             mbar_init(&full[i]);
             mbar_init_n(&empty[i], CW);
         }
-        if (norm) mbar_init(&nrm_bar);
         mbar_init_fence();
     }
     // The barriers are initialised before any thread uses them.
@@ -1119,8 +1082,6 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
                 mbar_expect(&full[sl], SLOT);
                 tma_load_2d(sm + sl * SLOT, tm, x0 + q * (GB >> 2), base, &full[sl]);
             }
-        } else if (norm) {
-            mvrq_norm(nrm, nr, lane, inv_rms, &nrm_bar);
         }
         __syncwarp();
         // mvrb_finish's two cluster barriers.
@@ -1155,33 +1116,32 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
             if (lane == 0) mbar_arrive(&empty[sl]);
         }
     }
-    if (norm) mbar_wait(&nrm_bar, 0);
     mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, NW,
-                    [] { named_sync(1, MVR_WARPS * 32); }, ks, norm ? inv_rms : nullptr);
+                    [] { named_sync(1, MVR_WARPS * 32); }, ks);
 #else
     __trap();
 #endif
 }
 
 // mvrq_<MT> / mvrmq_<MT>: mvrc_<MT> / mvrmc_<MT> through the ring (MVR_WARPS + 1 warps a
-// block), `slots` slots of dynamic shared memory; `mvrmq` finishes a norm with `nrm`.
+// block), `slots` slots of dynamic shared memory.
 #define MVRQ(MT, MINB)                                                                             \
     extern "C" __global__ void __launch_bounds__((MVR_WARPS + 1) * 32, MINB)                  \
         mvrq_##MT(const __grid_constant__ TMap tm, const i8* xq, const float2* xds, float* y,   \
                   int rows, int units, int nr, int parts, int part_units, int part_bytes,      \
                   int slots, Ks ks) {                                                          \
         mvrq_impl<FMTB, MT>(&tm, xq, xds, y, rows, units, nr, blockIdx.x / parts, parts,        \
-                            part_units, part_bytes, slots, ks, [] { gdc_wait(); }, Nrm{});    \
+                            part_units, part_bytes, slots, ks, [] { gdc_wait(); });           \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__((MVR_WARPS + 1) * 32, MINB)                  \
         mvrmq_##MT(const __grid_constant__ TMap t0, const __grid_constant__ TMap t1,            \
                    const __grid_constant__ TMap t2, const __grid_constant__ TMap t3,            \
                    MAT4_PARAMS, const i8* xq, const float2* xds, int units, int nr, int parts,  \
-                   int part_units, int part_bytes, int slots, Ks ks, Nrm nrm) {                \
+                   int part_units, int part_bytes, int slots, Ks ks) {                         \
         const Mat4 p = MAT4_PICK(blockIdx.x / parts);                                          \
         const TMap* tm = p.m == 0 ? &t0 : p.m == 1 ? &t1 : p.m == 2 ? &t2 : &t3;               \
         mvrq_impl<FMTB, MT>(tm, xq, xds, p.y, p.rows, units, nr, p.b, parts, part_units,       \
-                            part_bytes, slots, ks, [] { gdc_wait(); }, nrm);                  \
+                            part_bytes, slots, ks, [] { gdc_wait(); });                       \
     }
 MVRQ(1, 2)
 MVRQ(2, 2)
