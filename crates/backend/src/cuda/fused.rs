@@ -61,11 +61,16 @@ impl CudaBackend {
 
     /// Whether `matmul_glu` of `n` rows would run `matmul_multi` over gate and up, then the
     /// GLU kernel: one row where neither a streaming GLU kernel (`mvsg_R`) nor `mvqg*` takes
-    /// it. What `add_rms_norm_matmul_glu` folds the norm into.
+    /// it; 3–8 rows through the ring (`mvrtg_4` takes only whole-tile plans, and the fused
+    /// kernels step aside for the tensor cores). What `add_rms_norm_matmul_glu` folds the
+    /// norm into.
     pub(super) fn glu_apart(&self, gate: &CudaMat, up: &CudaMat, n: usize) -> bool {
         let Some(k) = &gate.k.int else {
             return false;
         };
+        if n > 1 {
+            return self.multi_ring(&[gate, up], n, gate.cols);
+        }
         let pair = gate.ty == up.ty
             && (gate.rows, gate.cols, gate.row_bytes) == (up.rows, up.cols, up.row_bytes);
         let mvqg = self.fuse && self.mv_int && pair && gate.rows * gate.cols <= self.glu_fuse_max;

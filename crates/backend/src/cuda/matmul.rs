@@ -322,29 +322,51 @@ impl CudaBackend {
     /// rows a block and `half_warps`, no tensor-core or streaming kernel. What
     /// `norm_matmul_op` folds a norm into.
     pub(super) fn multi_half(&self, ws: &[&CudaMat], n: usize, cols: usize) -> bool {
-        let Some(w0) = ws.first() else {
-            return false;
-        };
-        let Some(k) = &w0.k.int else {
+        let Some((w0, k)) = self.multi_one_launch(ws, cols) else {
             return false;
         };
         let total: usize = ws.iter().map(|w| w.rows).sum();
         let units = cols.div_ceil(32);
         n == 1
-            && self.mv_int
-            && ws.len() <= 4
-            && ws.iter().all(|w| {
-                w.ty == w0.ty && w.row_bytes == w0.row_bytes && w.cols == cols && w.k.int.is_some()
-            })
             && k.stream.is_empty()
             && self.mvr_kernels(k, n).is_none()
             && self.mv_per_block(total, cols, w0.row_bytes, k.step) == 4
             && self.half_warps(w0.ty, units, total, self.mvm_half)
     }
 
+    /// Whether `matmul_multi` of `n` (3–8) rows of `cols` over `ws` is one `mvrmq` launch (the
+    /// tensor-core GEMV through the ring, K whole): up to four matrices of one format, row
+    /// size and width. What `norm_matmul_op` folds a verify's norm into.
+    pub(super) fn multi_ring(&self, ws: &[&CudaMat], n: usize, cols: usize) -> bool {
+        let Some((w0, k)) = self.multi_one_launch(ws, cols) else {
+            return false;
+        };
+        let aligned = ws.iter().all(|w| self.dptr(&w.data).is_multiple_of(16));
+        self.mvr_kernels(k, n).is_some()
+            && self
+                .mvr_tma(k, cols.div_ceil(32), w0.row_bytes, aligned)
+                .is_some_and(|p| p.slots.is_some() && p.parts == 1)
+    }
+
+    /// The first matrix and its integer kernels where `matmul_multi` over `ws` of `cols` is
+    /// one integer-GEMV launch: up to four matrices of one format, row size and width.
+    fn multi_one_launch<'a>(
+        &self,
+        ws: &[&'a CudaMat],
+        cols: usize,
+    ) -> Option<(&'a CudaMat, &'a IntKernels)> {
+        let w0 = *ws.first()?;
+        let k = w0.k.int.as_ref()?;
+        let same = ws.iter().all(|w| {
+            w.ty == w0.ty && w.row_bytes == w0.row_bytes && w.cols == cols && w.k.int.is_some()
+        });
+        (self.mv_int && ws.len() <= 4 && same).then_some((w0, k))
+    }
+
     /// `matmul_multi` on the integer GEMV: every matrix of one format and width, up to 8
-    /// activation rows; four matrices a launch. With `nrm` (`multi_half` holds) the one
-    /// `mvqm1x4u` launch finishes the norm before it (norm.rs `norm_matmul_op`).
+    /// activation rows; four matrices a launch. With `nrm` (`multi_half` or `multi_ring`
+    /// holds) the one `mvqm1x4u` or `mvrmq` launch finishes the norm before it (norm.rs
+    /// `norm_matmul_op`).
     pub(super) fn matmul_multi_int(
         &self,
         k: &IntKernels,
@@ -384,7 +406,10 @@ impl CudaBackend {
             && per_block == 4
             && tc.is_none()
             && self.half_warps(ws[0].ty, units, total, self.mvm_half);
-        if nrm.is_some() && (!half || ws.len() > 4) {
+        let ring = tma
+            .as_ref()
+            .is_some_and(|p| p.slots.is_some() && p.parts == 1);
+        if nrm.is_some() && (!(half || ring) || ws.len() > 4) {
             return Err(BackendError::Other(
                 "cuda: a norm folded into a GEMV that cannot finish it".into(),
             ));
@@ -433,14 +458,16 @@ impl CudaBackend {
                         tm.push(self.tmap(m.w, m.rows, ws[0].row_bytes, gb, p.rows)?);
                     }
                     tm.resize(4, tm[0]);
-                    // By group, through the ring or not (`mvrmc` ignores the slots).
+                    // By group, through the ring or not (`mvrmc` ignores the slots and the
+                    // norm); the ring takes the norm's parts (none: all zero).
                     let slots = p.slots.unwrap_or(0) as i32;
+                    let nrm = nrm.unwrap_or_default();
                     launch!(
                         @keep_cluster clu, self, func, cfg, &tm[0], &tm[1], &tm[2],
                         &tm[3], &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1], &a.y[2],
                         &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2], &a.rows[3], &a.starts[1],
                         &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &nr_i, &parts, &pu, &pb,
-                        &slots, &ks
+                        &slots, &ks, &nrm
                     )?;
                     continue;
                 }

@@ -146,23 +146,31 @@ impl CudaBackend {
         ws: &[&CudaMat],
         outs: &mut [&mut CudaBuf],
     ) -> Result<bool> {
-        let g = x.cols;
-        let Some((cl, cl_threads)) = self.cluster_norm(1, g) else {
+        let (n, g) = (x.rows, x.cols);
+        let Some((cl, cl_threads)) = self.cluster_norm(n, g) else {
             return Ok(false);
         };
+        // One row: `mvqm1x4u`, whose first g / 32 blocks write the normed row; 3–8 rows
+        // (a verify) with NEAGARI_CUDA_NORM_FOLD_ROWS=1: the ring GEMV `mvrmq` (its warp 0
+        // holds the n·cl parts, at most 64; every warp writes its share, gemv_rows.cu
+        // `mvrq_norm_*`).
+        let gemv = match n {
+            1 => {
+                self.multi_half(ws, 1, g)
+                    && ws.iter().map(|w| w.rows).sum::<usize>().div_ceil(4) >= g / 32
+            }
+            _ => self.norm_fold_rows && n * cl <= 64 && self.multi_ring(ws, n, g),
+        };
         let ok = self.norm_fold
-            && x.rows == 1
-            && (y.rows, y.cols) == (1, g)
+            && (y.rows, y.cols) == (n, g)
             && w.len == g
             && ws.len() == outs.len()
-            && self.multi_half(ws, 1, g)
-            // The GEMV's first g / 32 blocks write the normed row.
-            && ws.iter().map(|w| w.rows).sum::<usize>().div_ceil(4) >= g / 32;
+            && gemv;
         let Some(k) = ws.first().and_then(|w0| w0.k.int.as_ref()).filter(|_| ok) else {
             return Ok(false);
         };
-        self.reshape(out, 1, g)?;
-        let pf = self.take_pf(super::prefetch::PfSite::Norm, 1);
+        self.reshape(out, n, g)?;
+        let pf = self.take_pf(super::prefetch::PfSite::Norm, n);
         let (xp, yp, wp, op) = (
             self.dptr(&x.data),
             self.dptr(&y.data),
@@ -173,9 +181,9 @@ impl CudaBackend {
         let nrm = {
             let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
             let (pp, _) = self.norm_scratch(&mut sc)?;
-            let (qp, dsp) = self.xq_reserve(&mut sc, 1, g / 32)?;
+            let (qp, dsp) = self.xq_reserve(&mut sc, n, g / 32)?;
             let cfg = LaunchConfig {
-                grid_dim: (cl as u32, 1, 1),
+                grid_dim: (cl as u32, n as u32, 1),
                 block_dim: (cl_threads as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -192,7 +200,7 @@ impl CudaBackend {
                 &pp,
                 &pf
             )?;
-            sc.xq_key = Some((op, 1, g, self.gen.load(Ordering::Relaxed)));
+            sc.xq_key = Some((op, n, g, self.gen.load(Ordering::Relaxed)));
             NrmArgs::new(pp, (xp, wp, op), cl, g, eps)
         };
         self.matmul_multi_int(k, ws, out, outs, Some(nrm))?;

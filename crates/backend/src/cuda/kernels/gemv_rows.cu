@@ -711,11 +711,13 @@ __device__ __forceinline__ void mvrb_parts_sum(Ld ld, float* __restrict__ y, int
 // `acc`; they meet in shared memory in warp order and go to y. With K split, the parts'
 // sums then meet in the cluster's rank 0 or, with `ks`, through global memory
 // (`mvrb_parts_sum` either way, so the same bits). `sync` is the block's barrier of those
-// nw warps.
+// nw warps. With `scale` (K whole, parts = 1: a norm finished here, `mvrq_norm_inv`) row c's
+// sums are scaled by scale[c].
 template <int MT, class Sync>
 __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __restrict__ y,
                                             int rows, int nr, int base, int part, int parts,
-                                            int warp, int nw, Sync sync, Ks ks) {
+                                            int warp, int nw, Sync sync, Ks ks,
+                                            const float* scale = nullptr) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     __shared__ float red[MVR_WARPS][MT][4][32];
     // The block's sums when K is split in a cluster: read by its rank 0.
@@ -737,7 +739,7 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
             const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = 2 * t + (k & 1);
             if (parts > 1 && ks.p) kp[(part * MT + i) * 128 + k * 32 + lane] = v;
             else if (parts > 1) psum[i][k][lane] = v;
-            else if (r < rows && c < nr) y[(i64)c * rows + r] = v;
+            else if (r < rows && c < nr) y[(i64)c * rows + r] = scale ? v * scale[c] : v;
         }
     }
     if (parts == 1) return;
@@ -1006,8 +1008,8 @@ __device__ __forceinline__ void mvrc_impl(const TMap* tm, const i8* __restrict__
 
 // mvrc_<MT> / mvrmc_<MT>: mvrt_<MT> / mvrmt_<MT> by group (the host's choice where a row is
 // whole groups), the matrices' maps by value (`__grid_constant__`: the copies read them
-// where they are). `slots` is unused: the arguments are the ring's (`mvrq_<MT>`), so the
-// host launches both alike.
+// where they are). `slots` (and mvrmc's norm, never set here) are unused: the arguments
+// are the ring's (`mvrq_<MT>`), so the host launches both alike.
 #define MVRC(MT, MINB)                                                                             \
     extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
         mvrc_##MT(const __grid_constant__ TMap tm, const i8* xq, const float2* xds, float* y,   \
@@ -1020,7 +1022,7 @@ __device__ __forceinline__ void mvrc_impl(const TMap* tm, const i8* __restrict__
         mvrmc_##MT(const __grid_constant__ TMap t0, const __grid_constant__ TMap t1,            \
                    const __grid_constant__ TMap t2, const __grid_constant__ TMap t3,            \
                    MAT4_PARAMS, const i8* xq, const float2* xds, int units, int nr, int parts,  \
-                   int part_units, int part_bytes, int slots, Ks ks) {                         \
+                   int part_units, int part_bytes, int slots, Ks ks, Nrm) {                    \
         const Mat4 p = MAT4_PICK(blockIdx.x / parts);                                          \
         const TMap* tm = p.m == 0 ? &t0 : p.m == 1 ? &t1 : p.m == 2 ? &t2 : &t3;               \
         mvrc_impl<FMTB, MT>(tm, xq, xds, p.y, p.rows, units, nr, p.b, parts, part_units,       \
@@ -1032,6 +1034,38 @@ MVRC(4, MVRT_MINB)
 
 // Slots at most in `mvrq`'s ring (its barriers).
 #define MVRQ_MAXS 16
+
+// The decode rows' RMSNorm finished in the ring GEMV (cuda/norm.rs `norm_matmul_op`, 3–8
+// rows; common.cuh's Nrm: add_norm_part left x, the parts and the q8_1 of x·w), by the
+// compute warps; the producer warp only feeds the ring (with the norm on its idle lanes,
+// its copies waited behind it: the 27B Q4_K 8-row step 8.81 → 10.05 ms, H100). Warp 0
+// copies the rows' parts (nr·np ≤ 64, row c's part b at c·np + b) into shared memory
+// before the loop (in registers through it, they spilled); after it, lane c adds row c's
+// parts in block order (so add_rms_norm_cl's total and 1/rms, nrm_scale's arithmetic)
+// into inv[c], which the warps read after mvrb_finish's first barrier. Then each warp
+// writes pairs (row c, unit u) of the normed rows (`mvrq_norm_out`), the grid's warps in
+// turn.
+__device__ __forceinline__ void mvrq_norm_load(const Nrm& n, int nr, int lane, double* ps) {
+    for (int i = lane; i < nr * n.np; i += 32) ps[i] = n.part[i];
+}
+__device__ __forceinline__ void mvrq_norm_inv(const Nrm& n, int nr, int lane, const double* ps,
+                                              float* inv) {
+    __syncwarp();
+    if (lane >= nr) return;
+    double t = 0.0;
+    for (int b = 0; b < n.np; b++) t += ps[lane * n.np + b];
+    const float mean = (float)(t / (double)n.g);
+    inv[lane] = 1.0f / sqrtf(mean + n.eps);
+}
+__device__ __forceinline__ void mvrq_norm_out(const Nrm& n, int nr, int lane, int warp, int nw,
+                                              const float* inv) {
+    const int units = n.g >> 5;
+    for (int q = blockIdx.x * nw + warp; q < nr * units; q += gridDim.x * nw) {
+        const int c = q / units, o = (q - c * units) * 32 + lane;
+        const i64 at = (i64)c * n.g + o;
+        n.out[at] = n.x[at] * inv[c] * n.w[o];
+    }
+}
 
 // `mvrc_impl` through a ring of `slots` group slots in shared memory: a producer warp (warp
 // MVR_WARPS) copies group q of the tile into slot q % slots once the warps that read the
@@ -1051,10 +1085,14 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, int nr, int blk, int parts,
                                           int part_units, int part_bytes, int slots, Ks ks,
-                                          Wait wait) {
+                                          Wait wait, const Nrm& nrm) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 full[MVRQ_MAXS], empty[MVRQ_MAXS];
+    // With a norm (nrm.part set, parts = 1): the rows' parts and 1/rms (mvrq_norm_*).
+    __shared__ double parts_s[64];
+    __shared__ float inv_rms[8];
+    const bool norm = nrm.part != nullptr;
     constexpr int RB = 16 * MT, GB = F::GROUP_BYTES, GS = F::GROUP_STEPS, SLOT = RB * GB;
     // Warps computing a group's steps (each arrives on its `empty` once).
     constexpr int NW = MVR_WARPS, CW = GS < NW ? GS : NW;
@@ -1092,6 +1130,7 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
         return;
     }
     wait();
+    if (norm && warp == 0) mvrq_norm_load(nrm, nr, lane, parts_s);
     const int g = lane >> 2, t = lane & 3, last = rows - 1 - base;
     MvrbAct a(xq + u0 * 32, xds + u0, units, nr, g, t, warp);
     float acc[MT][4];
@@ -1116,32 +1155,34 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
             if (lane == 0) mbar_arrive(&empty[sl]);
         }
     }
+    if (norm && warp == 0) mvrq_norm_inv(nrm, nr, lane, parts_s, inv_rms);
     mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, NW,
-                    [] { named_sync(1, MVR_WARPS * 32); }, ks);
+                    [] { named_sync(1, MVR_WARPS * 32); }, ks, norm ? inv_rms : nullptr);
+    if (norm) mvrq_norm_out(nrm, nr, lane, warp, NW, inv_rms);
 #else
     __trap();
 #endif
 }
 
 // mvrq_<MT> / mvrmq_<MT>: mvrc_<MT> / mvrmc_<MT> through the ring (MVR_WARPS + 1 warps a
-// block), `slots` slots of dynamic shared memory.
+// block), `slots` slots of dynamic shared memory; `mvrmq` finishes a norm with `nrm`.
 #define MVRQ(MT, MINB)                                                                             \
     extern "C" __global__ void __launch_bounds__((MVR_WARPS + 1) * 32, MINB)                  \
         mvrq_##MT(const __grid_constant__ TMap tm, const i8* xq, const float2* xds, float* y,   \
                   int rows, int units, int nr, int parts, int part_units, int part_bytes,      \
                   int slots, Ks ks) {                                                          \
         mvrq_impl<FMTB, MT>(&tm, xq, xds, y, rows, units, nr, blockIdx.x / parts, parts,        \
-                            part_units, part_bytes, slots, ks, [] { gdc_wait(); });           \
+                            part_units, part_bytes, slots, ks, [] { gdc_wait(); }, Nrm{});    \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__((MVR_WARPS + 1) * 32, MINB)                  \
         mvrmq_##MT(const __grid_constant__ TMap t0, const __grid_constant__ TMap t1,            \
                    const __grid_constant__ TMap t2, const __grid_constant__ TMap t3,            \
                    MAT4_PARAMS, const i8* xq, const float2* xds, int units, int nr, int parts,  \
-                   int part_units, int part_bytes, int slots, Ks ks) {                         \
+                   int part_units, int part_bytes, int slots, Ks ks, Nrm nrm) {                \
         const Mat4 p = MAT4_PICK(blockIdx.x / parts);                                          \
         const TMap* tm = p.m == 0 ? &t0 : p.m == 1 ? &t1 : p.m == 2 ? &t2 : &t3;               \
         mvrq_impl<FMTB, MT>(tm, xq, xds, p.y, p.rows, units, nr, p.b, parts, part_units,       \
-                            part_bytes, slots, ks, [] { gdc_wait(); });                       \
+                            part_bytes, slots, ks, [] { gdc_wait(); }, nrm);                  \
     }
 MVRQ(1, 2)
 MVRQ(2, 2)
