@@ -336,13 +336,16 @@ impl CudaBackend {
 
     /// Whether `matmul_multi` of `n` (3–8) rows of `cols` over `ws` is one `mvrmq` launch (the
     /// tensor-core GEMV through the ring, K whole): up to four matrices of one format, row
-    /// size and width. What `norm_matmul_op` folds a verify's norm into.
+    /// size and width. What `norm_matmul_op` folds a verify's norm into, for the formats
+    /// whose one-row GEMV takes the one-row fold too (not the streaming Q1_0 and TQ2_0,
+    /// whose verify was not timed with it).
     pub(super) fn multi_ring(&self, ws: &[&CudaMat], n: usize, cols: usize) -> bool {
         let Some((w0, k)) = self.multi_one_launch(ws, cols) else {
             return false;
         };
         let aligned = ws.iter().all(|w| self.dptr(&w.data).is_multiple_of(16));
-        self.mvr_kernels(k, n).is_some()
+        k.stream.is_empty()
+            && self.mvr_kernels(k, n).is_some()
             && self
                 .mvr_tma(k, cols.div_ceil(32), w0.row_bytes, aligned)
                 .is_some_and(|p| p.slots.is_some() && p.parts == 1)

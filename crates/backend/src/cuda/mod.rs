@@ -328,9 +328,10 @@ pub struct CudaBackend {
     /// (norm.rs `norm_matmul_op`) unless NEAGARI_CUDA_NORM_FOLD=0: the 27B Q4_K's one-token
     /// step 6.71 → 6.57 ms (H100; all 127 norms a step).
     norm_fold: bool,
-    /// … for 3–8 rows too (a verify, through the ring GEMV `mvrmq`) with
-    /// NEAGARI_CUDA_NORM_FOLD_ROWS=1: the compute warps finish it (with the producer warp's
-    /// idle lanes doing it, the 27B Q4_K 8-row step went 8.81 → 10.05 ms, H100).
+    /// … for 3–8 rows too (a verify, through the ring GEMV `mvrmq`) unless
+    /// NEAGARI_CUDA_NORM_FOLD_ROWS=0: the 27B Q4_K's 8-row step 8.85 → 8.54 ms, verify8
+    /// 1.35 → 1.30 (H100). The compute warps finish it (with the producer warp's idle lanes
+    /// doing it, the step went 8.81 → 10.05 ms).
     norm_fold_rows: bool,
     /// Quantized formats take the integer GEMV, unless NEAGARI_CUDA_MV=float (measuring).
     mv_int: bool,
@@ -648,7 +649,7 @@ impl CudaBackend {
             norm_row: knob_on("NEAGARI_CUDA_NORM_ROW"),
             norm_cl: maj >= 9 && knob_on("NEAGARI_CUDA_NORM_CL"),
             norm_fold: knob_on("NEAGARI_CUDA_NORM_FOLD"),
-            norm_fold_rows: knob_forced("NEAGARI_CUDA_NORM_FOLD_ROWS") == Some(true),
+            norm_fold_rows: knob_on("NEAGARI_CUDA_NORM_FOLD_ROWS"),
             mv_int: knob::<String>("NEAGARI_CUDA_MV").as_deref() != Some("float"),
             fuse: knob_on("NEAGARI_CUDA_FUSE"),
             fuse_attn: knob_on("NEAGARI_CUDA_FUSE") && knob_on("NEAGARI_CUDA_FUSE_ATTN"),

@@ -151,7 +151,7 @@ impl CudaBackend {
             return Ok(false);
         };
         // One row: `mvqm1x4u`, whose first g / 32 blocks write the normed row; 3–8 rows
-        // (a verify) with NEAGARI_CUDA_NORM_FOLD_ROWS=1: the ring GEMV `mvrmq` (its warp 0
+        // (a verify) unless NEAGARI_CUDA_NORM_FOLD_ROWS=0: the ring GEMV `mvrmq` (its warp 0
         // holds the n·cl parts, at most 64; every warp writes its share, gemv_rows.cu
         // `mvrq_norm_*`).
         let gemv = match n {
