@@ -401,11 +401,11 @@ fn norm_then_matmul<B: Backend>(
 
 /// A decode row's residual add and norm finished inside the Q4_K GEMV that reads it (norm.rs
 /// `norm_matmul_op`: `add_norm_part`, then `mvqm1x4u` scaling its sums by 1/rms; 8 rows,
-/// a verify's, `mvrmq`): x and the normed rows are the
-/// separate ops' bits, the projections within float error of theirs (x·w is quantized, not
-/// x·w/rms: some values differ, which shows the fold ran) and of the CPU's; without the
-/// fold (NEAGARI_CUDA_NORM_FOLD=0) the one call is the separate ops, bit for bit. A matmul
-/// of the normed row afterwards quantizes it afresh; the GLU form matches too.
+/// a verify's, `mvrmq`): x and the normed rows are the separate ops' bits, the projections
+/// within float error of theirs (x·w is quantized, not x·w/rms: some values differ, which
+/// shows the fold ran) and of the CPU's; without the fold (NEAGARI_CUDA_NORM_FOLD=0) the
+/// one call is the separate ops, bit for bit. A matmul of the normed row afterwards
+/// quantizes it afresh; the GLU form matches too.
 #[test]
 fn norm_folded_into_gemv() {
     let Some(_) = gpu() else { return };
