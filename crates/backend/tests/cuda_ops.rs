@@ -9,7 +9,8 @@
 
 mod cuda_common;
 use cuda_common::{
-    check_q8_1, cpu, download, exact_product, gpu, random_mat, randv, rel, rng, upload, vector,
+    check_q8_1, cpu, download, exact_product, gpu, gpu_with, random_mat, randv, rel, rng, upload,
+    vector,
 };
 use std::io::Write;
 
@@ -118,17 +119,9 @@ fn matmul_and_embed_every_format() {
         ("float", "4", &[("NEAGARI_CUDA_REPACK", "0")][..]),
     ];
     for (mv, rows, extra) in variants {
-        std::env::set_var("NEAGARI_CUDA_MV", mv);
-        std::env::set_var("NEAGARI_CUDA_MV_ROWS", rows);
-        for (k, v) in extra {
-            std::env::set_var(k, v);
-        }
-        let gv = CudaBackend::new(0).expect("open GPU 0");
-        std::env::remove_var("NEAGARI_CUDA_MV_ROWS");
-        std::env::remove_var("NEAGARI_CUDA_MV");
-        for (k, _) in extra {
-            std::env::remove_var(k);
-        }
+        let mut vars = vec![("NEAGARI_CUDA_MV", mv), ("NEAGARI_CUDA_MV_ROWS", rows)];
+        vars.extend_from_slice(extra);
+        let gv = gpu_with(&vars);
         matmul_and_embed(&gv, &mut r, mv == "float");
     }
 }
@@ -229,9 +222,7 @@ fn fused_q8_1_inputs_feed_the_matmul() {
         return;
     }
     // Every quantized matmul on the integer GEMV, so a stale q8_1 input would show.
-    std::env::set_var("NEAGARI_CUDA_MV", "int");
-    let g = CudaBackend::new(0).expect("open GPU 0");
-    std::env::remove_var("NEAGARI_CUDA_MV");
+    let g = gpu_with(&[("NEAGARI_CUDA_MV", "int")]);
     let c = cpu();
     let mut r = rng();
     let cols = 512;
@@ -477,9 +468,7 @@ fn attention_run<B: Backend>(
 fn attention_matches_the_cpu() {
     let Some(g) = gpu() else { return };
     // The grouped kernels run only over long caches by default: forced here.
-    std::env::set_var("NEAGARI_CUDA_ATT_GROUP", "1");
-    let gg = CudaBackend::new(0).expect("open GPU 0");
-    std::env::remove_var("NEAGARI_CUDA_ATT_GROUP");
+    let gg = gpu_with(&[("NEAGARI_CUDA_ATT_GROUP", "1")]);
     let c = cpu();
     let mut r = rng();
     let cases = [

@@ -25,9 +25,7 @@ fn fused_multi_matmul_and_add_norm() {
     multi_matches_single(&g, &mut r);
     // The repacked formats with 3 row groups a block (gemv_int.cu `mvq_step`; the default
     // gives these small matrices one).
-    std::env::set_var("NEAGARI_CUDA_MV_GROUPS", "3");
-    let g3 = CudaBackend::new(0).expect("open GPU 0");
-    std::env::remove_var("NEAGARI_CUDA_MV_GROUPS");
+    let g3 = gpu_with(&[("NEAGARI_CUDA_MV_GROUPS", "3")]);
     multi_matches_single(&g3, &mut r);
 
     // The fused add_rms_norm also carries a prefetch hint (prefetch.rs) on every shape
@@ -258,19 +256,16 @@ fn fused_matmul_glu() {
     // One row of TQ2_0 takes gemv_stream.cu's `mvsg_R` (the 27B's 5120-wide rows: 2 × 16 × 4;
     // 1024 wide: 4 × 4 × 4; ragged 200 rows: no q8_1, a partial last block); Q1_0 does
     // where NEAGARI_CUDA_MVSG forces a shape (`g8` below, 8 × 2 × 4).
-    std::env::set_var("NEAGARI_CUDA_MVSG", "8x2x4");
-    let g8 = CudaBackend::new(0).expect("open GPU 0");
-    std::env::remove_var("NEAGARI_CUDA_MVSG");
+    let g8 = gpu_with(&[("NEAGARI_CUDA_MVSG", "8x2x4")]);
     // 3–8 rows of Q1_0 take gemv_rows.cu's `mvrtg_4`; capped at one block an SM, a block
     // takes several tile blocks, the next one's copy in flight (`gl2`) or after the current
     // one (`gl1`). On 132 SMs, 8192 rows (256 tile blocks) give 124 blocks a second one,
     // 8704 rows (272) give 8 blocks a third.
-    std::env::set_var("NEAGARI_CUDA_GLU_LOOP", "1");
-    let gl2 = CudaBackend::new(0).expect("open GPU 0");
-    std::env::set_var("NEAGARI_CUDA_GLU_BUFS", "1");
-    let gl1 = CudaBackend::new(0).expect("open GPU 0");
-    std::env::remove_var("NEAGARI_CUDA_GLU_LOOP");
-    std::env::remove_var("NEAGARI_CUDA_GLU_BUFS");
+    let gl2 = gpu_with(&[("NEAGARI_CUDA_GLU_LOOP", "1")]);
+    let gl1 = gpu_with(&[
+        ("NEAGARI_CUDA_GLU_LOOP", "1"),
+        ("NEAGARI_CUDA_GLU_BUFS", "1"),
+    ]);
     let cases = [
         (&gl2, GgmlType::Q1_0, 8192, 5120),
         (&gl2, GgmlType::Q1_0, 8704, 5120),
@@ -735,9 +730,7 @@ fn attention_block_run<B: Backend>(
 #[test]
 fn attention_block_fused_matches_the_ops() {
     let Some(gf) = gpu() else { return };
-    std::env::set_var("NEAGARI_CUDA_FUSE_ATTN", "0");
-    let g = CudaBackend::new(0).expect("open GPU 0");
-    std::env::remove_var("NEAGARI_CUDA_FUSE_ATTN");
+    let g = gpu_with(&[("NEAGARI_CUDA_FUSE_ATTN", "0")]);
     let c = cpu();
     let mut r = rng();
     // (heads, kv heads, head_dim, gated, norms, rotated dims, prefill rows, decode steps)
