@@ -152,14 +152,14 @@ impl CudaBackend {
         };
         // One row: `mvqm1x4u`, whose first g / 32 blocks write the normed row; 3–8 rows
         // (a verify) unless NEAGARI_CUDA_NORM_FOLD_ROWS=0: the ring GEMV `mvrmq` (its warp 0
-        // holds the n·cl parts, at most 64; every warp writes its share, gemv_rows.cu
-        // `mvrq_norm_*`).
+        // holds the n·cl parts, at most NORM_ROW_BLOCKS; every warp writes its share,
+        // gemv_rows.cu `mvrq_norm_*`).
         let gemv = match n {
             1 => {
                 self.multi_half(ws, 1, g)
                     && ws.iter().map(|w| w.rows).sum::<usize>().div_ceil(4) >= g / 32
             }
-            _ => self.norm_fold_rows && n * cl <= 64 && self.multi_ring(ws, n, g),
+            _ => self.norm_fold_rows && n * cl <= NORM_ROW_BLOCKS && self.multi_ring(ws, n, g),
         };
         let ok = self.norm_fold
             && (y.rows, y.cols) == (n, g)

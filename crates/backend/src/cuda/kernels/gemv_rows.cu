@@ -1089,7 +1089,8 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 full[MVRQ_MAXS], empty[MVRQ_MAXS];
-    // With a norm (nrm.part set, parts = 1): the rows' parts and 1/rms (mvrq_norm_*).
+    // With a norm (nrm.part set, parts = 1): the rows' parts (at most the host's
+    // NORM_ROW_BLOCKS, the parts' buffer) and 1/rms (mvrq_norm_*).
     __shared__ double parts_s[64];
     __shared__ float inv_rms[8];
     const bool norm = nrm.part != nullptr;
