@@ -12,11 +12,14 @@
 //! rows (an expert's, `matmul_rows`) is still one slice.
 //!
 //! Bodies:
-//! - Q1_0 (128 weights, `BODY` 16): four little-endian 32-bit words, word `w` for weights
-//!   `32w .. 32w + 31`; weight `32w + 4k + j` (`k` 0..7, `j` 0..3) is bit `8j + k` of the
-//!   word (ggml: bit `i` of the word is weight `32w + i`). So `(word << (7 − k)) &
-//!   0x80808080` holds weights `4k .. 4k + 3` at bit 7 of bytes 0..3, lined up with the
-//!   q8_1 activation's word `k` for one `dp4a` (kernels/vecdot.cuh, `Q_Q1_0R`).
+//! - Q1_0 (128 weights, `BODY` 16): four little-endian 32-bit words, the block's four
+//!   32-weight units bit-sliced: weight `4k + i` of unit `j` (`k` 0..7, `i` 0..3) is bit
+//!   `8i + j + 4·(k / 4)` of word `k % 4` (ggml: bit `m` of word `j` is weight `32j + m`).
+//!   So `word & (0x01010101 << (j + 4·(k / 4)))`, one immediate mask, holds weights
+//!   `4k .. 4k + 3` of unit `j` at one bit of bytes 0..3, lined up with the q8_1
+//!   activation's word `k` for one `dp4a`, and a unit's eight sums have two scales, 2^j and
+//!   2^(j+4) (kernels/vecdot.cuh, `Q_Q1_0R`). A unit a word (its weights at eight bit
+//!   positions) took a shift as well before each `dp4a`.
 //! - TQ2_0 (256 weights, `BODY` 64): ggml's `qs[64]` unchanged (its codes are already in
 //!   `dp4a` order: byte `32c + m`, bits `2l`, is weight `128c + 32l + m`).
 //!
@@ -51,7 +54,7 @@ struct Shape {
     scale_at: usize,
     body_at: usize,
     body: usize,
-    /// Q1_0: the bits of each 32-bit word are reordered (module docs).
+    /// Q1_0: the body's bits are bit-sliced by unit (module docs).
     permute: bool,
 }
 
@@ -106,7 +109,8 @@ const fn spread_lut() -> [u32; 256] {
 
 static SPREAD: [u32; 256] = spread_lut();
 
-/// A Q1_0 word (ggml's bit order) in the repacked order.
+/// A Q1_0 word (ggml's bit order: bit `4k + i` is weight `4k + i` of its unit) with weight
+/// `4k + i` at bit `8i + k`.
 fn permute_word(w: u32) -> u32 {
     let b = w.to_le_bytes();
     SPREAD[b[0] as usize]
@@ -126,6 +130,49 @@ fn unpermute_word(w: u32) -> u32 {
     o
 }
 
+/// A Q1_0 body (`body`: ggml's four words, word `j` unit `j`) bit-sliced into `out` (module
+/// docs): with unit `j`'s word permuted (weight `4k + i` at bit `8i + k`), bit `q` and bit
+/// `q + 4` of its bytes go to bits `j` and `j + 4` of word `q`'s.
+fn slice_body(body: &[u8], out: &mut [u8]) {
+    let p: [u32; 4] = std::array::from_fn(|j| {
+        permute_word(u32::from_le_bytes([
+            body[4 * j],
+            body[4 * j + 1],
+            body[4 * j + 2],
+            body[4 * j + 3],
+        ]))
+    });
+    for (q, o) in out.chunks_exact_mut(4).enumerate() {
+        let mut v = 0u32;
+        for (j, &w) in p.iter().enumerate() {
+            v |= ((w >> q) & 0x0101_0101) << j;
+            v |= ((w >> (q + 4)) & 0x0101_0101) << (j + 4);
+        }
+        o.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// The inverse of [`slice_body`].
+#[cfg(test)]
+fn unslice_body(body: &[u8], out: &mut [u8]) {
+    let n: [u32; 4] = std::array::from_fn(|q| {
+        u32::from_le_bytes([
+            body[4 * q],
+            body[4 * q + 1],
+            body[4 * q + 2],
+            body[4 * q + 3],
+        ])
+    });
+    for (j, o) in out.chunks_exact_mut(4).enumerate() {
+        let mut p = 0u32;
+        for (q, &w) in n.iter().enumerate() {
+            p |= ((w >> j) & 0x0101_0101) << q;
+            p |= ((w >> (j + 4)) & 0x0101_0101) << (q + 4);
+        }
+        o.copy_from_slice(&unpermute_word(p).to_le_bytes());
+    }
+}
+
 /// Repacks one row of `nb` ggml blocks (`src`) into `dst` (its repacked bytes, zeroed).
 fn repack_row(s: Shape, src: &[u8], dst: &mut [u8]) {
     for (b, blk) in src.chunks_exact(s.block).enumerate() {
@@ -135,10 +182,7 @@ fn repack_row(s: Shape, src: &[u8], dst: &mut [u8]) {
         let body = &blk[s.body_at..s.body_at + s.body];
         let out = &mut dst[g + 16 + s.body * i..g + 16 + s.body * (i + 1)];
         if s.permute {
-            for (o, w) in out.chunks_exact_mut(4).zip(body.chunks_exact(4)) {
-                let v = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-                o.copy_from_slice(&permute_word(v).to_le_bytes());
-            }
+            slice_body(body, out);
         } else {
             out.copy_from_slice(body);
         }
@@ -284,10 +328,10 @@ fn unpack_rows(ty: GgmlType, src: &[u8], rows: usize, cols: usize) -> Vec<u8> {
             blk[s.scale_at..s.scale_at + 2].copy_from_slice(&r[g + 2 * i..g + 2 * i + 2]);
             let body = &r[g + 16 + s.body * i..g + 16 + s.body * (i + 1)];
             let o = &mut blk[s.body_at..s.body_at + s.body];
-            for (o, w) in o.chunks_exact_mut(4).zip(body.chunks_exact(4)) {
-                let v = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-                let v = if s.permute { unpermute_word(v) } else { v };
-                o.copy_from_slice(&v.to_le_bytes());
+            if s.permute {
+                unslice_body(body, o);
+            } else {
+                o.copy_from_slice(body);
             }
         }
     }
@@ -375,8 +419,9 @@ mod tests {
                     u32::from_le_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]])
                 };
                 out[r * cols + n] = if ty == GgmlType::Q1_0 {
-                    let (w, m) = (e / 32, e % 32);
-                    let bit = (word(4 * w) >> (8 * (m % 4) + m / 4)) & 1;
+                    // Weight 4k + i of unit j: bit 8i + j + 4·(k / 4) of word k % 4.
+                    let (j, k, i) = (e / 32, (e % 32) / 4, e % 4);
+                    let bit = (word(4 * (k % 4)) >> (8 * i + j + 4 * (k / 4))) & 1;
                     if bit != 0 {
                         d
                     } else {
@@ -516,15 +561,31 @@ mod tests {
     }
 
     #[test]
-    fn permutation_lines_weights_up_with_activation_words() {
-        // Every single-bit word: weight i = 4k + j must sit at bit 8j + k, so that
-        // (word << (7 − k)) & 0x80808080 has it at bit 7 of byte j.
-        for i in 0..32 {
-            let p = permute_word(1 << i);
-            let (k, j) = (i / 4, i % 4);
-            assert_eq!(p, 1 << (8 * j + k), "weight {i}");
-            assert_eq!((p << (7 - k)) & 0x8080_8080, 0x80 << (8 * j));
-            assert_eq!(unpermute_word(p), 1 << i);
+    fn slicing_lines_weights_up_with_activation_words() {
+        // Every single-bit body: weight 4k + i of unit j must sit at bit 8i + j + 4·(k / 4)
+        // of word k % 4, so that word & (0x01010101 << (j + 4·(k / 4))) has it in byte i.
+        for n in 0..128 {
+            let mut body = [0u8; 16];
+            body[n / 8] = 1 << (n % 8);
+            let mut sliced = [0u8; 16];
+            slice_body(&body, &mut sliced);
+            let (j, k, i) = (n / 32, (n % 32) / 4, n % 4);
+            let word = |q: usize| u32::from_le_bytes(sliced[4 * q..][..4].try_into().unwrap());
+            for q in 0..4 {
+                let want = if q == k % 4 {
+                    1 << (8 * i + j + 4 * (k / 4))
+                } else {
+                    0
+                };
+                assert_eq!(word(q), want, "weight {n}, word {q}");
+            }
+            assert_eq!(
+                word(k % 4) & (0x0101_0101 << (j + 4 * (k / 4))),
+                1 << (8 * i + j + 4 * (k / 4))
+            );
+            let mut back = [0u8; 16];
+            unslice_body(&sliced, &mut back);
+            assert_eq!(back, body, "weight {n}");
         }
     }
 

@@ -264,17 +264,19 @@ struct R_TQ2_0 {
 // The repacked layouts (repack.rs; lowbit.cu's rp_body / rp_scale find a block's body and
 // f16 scale in its 8-block group).
 struct R_Q1_0R {
-    struct Raw { u32 d, word; };
+    struct Raw { u32 d; uint2 v; };
     static __device__ __forceinline__ Raw load(const u8* row, int u, int t) {
         const int b = u >> 2;
-        // The unit is word u % 4 of the body; weight 4k + j sits at bit 8j + k.
+        // Activation words 2t and 2t + 1 of the unit are words 2(t % 2) and 2(t % 2) + 1 of
+        // the block's bit-sliced body (repack.rs).
         const u8* g = row + (i64)(b >> 3) * (16 + 8 * 16);
-        return Raw{ld16(g + 2 * (b & 7)), *(const u32*)(rp_body<16>(row, b) + 4 * (u & 3))};
+        return Raw{ld16(g + 2 * (b & 7)), *(const uint2*)(rp_body<16>(row, b) + 8 * (t & 1))};
     }
     static __device__ __forceinline__ float2 unpack(const Raw& r, int u, int t, int& w0, int& w1) {
-        // Activation word k is weights 4k..4k+3: bits k, 8 + k, 16 + k, 24 + k.
-        w0 = (r.word >> (2 * t)) & 0x01010101u;
-        w1 = (r.word >> (2 * t + 1)) & 0x01010101u;
+        // Unit u % 4's weights 4k..4k+3 are bit u % 4 + 4·(k / 4) of their word's bytes.
+        const int sh = (u & 3) + 4 * (t >> 1);
+        w0 = (r.v.x >> sh) & 0x01010101u;
+        w1 = (r.v.y >> sh) & 0x01010101u;
         const float d = h2f((u16)r.d);
         return make_float2(2.f * d, -d);
     }
@@ -308,16 +310,17 @@ struct B_Q1_0R {
     static constexpr bool PER_UNIT = false;
     static constexpr float A = 2.f;
     static constexpr int GROUP_BYTES = 16 + 8 * 16, GROUP_STEPS = 8;
-    struct Raw { uint4 w; u32 d; };
+    struct Raw { uint2 v; u32 d; };
     static __device__ __forceinline__ Raw load(const u8* row, int s, int t, int gp) {
-        // Step s is block s: its body's four words (16-byte aligned) and its scale.
+        // Step s is block s: the two words of its bit-sliced body (16-byte aligned) that hold
+        // activation words 2t and 2t + 1 of every unit (R_Q1_0R), and its scale.
         const u8* g = row + (i64)(s >> 3) * gp;
-        return Raw{*(const uint4*)(g + 16 + 16 * (s & 7)), ld16(g + 2 * (s & 7))};
+        return Raw{*(const uint2*)(g + 16 + 16 * (s & 7) + 8 * (t & 1)), ld16(g + 2 * (s & 7))};
     }
     static __device__ __forceinline__ void unpack(const Raw& r, int j, int t, int& w0, int& w1) {
-        const u32 word = j == 0 ? r.w.x : j == 1 ? r.w.y : j == 2 ? r.w.z : r.w.w;
-        w0 = (word >> (2 * t)) & 0x01010101u;
-        w1 = (word >> (2 * t + 1)) & 0x01010101u;
+        const int sh = j + 4 * (t >> 1);
+        w0 = (r.v.x >> sh) & 0x01010101u;
+        w1 = (r.v.y >> sh) & 0x01010101u;
     }
 };
 

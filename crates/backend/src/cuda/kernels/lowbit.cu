@@ -68,16 +68,18 @@ __device__ __forceinline__ float rp_scale(const u8* row, int b) {
     return h2f(ld16(row + (i64)(b >> 3) * (16 + 8 * BODY) + 2 * (b & 7)));
 }
 
-// Q1_0 repacked: the body is four 32-bit words (word w: weights 32w .. 32w+31), weight
-// 32w + 4k + j at bit 8j + k of its word.
+// Q1_0 repacked: the body is four 32-bit words, its four units bit-sliced: weight 4k + i of
+// unit j at bit 8i + j + 4·(k / 4) of word k % 4 (repack.rs).
 struct F_Q1_0R {
     static constexpr int BLOCK = 128, BYTES = 18;
     static __device__ __forceinline__ void unit(const u8* row, int u, float* w) {
-        const int b = u >> 2;
+        const int b = u >> 2, j = u & 3;
         const float d = rp_scale<16>(row, b);
-        const u32 bits = *(const u32*)(rp_body<16>(row, b) + 4 * (u & 3));
+        const uint4 v = *(const uint4*)rp_body<16>(row, b);
+        const u32 words[4] = {v.x >> j, v.y >> j, v.z >> j, v.w >> j};
 #pragma unroll
-        for (int i = 0; i < 32; i++) w[i] = ((bits >> (8 * (i & 3) + (i >> 2))) & 1) ? d : -d;
+        for (int i = 0; i < 32; i++)
+            w[i] = ((words[(i >> 2) & 3] >> (8 * (i & 3) + 4 * (i >> 4))) & 1) ? d : -d;
     }
 };
 

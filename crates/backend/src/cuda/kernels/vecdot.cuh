@@ -456,12 +456,15 @@ __device__ __forceinline__ u32 word4(const uint4& v, int j) {
     return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
 
-// Q1_0: a step is one block (16 bytes of bits and its scale). Weight 4k + i of unit j is
-// bit 8i + k of word j, so (word << (7 − k)) & 0x80808080 is 128·bit in byte i, lined up
-// with the activation's word k; only left shifts, which the compiler may run as
-// multiplies on the FMA pipe beside the ALU's ands. s = 128·Σ_{bit set} x, and
-// Σ ±x = 2·Σ_{bit set} x − Σ x = s / 64 − Σ x (s is a multiple of 128, |s| < 2^20, read
-// through SUM_K; the 1/64 goes to the activation's d: the same product, so the same bits).
+// Q1_0: a step is one block (16 bytes of bits and its scale), its four units bit-sliced
+// (repack.rs): weight 4k + i of unit j is bit 8i + j + 4·(k / 4) of word k % 4. So unit
+// j's activation word k pairs with word k % 4 & (0x01010101 << (j + 4·(k / 4))), one
+// immediate mask (j, k known once unrolled): 2^j·bit a byte for k < 4, 2^(j+4)·bit for
+// k ≥ 4, where the unit's eight words once sat at eight bit positions and each took a
+// shift to bit 7 first (three instructions a four weights, now two). lo·16 + hi is
+// 2^(j+4)·Σ_{bit set} x (|·| < 2^20, read through SUM_K) and Σ ±x = that / 2^(j+3) − Σ x:
+// the 2^−(j+3) goes to the activation's d, the same product as the shifted form's
+// 128·Σ / 64, so the same bits.
 struct Q_Q1_0R {
     static constexpr int STEP = 4;
     struct W {
@@ -477,20 +480,27 @@ struct Q_Q1_0R {
     template <int NR>
     static __device__ __forceinline__ void dot(const W& w, int j, const int (&x)[NR][8],
                                                const float2 (&ds)[NR], float (&acc)[NR]) {
-        const u32 v = word4(w.q, j);
-        int s[NR];
+        int lo[NR], s[NR];
 #pragma unroll
-        for (int r = 0; r < NR; r++) s[r] = SUM_K;
+        for (int r = 0; r < NR; r++) lo[r] = 0;
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const u32 m = (v << (7 - k)) & 0x80808080u;
+        for (int k = 0; k < 4; k++) {
+            const u32 m = word4(w.q, k) & (0x01010101u << j);
+#pragma unroll
+            for (int r = 0; r < NR; r++) lo[r] = dp4a_us(m, x[r][k], lo[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++) s[r] = lo[r] * 16 + SUM_K;
+#pragma unroll
+        for (int k = 4; k < 8; k++) {
+            const u32 m = word4(w.q, k - 4) & (0x01010101u << (j + 4));
 #pragma unroll
             for (int r = 0; r < NR; r++) s[r] = dp4a_us(m, x[r][k], s[r]);
         }
+        const float inv = 1.f / (float)(8 << j);
 #pragma unroll
         for (int r = 0; r < NR; r++)
-            acc[r] += w.d * __fmaf_rn(ds[r].x * (1.f / 64.f), __int_as_float(s[r]) - 12582912.f,
-                                      -ds[r].y);
+            acc[r] += w.d * __fmaf_rn(ds[r].x * inv, __int_as_float(s[r]) - 12582912.f, -ds[r].y);
     }
 };
 
