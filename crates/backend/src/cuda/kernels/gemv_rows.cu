@@ -305,27 +305,34 @@ struct R_TQ2_0R {
 // takes the unit's activation scale, the weight scale comes once per step. `load(row, s, t)`
 // reads step s (units 4s..4s+3, within one block) where a row's groups (GROUP_BYTES each,
 // GROUP_STEPS steps; what a K split or a chunk of the tile may cut) are `gp` bytes apart,
-// `unpack(raw, j, t, w0, w1)` makes unit j's words 2t and 2t + 1 as R_ above.
+// `unpack(raw, j, t, w0, w1)` makes unit j's words 2t and 2t + 1 as R_ above (B_Q1_0R: 2^j times
+// them, SLICED).
 struct B_Q1_0R {
     static constexpr bool PER_UNIT = false;
+    // Unit j's bytes are 2^j·bit (mvrb_step takes the 2^−j into the activation's scale).
+    static constexpr bool SLICED = true;
     static constexpr float A = 2.f;
     static constexpr int GROUP_BYTES = 16 + 8 * 16, GROUP_STEPS = 8;
     struct Raw { uint2 v; u32 d; };
     static __device__ __forceinline__ Raw load(const u8* row, int s, int t, int gp) {
         // Step s is block s: the two words of its bit-sliced body (16-byte aligned) that hold
-        // activation words 2t and 2t + 1 of every unit (R_Q1_0R), and its scale.
+        // activation words 2t and 2t + 1 of every unit (R_Q1_0R), shifted so that unit j's
+        // bits of them are bit j of every byte, and its scale.
         const u8* g = row + (i64)(s >> 3) * gp;
-        return Raw{*(const uint2*)(g + 16 + 16 * (s & 7) + 8 * (t & 1)), ld16(g + 2 * (s & 7))};
+        const uint2 v = *(const uint2*)(g + 16 + 16 * (s & 7) + 8 * (t & 1));
+        const int sh = 4 * (t >> 1);
+        return Raw{make_uint2(v.x >> sh, v.y >> sh), ld16(g + 2 * (s & 7))};
     }
+    // One immediate mask a word (j is known once unrolled), where a shift and a mask took the
+    // bits down to bit 0.
     static __device__ __forceinline__ void unpack(const Raw& r, int j, int t, int& w0, int& w1) {
-        const int sh = j + 4 * (t >> 1);
-        w0 = (r.v.x >> sh) & 0x01010101u;
-        w1 = (r.v.y >> sh) & 0x01010101u;
+        w0 = r.v.x & (0x01010101u << j);
+        w1 = r.v.y & (0x01010101u << j);
     }
 };
 
 struct B_TQ2_0R {
-    static constexpr bool PER_UNIT = false;
+    static constexpr bool PER_UNIT = false, SLICED = false;
     static constexpr float A = 1.f;
     static constexpr int GROUP_BYTES = 16 + 8 * 64, GROUP_STEPS = 16;
     struct Raw { uint2 v; u32 d; };
@@ -349,7 +356,7 @@ struct B_TQ2_0R {
 // sub-block, high: the odd); in repack.rs's (N true), word t of each of the four units.
 template <bool N>
 struct B_Q4_Kt {
-    static constexpr bool PER_UNIT = true;
+    static constexpr bool PER_UNIT = true, SLICED = false;
     static constexpr int GROUP_BYTES = 144, GROUP_STEPS = 2;
     // Repacked: q0 = units 0 and 1's words, q1 = units 2 and 3's.
     struct Raw { uint4 h; uint2 q0, q1; };
@@ -626,10 +633,14 @@ __device__ __forceinline__ void mvrb_step(float (&acc)[MT][4], const u8* __restr
                 n[2] += mb[j] * y0[j];
                 n[3] += mb[j] * y1[j];
             } else {
-                m[0] += d0[j] * v[0];
-                m[1] += d1[j] * v[1];
-                m[2] += d0[j] * v[2];
-                m[3] += d1[j] * v[3];
+                // SLICED: the sums are 2^j times over; 2^−j on the activation's d gives the
+                // same products (exact scalings), so the same bits.
+                const float e0 = F::SLICED ? d0[j] * (1.f / (float)(1 << j)) : d0[j];
+                const float e1 = F::SLICED ? d1[j] * (1.f / (float)(1 << j)) : d1[j];
+                m[0] += e0 * v[0];
+                m[1] += e1 * v[1];
+                m[2] += e0 * v[2];
+                m[3] += e1 * v[3];
             }
         }
         if constexpr (F::PER_UNIT) {
