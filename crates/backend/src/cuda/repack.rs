@@ -130,24 +130,34 @@ fn unpermute_word(w: u32) -> u32 {
     o
 }
 
-/// A Q1_0 body (`body`: ggml's four words, word `j` unit `j`) bit-sliced into `out` (module
-/// docs): with unit `j`'s word permuted (weight `4k + i` at bit `8i + k`), bit `q` and bit
-/// `q + 4` of its bytes go to bits `j` and `j + 4` of word `q`'s.
-fn slice_body(body: &[u8], out: &mut [u8]) {
-    let p: [u32; 4] = std::array::from_fn(|j| {
-        permute_word(u32::from_le_bytes([
+/// The four little-endian words of a 16-byte body.
+fn words4(body: &[u8]) -> [u32; 4] {
+    std::array::from_fn(|j| {
+        u32::from_le_bytes([
             body[4 * j],
             body[4 * j + 1],
             body[4 * j + 2],
             body[4 * j + 3],
-        ]))
-    });
-    for (q, o) in out.chunks_exact_mut(4).enumerate() {
-        let mut v = 0u32;
-        for (j, &w) in p.iter().enumerate() {
-            v |= ((w >> q) & 0x0101_0101) << j;
-            v |= ((w >> (q + 4)) & 0x0101_0101) << (j + 4);
-        }
+        ])
+    })
+}
+
+/// Bits `q` and `q + 4` of word `j`'s bytes to bits `j` and `j + 4` of word `q`'s (`j`,
+/// `q` 0..3): its own inverse.
+fn transpose_bits(w: [u32; 4]) -> [u32; 4] {
+    std::array::from_fn(|q| {
+        (0..4).fold(0, |v, j| {
+            v | (((w[j] >> q) & 0x0101_0101) << j) | (((w[j] >> (q + 4)) & 0x0101_0101) << (j + 4))
+        })
+    })
+}
+
+/// A Q1_0 body (`body`: ggml's four words, word `j` unit `j`) bit-sliced into `out` (module
+/// docs): each unit's word permuted (weight `4k + i` at bit `8i + k`), then bits `k % 4 +
+/// 4·(k / 4)` of unit `j`'s bytes to bits `j + 4·(k / 4)` of word `k % 4`'s.
+fn slice_body(body: &[u8], out: &mut [u8]) {
+    let w = transpose_bits(words4(body).map(permute_word));
+    for (o, v) in out.chunks_exact_mut(4).zip(w) {
         o.copy_from_slice(&v.to_le_bytes());
     }
 }
@@ -155,21 +165,9 @@ fn slice_body(body: &[u8], out: &mut [u8]) {
 /// The inverse of [`slice_body`].
 #[cfg(test)]
 fn unslice_body(body: &[u8], out: &mut [u8]) {
-    let n: [u32; 4] = std::array::from_fn(|q| {
-        u32::from_le_bytes([
-            body[4 * q],
-            body[4 * q + 1],
-            body[4 * q + 2],
-            body[4 * q + 3],
-        ])
-    });
-    for (j, o) in out.chunks_exact_mut(4).enumerate() {
-        let mut p = 0u32;
-        for (q, &w) in n.iter().enumerate() {
-            p |= ((w >> j) & 0x0101_0101) << q;
-            p |= ((w >> (j + 4)) & 0x0101_0101) << (q + 4);
-        }
-        o.copy_from_slice(&unpermute_word(p).to_le_bytes());
+    let w = transpose_bits(words4(body)).map(unpermute_word);
+    for (o, v) in out.chunks_exact_mut(4).zip(w) {
+        o.copy_from_slice(&v.to_le_bytes());
     }
 }
 
