@@ -401,8 +401,17 @@ fn norm_then_matmul<B: Backend>(
 /// shows the fold ran) and of the CPU's; without the fold (NEAGARI_CUDA_NORM_FOLD=0) the
 /// one call is the separate ops, bit for bit. A matmul of the normed row afterwards
 /// quantizes it afresh; the GLU form matches too.
+///
+/// "Within float error" allows a q8_1 code or two a call to round the other way: x·w and
+/// x·w/rms are the same codes except where v/d lands within an ulp of a half (about 2e-6
+/// of the values, so one call in eight has one). A flipped code moves its row's
+/// projections by w·d: 1–2e-4 relative over 8 rows, 2–4e-4 over one (numpy, these shapes).
+/// Seed 1241845939309039959 gives one in the 8-row GLU (1.22e-4, the same on every replay:
+/// not a race). A wrong 1/rms or a lost tile is 1e-2 and more.
 #[test]
 fn norm_folded_into_gemv() {
+    // Room for two flipped q8_1 codes in one row (see above).
+    const FOLD_TOL: f64 = 1e-3;
     let Some(_) = gpu() else { return };
     let g = gpu_with(&[
         ("NEAGARI_CUDA_NORM_FOLD", "1"),
@@ -452,7 +461,7 @@ fn norm_folded_into_gemv() {
             of.len()
         );
         assert!(d > 0, "{name}: the fold did not run");
-        check_float_op(&format!("{name} vs separate"), 1e-4, os, of.clone());
+        check_float_op(&format!("{name} vs separate"), FOLD_TOL, os, of.clone());
         check_float_op(&format!("{name} vs CPU"), 3e-2, oc, of);
         check_float_op(&format!("{name}: normed row vs CPU"), 1e-5, nc, nf);
     }
@@ -524,7 +533,7 @@ fn norm_folded_into_gemv() {
             gf.len()
         );
         assert!(d > 0, "{name}: the fold did not run");
-        check_float_op(&format!("{name} vs separate"), 1e-4, gs, gf);
+        check_float_op(&format!("{name} vs separate"), FOLD_TOL, gs, gf);
     }
 }
 
