@@ -248,6 +248,11 @@ impl Backend for CudaBackend {
             self.prefetch_op(next);
             return self.glu(g, u, act);
         }
+        // Where 3–8 rows take `mvrtg_4`: the norm inside it (NEAGARI_CUDA_NORM_FOLD_TILE=1).
+        if self.norm_glu_rows_op(x, y, w, eps, out, (gate, up), act, g, u)? {
+            self.prefetch_op(next);
+            return Ok(());
+        }
         self.add_rms_norm_op(x, y, w, eps, out)?;
         self.prefetch_op(next);
         self.matmul_glu_op(gate, up, out, act, g, u)

@@ -5,6 +5,8 @@
 //! per-head q/k RMSNorm with RoPE (`qk_norm_rope`, attention.cu). The Gated DeltaNet step is in
 //! hybrid.rs. NEAGARI_CUDA_FUSE=0 runs the separate ops instead.
 
+use super::gemv_rows::MvrtPlan;
+use super::norm::NrmArgs;
 use super::*;
 
 /// The largest gate matrix (rows × cols) whose GLU is fused into its GEMV. Fusing pays
@@ -96,7 +98,7 @@ impl CudaBackend {
                 if n == 1 && self.matmul_glu_stream(k, gate, up, x, act, g, u)? {
                     return Ok(());
                 }
-                if n > 1 && self.matmul_glu_rows(k, gate, up, x, act, g, u)? {
+                if n > 1 && self.matmul_glu_rows(k, gate, up, x, act, g, u, None)? {
                     return Ok(());
                 }
             }
@@ -174,13 +176,33 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// The `mvrtg_4` launch and its plan where `matmul_glu` of `n` rows over gate and up
+    /// takes it (`matmul_glu_rows`): the separate GEMV would take `mvrt_4` with whole rows and
+    /// one copy a tile, and the rows are whole 32-row units.
+    pub(super) fn glu_rows_plan<'a>(
+        &self,
+        k: &'a IntKernels,
+        gate: &CudaMat,
+        up: &CudaMat,
+        n: usize,
+    ) -> Option<(&'a CudaFunction, MvrtPlan<'a>)> {
+        let func = k.rows_tma.as_ref().and_then(|t| t.glu.as_ref())?;
+        if !self.glu_rows || self.mvr_kernels(k, n).is_none() || !gate.rows.is_multiple_of(32) {
+            return None;
+        }
+        let (wg, wu) = (self.dptr(&gate.data), self.dptr(&up.data));
+        let aligned = wg.is_multiple_of(16) && wu.is_multiple_of(16);
+        let p = self.mvr_tma(k, gate.cols.div_ceil(32), gate.row_bytes, aligned)?;
+        (p.rows == 4 * MVR_ROWS && p.tile_whole()).then_some((func, p))
+    }
+
     /// 3–8 rows' gate/up GEMV and GLU as one gemv_rows.cu `mvrtg_4` launch (with the q8_1 of
-    /// g for the down projection), where the separate GEMV would take `mvrt_4` with whole
-    /// rows and one copy a tile, and the rows are whole 32-row units; `false`: not taken.
-    /// 27B gate/up (17,408 × 5,120), 8-row greedy step (H200, same call): Q1_0 5.569 →
-    /// 5.480 ms, TQ2_0 6.753 → 6.768 (level).
+    /// g for the down projection), where `glu_rows_plan` holds; `false`: not taken. With
+    /// `nrm` it finishes the norm before it (norm.rs `norm_glu_rows_op`; x's q8_1 is then
+    /// that of x·w). 27B gate/up (17,408 × 5,120), 8-row greedy step (H200, same call):
+    /// Q1_0 5.569 → 5.480 ms, TQ2_0 6.753 → 6.768 (level).
     #[allow(clippy::too_many_arguments)]
-    fn matmul_glu_rows(
+    pub(super) fn matmul_glu_rows(
         &self,
         k: &IntKernels,
         gate: &CudaMat,
@@ -189,27 +211,22 @@ impl CudaBackend {
         act: GluAct,
         g: &mut CudaBuf,
         u: &mut CudaBuf,
+        nrm: Option<NrmArgs>,
     ) -> Result<bool> {
-        let Some(func) = k.rows_tma.as_ref().and_then(|t| t.glu.as_ref()) else {
+        let Some((func, p)) = self.glu_rows_plan(k, gate, up, x.rows) else {
             return Ok(false);
         };
         let (n, rows, cols) = (x.rows, gate.rows, gate.cols);
-        if !self.glu_rows || self.mvr_kernels(k, n).is_none() || !rows.is_multiple_of(32) {
-            return Ok(false);
-        }
         let units = cols.div_ceil(32);
-        let (wg, wu) = (self.dptr(&gate.data), self.dptr(&up.data));
-        let aligned = wg.is_multiple_of(16) && wu.is_multiple_of(16);
-        let Some(p) = self.mvr_tma(k, units, gate.row_bytes, aligned) else {
-            return Ok(false);
-        };
-        if p.rows != 4 * MVR_ROWS || p.parts != 1 || p.group_bytes.is_some() {
-            return Ok(false);
-        }
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let (qp, dsp) = self.xq_input(&mut sc, k, x, cols)?;
         // g's q8_1 goes to the second area.
         if self.x_in_alt(&sc, qp) {
+            if nrm.is_some() {
+                return Err(BackendError::Other(
+                    "cuda: a norm folded into a GLU whose input is in the second area".into(),
+                ));
+            }
             return Ok(false);
         }
         self.reshape(g, n, rows)?;
@@ -232,6 +249,7 @@ impl CudaBackend {
             block_dim: ((MVR_WARPS * 32) as u32, 1, 1),
             shared_mem_bytes: bufs * p.smem,
         };
+        let (wg, wu) = (self.dptr(&gate.data), self.dptr(&up.data));
         let (gp, up_) = (self.dptr(&g.data), self.dptr(&u.data));
         let (rows_i, units_i, rb, nr_i, bufs_i) = (
             rows as i32,
@@ -241,10 +259,11 @@ impl CudaBackend {
             bufs as i32,
         );
         let act_i = glu_act_code(act);
+        let nrm = nrm.unwrap_or_default();
         // `@keep`: x's q8_1 stays valid for other matmuls of x.
         launch!(
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
-            &nr_i, &act_i, &oq, &ods, &bufs_i
+            &nr_i, &act_i, &oq, &ods, &bufs_i, &nrm
         )?;
         self.glu_written(&mut sc, (gp, up_), n, rows, true);
         Ok(true)

@@ -266,6 +266,12 @@ unsafe impl DeviceRepr for Ks {}
 const _: () = assert!(std::mem::size_of::<Ks>() == 16);
 
 impl MvrtPlan<'_> {
+    /// Whether this is `mvrt` / `mvrmt` with K whole: the whole tile one bulk copy, not by
+    /// group, no ring, one part (what the norm fold and `mvrtg_4` take).
+    pub(super) fn tile_whole(&self) -> bool {
+        self.slots.is_none() && self.group_bytes.is_none() && self.parts == 1
+    }
+
     /// The kernel: `multi` for several matrices (`mvrm*`).
     pub(super) fn func(&self, multi: bool) -> &CudaFunction {
         let by = match (self.slots, self.group_bytes) {

@@ -351,6 +351,21 @@ impl CudaBackend {
                 .is_some_and(|p| p.slots.is_some() && p.parts == 1)
     }
 
+    /// Whether `matmul_multi` of `n` (3–8) rows of `cols` over `ws` is one `mvrmt` launch (the
+    /// tensor-core GEMV, its whole tile one bulk copy, K whole): up to four matrices of one
+    /// format, row size and width. What `norm_matmul_op` folds a verify's norm into where
+    /// NEAGARI_CUDA_NORM_FOLD_TILE=1 (the Q1_0 verify's projections).
+    pub(super) fn multi_tile(&self, ws: &[&CudaMat], n: usize, cols: usize) -> bool {
+        let Some((w0, k)) = self.multi_one_launch(ws, cols) else {
+            return false;
+        };
+        let aligned = ws.iter().all(|w| self.dptr(&w.data).is_multiple_of(16));
+        self.mvr_kernels(k, n).is_some()
+            && self
+                .mvr_tma(k, cols.div_ceil(32), w0.row_bytes, aligned)
+                .is_some_and(|p| p.tile_whole())
+    }
+
     /// The first matrix and its integer kernels where `matmul_multi` over `ws` of `cols` is
     /// one integer-GEMV launch: up to four matrices of one format, row size and width.
     fn multi_one_launch<'a>(
@@ -367,9 +382,9 @@ impl CudaBackend {
     }
 
     /// `matmul_multi` on the integer GEMV: every matrix of one format and width, up to 8
-    /// activation rows; four matrices a launch. With `nrm` (`multi_half` or `multi_ring`
-    /// holds) the one `mvqm1x4u` or `mvrmq` launch finishes the norm before it (norm.rs
-    /// `norm_matmul_op`).
+    /// activation rows; four matrices a launch. With `nrm` (`multi_half`, `multi_ring` or
+    /// `multi_tile` holds) the one `mvqm1x4u`, `mvrmq` or `mvrmt` launch finishes the norm
+    /// before it (norm.rs `norm_matmul_op`).
     pub(super) fn matmul_multi_int(
         &self,
         k: &IntKernels,
@@ -412,7 +427,8 @@ impl CudaBackend {
         let ring = tma
             .as_ref()
             .is_some_and(|p| p.slots.is_some() && p.parts == 1);
-        if nrm.is_some() && (!(half || ring) || ws.len() > 4) {
+        let tile = tma.as_ref().is_some_and(|p| p.tile_whole());
+        if nrm.is_some() && (!(half || ring || tile) || ws.len() > 4) {
             return Err(BackendError::Other(
                 "cuda: a norm folded into a GEMV that cannot finish it".into(),
             ));
@@ -474,11 +490,13 @@ impl CudaBackend {
                     )?;
                     continue;
                 }
+                // `mvrmt` takes the norm's parts (none: all zero).
+                let nrm = nrm.unwrap_or_default();
                 launch!(
                     @keep_cluster clu, self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3],
                     &a.y[0], &a.y[1], &a.y[2], &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2],
                     &a.rows[3], &a.starts[1], &a.starts[2], &a.starts[3], &qp, &dsp, &units_i,
-                    &rb, &nr_i, &parts, &pu, &pb, &ks
+                    &rb, &nr_i, &parts, &pu, &pb, &ks, &nrm
                 )?;
                 continue;
             }

@@ -333,6 +333,10 @@ pub struct CudaBackend {
     /// 1.35 → 1.30 (H100). The compute warps finish it (with the producer warp's idle lanes
     /// doing it, the step went 8.81 → 10.05 ms).
     norm_fold_rows: bool,
+    /// … and through the tensor-core GEMV whose whole tile is one bulk copy (`mvrmt`,
+    /// `mvrtg_4`: the Q1_0 verify's projections and gate/up), where
+    /// NEAGARI_CUDA_NORM_FOLD_TILE=1 (off by default until timed on a GPU).
+    norm_fold_tile: bool,
     /// Quantized formats take the integer GEMV, unless NEAGARI_CUDA_MV=float (measuring).
     mv_int: bool,
     /// Fused ops (`delta_net`, `matmul_glu`, `qk_norm_rope`) run as one launch each, unless
@@ -650,6 +654,7 @@ impl CudaBackend {
             norm_cl: maj >= 9 && knob_on("NEAGARI_CUDA_NORM_CL"),
             norm_fold: knob_on("NEAGARI_CUDA_NORM_FOLD"),
             norm_fold_rows: knob_on("NEAGARI_CUDA_NORM_FOLD_ROWS"),
+            norm_fold_tile: knob_forced("NEAGARI_CUDA_NORM_FOLD_TILE") == Some(true),
             mv_int: knob::<String>("NEAGARI_CUDA_MV").as_deref() != Some("float"),
             fuse: knob_on("NEAGARI_CUDA_FUSE"),
             fuse_attn: knob_on("NEAGARI_CUDA_FUSE") && knob_on("NEAGARI_CUDA_FUSE_ATTN"),

@@ -147,28 +147,104 @@ impl CudaBackend {
         outs: &mut [&mut CudaBuf],
     ) -> Result<bool> {
         let (n, g) = (x.rows, x.cols);
-        let Some((cl, cl_threads)) = self.cluster_norm(n, g) else {
-            return Ok(false);
-        };
         // One row: `mvqm1x4u`, whose first g / 32 blocks write the normed row; 3–8 rows
-        // (a verify) unless NEAGARI_CUDA_NORM_FOLD_ROWS=0: the ring GEMV `mvrmq` (its warp 0
-        // holds the n·cl parts, at most NORM_ROW_BLOCKS; every warp writes its share,
-        // gemv_rows.cu `mvrq_norm_*`).
-        let gemv = match n {
+        // (a verify) unless NEAGARI_CUDA_NORM_FOLD_ROWS=0: the ring GEMV `mvrmq` (its warps
+        // hold the n·cl parts, at most NORM_ROW_BLOCKS; every warp writes its share,
+        // gemv_rows.cu `mvr_norm_*`), or with NEAGARI_CUDA_NORM_FOLD_TILE=1 `mvrmt`.
+        let gemv = |cl: usize| match n {
             1 => {
                 self.multi_half(ws, 1, g)
                     && ws.iter().map(|w| w.rows).sum::<usize>().div_ceil(4) >= g / 32
             }
-            _ => self.norm_fold_rows && n * cl <= NORM_ROW_BLOCKS && self.multi_ring(ws, n, g),
+            _ => {
+                self.norm_fold_rows
+                    && n * cl <= NORM_ROW_BLOCKS
+                    && (self.multi_ring(ws, n, g)
+                        || (self.norm_fold_tile && self.multi_tile(ws, n, g)))
+            }
         };
-        let ok = self.norm_fold
-            && (y.rows, y.cols) == (n, g)
-            && w.len == g
-            && ws.len() == outs.len()
-            && gemv;
-        let Some(k) = ws.first().and_then(|w0| w0.k.int.as_ref()).filter(|_| ok) else {
+        let Some(k) = ws
+            .first()
+            .and_then(|w0| w0.k.int.as_ref())
+            .filter(|_| ws.len() == outs.len())
+        else {
             return Ok(false);
         };
+        let Some(nrm) = self.norm_part(x, y, w, eps, out, gemv)? else {
+            return Ok(false);
+        };
+        self.matmul_multi_int(k, ws, out, outs, Some(nrm))?;
+        self.norm_part_done(out);
+        Ok(true)
+    }
+
+    /// `add_rms_norm` then `matmul_glu(gate, up, out, act, g, u)` of 3–8 rows with the norm
+    /// finished inside the one `mvrtg_4` launch (fused.rs `matmul_glu_rows`), where
+    /// NEAGARI_CUDA_NORM_FOLD_TILE=1 and `matmul_glu` would take that launch; `false`: not
+    /// taken, nothing launched. As `norm_matmul_op`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn norm_glu_rows_op(
+        &self,
+        x: &mut CudaBuf,
+        y: &CudaBuf,
+        w: &CudaVector,
+        eps: f32,
+        out: &mut CudaBuf,
+        (gate, up): (&CudaMat, &CudaMat),
+        act: GluAct,
+        g: &mut CudaBuf,
+        u: &mut CudaBuf,
+    ) -> Result<bool> {
+        let (n, cols) = (x.rows, x.cols);
+        let Some(k) = gate.k.int.as_ref() else {
+            return Ok(false);
+        };
+        // matmul_glu_op's way to `matmul_glu_rows`: gate and up of one format and shape.
+        let pair = gate.ty == up.ty
+            && (gate.rows, gate.cols, gate.row_bytes) == (up.rows, up.cols, up.row_bytes)
+            && gate.cols == cols;
+        let fits = |cl: usize| {
+            n > 1
+                && self.norm_fold_rows
+                && self.norm_fold_tile
+                && self.fuse
+                && self.mv_int
+                && pair
+                && n * cl <= NORM_ROW_BLOCKS
+                && self.glu_rows_plan(k, gate, up, n).is_some()
+        };
+        let Some(nrm) = self.norm_part(x, y, w, eps, out, fits)? else {
+            return Ok(false);
+        };
+        if !self.matmul_glu_rows(k, gate, up, out, act, g, u, Some(nrm))? {
+            return Err(BackendError::Other(
+                "cuda: a norm folded into a GLU that did not run".into(),
+            ));
+        }
+        self.norm_part_done(out);
+        Ok(true)
+    }
+
+    /// The first half of a folded norm: `add_norm_part` over x's rows (x += y, the parts of
+    /// each row's sum of squares, the q8_1 of x·w as `out`'s), where the norm would run
+    /// `add_rms_norm_cl`, NEAGARI_CUDA_NORM_FOLD is on and `gemv(blocks a row)` says the
+    /// GEMV after it takes the fold; `None`: nothing launched.
+    fn norm_part(
+        &self,
+        x: &mut CudaBuf,
+        y: &CudaBuf,
+        w: &CudaVector,
+        eps: f32,
+        out: &mut CudaBuf,
+        gemv: impl FnOnce(usize) -> bool,
+    ) -> Result<Option<NrmArgs>> {
+        let (n, g) = (x.rows, x.cols);
+        let Some((cl, cl_threads)) = self.cluster_norm(n, g) else {
+            return Ok(None);
+        };
+        if !(self.norm_fold && (y.rows, y.cols) == (n, g) && w.len == g && gemv(cl)) {
+            return Ok(None);
+        }
         self.reshape(out, n, g)?;
         let pf = self.take_pf(super::prefetch::PfSite::Norm, n);
         let (xp, yp, wp, op) = (
@@ -178,34 +254,35 @@ impl CudaBackend {
             self.dptr(&out.data),
         );
         let g_i = g as i32;
-        let nrm = {
-            let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-            let (pp, _) = self.norm_scratch(&mut sc)?;
-            let (qp, dsp) = self.xq_reserve(&mut sc, n, g / 32)?;
-            let cfg = LaunchConfig {
-                grid_dim: (cl as u32, n as u32, 1),
-                block_dim: (cl_threads as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            launch!(
-                self,
-                &self.ops.add_norm_part,
-                cfg,
-                &xp,
-                &yp,
-                &wp,
-                &g_i,
-                &qp,
-                &dsp,
-                &pp,
-                &pf
-            )?;
-            sc.xq_key = Some((op, n, g, self.gen.load(Ordering::Relaxed)));
-            NrmArgs::new(pp, (xp, wp, op), cl, g, eps)
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let (pp, _) = self.norm_scratch(&mut sc)?;
+        let (qp, dsp) = self.xq_reserve(&mut sc, n, g / 32)?;
+        let cfg = LaunchConfig {
+            grid_dim: (cl as u32, n as u32, 1),
+            block_dim: (cl_threads as u32, 1, 1),
+            shared_mem_bytes: 0,
         };
-        self.matmul_multi_int(k, ws, out, outs, Some(nrm))?;
-        // That q8_1 is of x·w, not of `out` (which the GEMV wrote): no later matmul of out
-        // may take it.
+        launch!(
+            self,
+            &self.ops.add_norm_part,
+            cfg,
+            &xp,
+            &yp,
+            &wp,
+            &g_i,
+            &qp,
+            &dsp,
+            &pp,
+            &pf
+        )?;
+        sc.xq_key = Some((op, n, g, self.gen.load(Ordering::Relaxed)));
+        Ok(Some(NrmArgs::new(pp, (xp, wp, op), cl, g, eps)))
+    }
+
+    /// After the GEMV of a folded norm: the q8_1 `norm_part` left is of x·w, not of `out`
+    /// (which the GEMV wrote), so no later matmul of out may take it.
+    fn norm_part_done(&self, out: &CudaBuf) {
+        let op = self.dptr(&out.data);
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if sc.xq_key.is_some_and(|(p, ..)| p == op) {
             sc.xq_key = None;
@@ -213,7 +290,6 @@ impl CudaBackend {
         if sc.xq_alt_key.is_some_and(|(p, ..)| p == op) {
             sc.xq_alt_key = None;
         }
-        Ok(true)
     }
 
     pub(super) fn add_rms_norm_op(

@@ -396,7 +396,7 @@ fn norm_then_matmul<B: Backend>(
 
 /// A decode row's residual add and norm finished inside the Q4_K GEMV that reads it (norm.rs
 /// `norm_matmul_op`: `add_norm_part`, then `mvqm1x4u` scaling its sums by 1/rms; 8 rows,
-/// a verify's, `mvrmq`): x and the normed rows are the separate ops' bits, the projections
+/// a verify's, `mvrmq`; Q1_0's 8 rows `mvrmt_4`, its GLU `mvrtg_4`): x and the normed rows are the separate ops' bits, the projections
 /// within float error of theirs (x·w is quantized, not x·w/rms: some values differ, which
 /// shows the fold ran) and of the CPU's; without the fold (NEAGARI_CUDA_NORM_FOLD=0) the
 /// one call is the separate ops, bit for bit. A matmul of the normed row afterwards
@@ -416,24 +416,26 @@ fn norm_folded_into_gemv() {
     let g = gpu_with(&[
         ("NEAGARI_CUDA_NORM_FOLD", "1"),
         ("NEAGARI_CUDA_NORM_FOLD_ROWS", "1"),
+        ("NEAGARI_CUDA_NORM_FOLD_TILE", "1"),
     ]);
     let g0 = gpu_with(&[("NEAGARI_CUDA_NORM_FOLD", "0")]);
     let c = cpu();
     let mut r = rng();
-    // The 27B's 5120 wide (three warps, two rounds for two of them), four matrices as its
-    // DeltaNet in-projection (cut down); Llama 3 8B's 4096 wide (two warps, two rounds),
+    // Q4_K: the 27B's 5120 wide (three warps, two rounds for two of them), four matrices as
+    // its DeltaNet in-projection (cut down); Llama 3 8B's 4096 wide (two warps, two rounds),
     // three matrices as its q/k/v. (At least 4 · 4 · 132 rows in all and 4096 wide: fewer
     // rows or narrower ones take 2-row blocks, not `mvqm1x4u`.) 8 rows of the first: the
-    // ring GEMV.
-    let shapes: [(usize, usize, &[usize]); 3] = [
-        (1, 5120, &[2048, 1024, 64, 64]),
-        (1, 4096, &[2048, 512, 512]),
-        (8, 5120, &[2048, 1024, 64, 64]),
+    // ring GEMV. Q1_0 (one row takes the streaming GEMV, no fold): 8 rows, `mvrmt_4`.
+    let shapes: [(GgmlType, usize, usize, &[usize]); 4] = [
+        (GgmlType::Q4_K, 1, 5120, &[2048, 1024, 64, 64]),
+        (GgmlType::Q4_K, 1, 4096, &[2048, 512, 512]),
+        (GgmlType::Q4_K, 8, 5120, &[2048, 1024, 64, 64]),
+        (GgmlType::Q1_0, 8, 5120, &[2048, 1024, 64, 64]),
     ];
-    for (n, cols, rows) in shapes {
+    for (ty, n, cols, rows) in shapes {
         let mats: Vec<HostTensor> = rows
             .iter()
-            .map(|&m| random_mat(&mut r, GgmlType::Q4_K, m, cols).0)
+            .map(|&m| random_mat(&mut r, ty, m, cols).0)
             .collect();
         let (x, y, w) = (
             randv(&mut r, n * cols, 2.0),
@@ -445,7 +447,7 @@ fn norm_folded_into_gemv() {
         let (xs, ns, os) = norm_then_matmul(&g, &mats, xyw, false);
         let (x0, n0, o0) = norm_then_matmul(&g0, &mats, xyw, true);
         let (_, nc, oc) = norm_then_matmul(&c, &mats, xyw, true);
-        let name = format!("norm into Q4_K {cols} wide, {n} row(s)");
+        let name = format!("norm into {ty:?} {cols} wide, {n} row(s)");
         assert_eq!(n_diff(&xf, &xs), 0, "{name}: x");
         assert_eq!(n_diff(&nf, &ns), 0, "{name}: normed row");
         assert_eq!(
@@ -466,74 +468,77 @@ fn norm_folded_into_gemv() {
         check_float_op(&format!("{name}: normed row vs CPU"), 1e-5, nc, nf);
     }
     // A matmul of the normed rows after the fold (here Q8_0) takes a fresh q8_1 of them, not
-    // the fold's q8_1 of x·w; and the GLU form (a gate of 2048 × 5120 is past GLU_FUSE_MAX:
-    // the GEMVs and the GLU kernel apart), one row and 8.
+    // the fold's q8_1 of x·w; and the GLU form: Q4_K's gate of 2048 × 5120 is past
+    // GLU_FUSE_MAX (the GEMVs and the GLU kernel apart), one row and 8; Q1_0's 8 rows take
+    // `mvrtg_4`.
     let cols = 5120;
-    let (tg, tu) = (
-        random_mat(&mut r, GgmlType::Q4_K, 2048, cols).0,
-        random_mat(&mut r, GgmlType::Q4_K, 2048, cols).0,
-    );
-    let tq = random_mat(&mut r, GgmlType::Q8_0, 256, cols).0;
-    for n in [1, 8] {
-        let (x, y, w) = (
-            randv(&mut r, n * cols, 2.0),
-            randv(&mut r, n * cols, 1.0),
-            randv(&mut r, cols, 1.0),
+    for (ty, ns) in [(GgmlType::Q4_K, &[1, 8][..]), (GgmlType::Q1_0, &[8][..])] {
+        let (tg, tu) = (
+            random_mat(&mut r, ty, 2048, cols).0,
+            random_mat(&mut r, ty, 2048, cols).0,
         );
-        let glu = |be: &CudaBackend, one_call: bool| {
-            let (gm, um, qm) = (
-                be.load_mat(&tg).unwrap(),
-                be.load_mat(&tu).unwrap(),
-                be.load_mat(&tq).unwrap(),
+        let tq = random_mat(&mut r, GgmlType::Q8_0, 256, cols).0;
+        for &n in ns {
+            let (x, y, w) = (
+                randv(&mut r, n * cols, 2.0),
+                randv(&mut r, n * cols, 1.0),
+                randv(&mut r, cols, 1.0),
             );
-            let (mut xb, yb, wv) = (
-                upload(be, &x, n, cols),
-                upload(be, &y, n, cols),
-                vector(be, &w),
-            );
-            let (mut xn, mut gb, mut ub, mut qb) = (
-                be.buf(1, 1).unwrap(),
-                be.buf(1, 1).unwrap(),
-                be.buf(1, 1).unwrap(),
-                be.buf(1, 1).unwrap(),
-            );
-            if one_call {
-                be.add_rms_norm_matmul_glu(
-                    &mut xb,
-                    &yb,
-                    &wv,
-                    1e-6,
-                    &mut xn,
-                    (&gm, &um, &[]),
-                    GluAct::Silu,
-                    &mut gb,
-                    &mut ub,
-                )
-                .unwrap();
-            } else {
-                be.add_rms_norm(&mut xb, &yb, &wv, 1e-6, &mut xn).unwrap();
-                be.matmul_glu(&gm, &um, &xn, GluAct::Silu, &mut gb, &mut ub)
+            let glu = |be: &CudaBackend, one_call: bool| {
+                let (gm, um, qm) = (
+                    be.load_mat(&tg).unwrap(),
+                    be.load_mat(&tu).unwrap(),
+                    be.load_mat(&tq).unwrap(),
+                );
+                let (mut xb, yb, wv) = (
+                    upload(be, &x, n, cols),
+                    upload(be, &y, n, cols),
+                    vector(be, &w),
+                );
+                let (mut xn, mut gb, mut ub, mut qb) = (
+                    be.buf(1, 1).unwrap(),
+                    be.buf(1, 1).unwrap(),
+                    be.buf(1, 1).unwrap(),
+                    be.buf(1, 1).unwrap(),
+                );
+                if one_call {
+                    be.add_rms_norm_matmul_glu(
+                        &mut xb,
+                        &yb,
+                        &wv,
+                        1e-6,
+                        &mut xn,
+                        (&gm, &um, &[]),
+                        GluAct::Silu,
+                        &mut gb,
+                        &mut ub,
+                    )
                     .unwrap();
-            }
-            be.matmul(&qm, &xn, &mut qb).unwrap();
-            (download(be, &xn), download(be, &gb), download(be, &qb))
-        };
-        let name = format!("GLU fold, {n} row(s)");
-        let (nf, gf, qf) = glu(&g, true);
-        let (ns, gs, qs) = glu(&g, false);
-        assert_eq!(n_diff(&nf, &ns), 0, "{name}: normed rows");
-        assert_eq!(
-            n_diff(&qf, &qs),
-            0,
-            "{name}: a later matmul of the normed rows"
-        );
-        let d = n_diff(&gf, &gs);
-        eprintln!(
-            "{name}: {d} of {} values differ from the separate ops'",
-            gf.len()
-        );
-        assert!(d > 0, "{name}: the fold did not run");
-        check_float_op(&format!("{name} vs separate"), FOLD_TOL, gs, gf);
+                } else {
+                    be.add_rms_norm(&mut xb, &yb, &wv, 1e-6, &mut xn).unwrap();
+                    be.matmul_glu(&gm, &um, &xn, GluAct::Silu, &mut gb, &mut ub)
+                        .unwrap();
+                }
+                be.matmul(&qm, &xn, &mut qb).unwrap();
+                (download(be, &xn), download(be, &gb), download(be, &qb))
+            };
+            let name = format!("{ty:?} GLU fold, {n} row(s)");
+            let (nf, gf, qf) = glu(&g, true);
+            let (ns, gs, qs) = glu(&g, false);
+            assert_eq!(n_diff(&nf, &ns), 0, "{name}: normed rows");
+            assert_eq!(
+                n_diff(&qf, &qs),
+                0,
+                "{name}: a later matmul of the normed rows"
+            );
+            let d = n_diff(&gf, &gs);
+            eprintln!(
+                "{name}: {d} of {} values differ from the separate ops'",
+                gf.len()
+            );
+            assert!(d > 0, "{name}: the fold did not run");
+            check_float_op(&format!("{name} vs separate"), FOLD_TOL, gs, gf);
+        }
     }
 }
 

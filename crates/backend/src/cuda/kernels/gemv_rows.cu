@@ -725,7 +725,7 @@ __device__ __forceinline__ void mvrb_parts_sum(Ld ld, float* __restrict__ y, int
 // `acc`; they meet in shared memory in warp order and go to y. With K split, the parts'
 // sums then meet in the cluster's rank 0 or, with `ks`, through global memory
 // (`mvrb_parts_sum` either way, so the same bits). `sync` is the block's barrier of those
-// nw warps. With `scale` (K whole, parts = 1: a norm finished here, `mvrq_norm_inv`) row c's
+// nw warps. With `scale` (K whole, parts = 1: a norm finished here, `mvr_norm_inv`) row c's
 // sums are scaled by scale[c].
 template <int MT, class Sync>
 __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __restrict__ y,
@@ -784,11 +784,49 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
 #endif
 }
 
-template <class F, int MT, bool CH = false>
+// The decode rows' RMSNorm finished in the tensor-core GEMV (cuda/norm.rs `norm_matmul_op`,
+// 3–8 rows; common.cuh's Nrm: add_norm_part left x, the parts and the q8_1 of x·w): warp 0
+// copies the rows' parts (nr·np ≤ 64, row c's part b at c·np + b) into shared memory once
+// the kernel before is done (in registers through the loop, they spilled); after the loop,
+// lane c adds row c's parts in block order (so add_rms_norm_cl's total and 1/rms,
+// nrm_scale's arithmetic) into inv[c], which the warps read after mvrb_finish's first
+// barrier (its `scale`). Then each warp writes pairs (row c, unit u) of the normed rows
+// (`mvr_norm_out`), the grid's warps in turn. In the ring (`mvrq_impl`) the compute warps do
+// this, not the producer warp (with the norm on its idle lanes, its copies waited behind
+// it: the 27B Q4_K 8-row step 8.81 → 10.05 ms, H100).
+__device__ __forceinline__ void mvr_norm_load(const Nrm& n, int nr, int lane, double* ps) {
+    for (int i = lane; i < nr * n.np; i += 32) ps[i] = n.part[i];
+}
+__device__ __forceinline__ void mvr_norm_inv(const Nrm& n, int nr, int lane, const double* ps,
+                                              float* inv) {
+    __syncwarp();
+    if (lane >= nr) return;
+    double t = 0.0;
+    for (int b = 0; b < n.np; b++) t += ps[lane * n.np + b];
+    const float mean = (float)(t / (double)n.g);
+    inv[lane] = 1.0f / sqrtf(mean + n.eps);
+}
+__device__ __forceinline__ void mvr_norm_out(const Nrm& n, int nr, int lane, int warp, int nw,
+                                              const float* inv) {
+    const int units = n.g >> 5;
+    for (int q = blockIdx.x * nw + warp; q < nr * units; q += gridDim.x * nw) {
+        const int c = q / units, o = (q - c * units) * 32 + lane;
+        const i64 at = (i64)c * n.g + o;
+        n.out[at] = n.x[at] * inv[c] * n.w[o];
+    }
+}
+
+// Nothing before mvrb_impl's finish (its default hook).
+struct NoPre {
+    __device__ __forceinline__ void operator()() const {}
+};
+
+template <class F, int MT, bool CH = false, class Pre = NoPre>
 __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, int pu, int stride, int gp, u64* bars,
-                                          int nr, int blk, int part, int parts, Ks ks = Ks{}) {
+                                          int nr, int blk, int part, int parts, Ks ks = Ks{},
+                                          const float* scale = nullptr, Pre pre = Pre{}) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int base = blk * 16 * MT, last = rows - 1 - base;
@@ -804,7 +842,9 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
         mvrb_step<F, MT>(acc, tile, stride, gp, s, last, g, t, x, e.d0, e.d1, e.y0, e.y1, e.q0,
                          e.q1);
     }
-    mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, nw, [] { __syncthreads(); }, ks);
+    pre();
+    mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, nw, [] { __syncthreads(); }, ks,
+                    scale);
 }
 
 // Bytes between two rows of a tile in shared memory: the row's, plus 16 where that is an
@@ -830,10 +870,14 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, i64 row_bytes, int nr, int blk,
                                           int parts, int part_units, int part_bytes, Ks ks,
-                                          Wait wait) {
+                                          Wait wait, const Nrm& nrm) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 bar;
+    // With a norm (nrm.part set, parts = 1): the rows' parts and 1/rms (mvr_norm_*).
+    __shared__ double parts_s[64];
+    __shared__ float inv_rms[8];
+    const bool norm = nrm.part != nullptr;
     const int part = parts > 1 ? (int)(blockIdx.x % parts) : 0;
     const int u0 = part * part_units, pu = min(part_units, units - u0);
     const int pbytes = part + 1 < parts ? part_bytes : (int)row_bytes - part * part_bytes;
@@ -859,9 +903,15 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
     // The barrier is initialised before any thread waits on it.
     __syncthreads();
     wait();
+    const int lane = threadIdx.x & 31;
+    if (norm && threadIdx.x < 32) mvr_norm_load(nrm, nr, lane, parts_s);
     mbar_wait(&bar, 0);
     mvrb_impl<F, MT>(sm, xq + u0 * 32, xds + u0, y, rows, units, pu, stride, F::GROUP_BYTES,
-                     nullptr, nr, blk, part, parts, ks);
+                     nullptr, nr, blk, part, parts, ks, norm ? inv_rms : nullptr, [&] {
+                         if (norm && threadIdx.x < 32)
+                             mvr_norm_inv(nrm, nr, lane, parts_s, inv_rms);
+                     });
+    if (norm) mvr_norm_out(nrm, nr, lane, threadIdx.x >> 5, blockDim.x >> 5, inv_rms);
 #else
     // The host runs these kernels only on sm_90 and newer (CudaBackend::mvrt_mt).
     __trap();
@@ -871,20 +921,20 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
 // mvrt_<MT>: one matrix, MT tiles of 16 rows a block; mvrmt_<MT>: up to four matrices of one
 // format and width (MAT4_PARAMS, blocks counted in MT-tile blocks). With K split in
 // `parts` (launched as clusters of that many blocks), block b·parts + p takes part p of
-// tile block b.
+// tile block b. `mvrmt` finishes a norm with `nrm` (K whole; `mvr_norm_*`).
 #define MVRT(MT, MINB)                                                                             \
     extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
         mvrt_##MT(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units, \
                   i64 row_bytes, int nr, int parts, int part_units, int part_bytes, Ks ks) {   \
         mvrt_impl<FMTB, MT>(W, xq, xds, y, rows, units, row_bytes, nr, blockIdx.x / parts,     \
-                            parts, part_units, part_bytes, ks, [] { gdc_wait(); });          \
+                            parts, part_units, part_bytes, ks, [] { gdc_wait(); }, Nrm{});   \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
         mvrmt_##MT(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes,     \
-                   int nr, int parts, int part_units, int part_bytes, Ks ks) {                 \
+                   int nr, int parts, int part_units, int part_bytes, Ks ks, Nrm nrm) {        \
         const Mat4 p = MAT4_PICK(blockIdx.x / parts);                                          \
         mvrt_impl<FMTB, MT>(p.W, xq, xds, p.y, p.rows, units, row_bytes, nr, p.b, parts,       \
-                            part_units, part_bytes, ks, [] { gdc_wait(); });                  \
+                            part_units, part_bytes, ks, [] { gdc_wait(); }, nrm);             \
     }
 MVRT(1, 3)
 MVRT(2, 2)
@@ -904,13 +954,19 @@ MVRT(4, MVRT_MINB)
 // for its whole tile first (ncu: 15–19% of the warp samples at that wait). 27B Q1_0 8-row
 // greedy step 5.55–5.58 → 5.38–5.43 ms (H200). Giving the 16 tile blocks past two whole
 // rounds out as 64 quarter tiles (8 + 8 rows, the last of a unit's four quantizing it)
-// instead: 5.57 ms.
+// instead: 5.57 ms. With `nrm` it finishes the norm before it (`mvr_norm_*`: gate and up
+// sums scaled by 1/rms before the GLU).
 extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
     mvrtg_4(const u8* wg, const u8* wu, const i8* xq, const float2* xds, float* g, float* u,
-            int rows, int units, i64 row_bytes, int nr, int act, i8* oq, float2* ods, int bufs) {
+            int rows, int units, i64 row_bytes, int nr, int act, i8* oq, float2* ods, int bufs,
+            Nrm nrm) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 bar[2];
+    // With a norm (nrm.part set): the rows' parts and 1/rms (mvr_norm_*), 1/rms once.
+    __shared__ double parts_s[64];
+    __shared__ float inv_rms[8];
+    const bool norm = nrm.part != nullptr;
     // The block's sums: activation row c's gate rows at [c][0, 32), up rows at [c][32, 64).
     __shared__ float ys[8][64];
     const int stride = mvrt_stride(row_bytes), nblk = rows / 32, tile = 64 * stride;
@@ -942,6 +998,7 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
     if (threadIdx.x < 32) fetch(blockIdx.x, 0);
     gdc_wait();
     const int lane = threadIdx.x & 31, c = threadIdx.x >> 5;
+    if (norm && threadIdx.x < 32) mvr_norm_load(nrm, nr, lane, parts_s);
     for (int blk = blockIdx.x, i = 0; blk < nblk; blk += gridDim.x, i++) {
         const int b = bufs > 1 ? i & 1 : 0, next = blk + gridDim.x;
         const u32 phase = (u32)((bufs > 1 ? i >> 1 : i) & 1);
@@ -949,7 +1006,11 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
         if (bufs > 1 && next < nblk && threadIdx.x < 32) fetch(next, b ^ 1);
         mbar_wait(&bar[b], phase);
         mvrb_impl<FMTB, 4>(sm + b * tile, xq, xds, &ys[0][0], 64, units, units, stride,
-                           FMTB::GROUP_BYTES, nullptr, nr, 0, 0, 1);
+                           FMTB::GROUP_BYTES, nullptr, nr, 0, 0, 1, Ks{},
+                           norm ? inv_rms : nullptr, [&] {
+                               if (norm && i == 0 && threadIdx.x < 32)
+                                   mvr_norm_inv(nrm, nr, lane, parts_s, inv_rms);
+                           });
         __syncthreads();
         // Warp c: activation row c's 32 outputs, a lane each.
         if (c < nr) {
@@ -967,6 +1028,7 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
             if (bufs == 1 && threadIdx.x < 32) fetch(next, 0);
         }
     }
+    if (norm) mvr_norm_out(nrm, nr, lane, c, MVR_WARPS, inv_rms);
 #else
     __trap();
 #endif
@@ -1049,38 +1111,6 @@ MVRC(4, MVRT_MINB)
 // Slots at most in `mvrq`'s ring (its barriers).
 #define MVRQ_MAXS 16
 
-// The decode rows' RMSNorm finished in the ring GEMV (cuda/norm.rs `norm_matmul_op`, 3–8
-// rows; common.cuh's Nrm: add_norm_part left x, the parts and the q8_1 of x·w), by the
-// compute warps; the producer warp only feeds the ring (with the norm on its idle lanes,
-// its copies waited behind it: the 27B Q4_K 8-row step 8.81 → 10.05 ms, H100). Warp 0
-// copies the rows' parts (nr·np ≤ 64, row c's part b at c·np + b) into shared memory
-// before the loop (in registers through it, they spilled); after it, lane c adds row c's
-// parts in block order (so add_rms_norm_cl's total and 1/rms, nrm_scale's arithmetic)
-// into inv[c], which the warps read after mvrb_finish's first barrier. Then each warp
-// writes pairs (row c, unit u) of the normed rows (`mvrq_norm_out`), the grid's warps in
-// turn.
-__device__ __forceinline__ void mvrq_norm_load(const Nrm& n, int nr, int lane, double* ps) {
-    for (int i = lane; i < nr * n.np; i += 32) ps[i] = n.part[i];
-}
-__device__ __forceinline__ void mvrq_norm_inv(const Nrm& n, int nr, int lane, const double* ps,
-                                              float* inv) {
-    __syncwarp();
-    if (lane >= nr) return;
-    double t = 0.0;
-    for (int b = 0; b < n.np; b++) t += ps[lane * n.np + b];
-    const float mean = (float)(t / (double)n.g);
-    inv[lane] = 1.0f / sqrtf(mean + n.eps);
-}
-__device__ __forceinline__ void mvrq_norm_out(const Nrm& n, int nr, int lane, int warp, int nw,
-                                              const float* inv) {
-    const int units = n.g >> 5;
-    for (int q = blockIdx.x * nw + warp; q < nr * units; q += gridDim.x * nw) {
-        const int c = q / units, o = (q - c * units) * 32 + lane;
-        const i64 at = (i64)c * n.g + o;
-        n.out[at] = n.x[at] * inv[c] * n.w[o];
-    }
-}
-
 // `mvrc_impl` through a ring of `slots` group slots in shared memory: a producer warp (warp
 // MVR_WARPS) copies group q of the tile into slot q % slots once the warps that read the
 // group before are done with it (`empty`), and the MVR_WARPS warps compute as `mvrb_impl`
@@ -1104,7 +1134,7 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 full[MVRQ_MAXS], empty[MVRQ_MAXS];
     // With a norm (nrm.part set, parts = 1): the rows' parts (at most the host's
-    // NORM_ROW_BLOCKS, the parts' buffer) and 1/rms (mvrq_norm_*).
+    // NORM_ROW_BLOCKS, the parts' buffer) and 1/rms (mvr_norm_*).
     __shared__ double parts_s[64];
     __shared__ float inv_rms[8];
     const bool norm = nrm.part != nullptr;
@@ -1145,7 +1175,7 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
         return;
     }
     wait();
-    if (norm && warp == 0) mvrq_norm_load(nrm, nr, lane, parts_s);
+    if (norm && warp == 0) mvr_norm_load(nrm, nr, lane, parts_s);
     const int g = lane >> 2, t = lane & 3, last = rows - 1 - base;
     MvrbAct a(xq + u0 * 32, xds + u0, units, nr, g, t, warp);
     float acc[MT][4];
@@ -1170,10 +1200,10 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
             if (lane == 0) mbar_arrive(&empty[sl]);
         }
     }
-    if (norm && warp == 0) mvrq_norm_inv(nrm, nr, lane, parts_s, inv_rms);
+    if (norm && warp == 0) mvr_norm_inv(nrm, nr, lane, parts_s, inv_rms);
     mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, NW,
                     [] { named_sync(1, MVR_WARPS * 32); }, ks, norm ? inv_rms : nullptr);
-    if (norm) mvrq_norm_out(nrm, nr, lane, warp, NW, inv_rms);
+    if (norm) mvr_norm_out(nrm, nr, lane, warp, NW, inv_rms);
 #else
     __trap();
 #endif
