@@ -248,8 +248,9 @@ impl Backend for CudaBackend {
             self.prefetch_op(next);
             return self.glu(g, u, act);
         }
-        // Where 3–8 rows take `mvrtg_4`: the norm inside it (NEAGARI_CUDA_NORM_FOLD_TILE=1).
-        if self.norm_glu_rows_op(x, y, w, eps, out, (gate, up), act, g, u)? {
+        // Where one launch takes gate, up and the GLU (3–8 rows' `mvrtg_4`, one row's
+        // `mvsg_R`): the norm inside it, where its knob is on.
+        if self.norm_glu_op(x, y, w, eps, out, (gate, up), act, g, u)? {
             self.prefetch_op(next);
             return Ok(());
         }

@@ -63,9 +63,9 @@ impl CudaBackend {
 
     /// Whether `matmul_glu` of `n` rows would run `matmul_multi` over gate and up, then the
     /// GLU kernel: one row where neither a streaming GLU kernel (`mvsg_R`) nor `mvqg*` takes
-    /// it; 3–8 rows through the ring (`mvrtg_4` takes only whole-tile plans, and the fused
-    /// kernels step aside for the tensor cores). What `add_rms_norm_matmul_glu` folds the
-    /// norm into.
+    /// it (`mvqg*` steps aside for the streaming GEMV); 3–8 rows through the ring (`mvrtg_4`
+    /// takes only whole-tile plans, and the fused kernels step aside for the tensor cores).
+    /// What `add_rms_norm_matmul_glu` folds the norm into.
     pub(super) fn glu_apart(&self, gate: &CudaMat, up: &CudaMat, n: usize) -> bool {
         let Some(k) = &gate.k.int else {
             return false;
@@ -75,8 +75,11 @@ impl CudaBackend {
         }
         let pair = gate.ty == up.ty
             && (gate.rows, gate.cols, gate.row_bytes) == (up.rows, up.cols, up.row_bytes);
-        let mvqg = self.fuse && self.mv_int && pair && gate.rows * gate.cols <= self.glu_fuse_max;
-        n == 1 && k.stream.is_empty() && k.stream_glu.is_empty() && !mvqg
+        let fused = self.fuse && self.mv_int && pair;
+        let stream = self.mvs.is_some() && !k.stream.is_empty();
+        let mvsg = fused && self.glu_stream_plan(k, gate).is_some();
+        let mvqg = fused && gate.rows * gate.cols <= self.glu_fuse_max && !stream;
+        n == 1 && !mvsg && !mvqg
     }
 
     pub(super) fn matmul_glu_op(
@@ -95,7 +98,7 @@ impl CudaBackend {
             && gate.cols == x.cols;
         if self.fuse && self.mv_int && pair {
             if let Some(k) = &gate.k.int {
-                if n == 1 && self.matmul_glu_stream(k, gate, up, x, act, g, u)? {
+                if n == 1 && self.matmul_glu_stream(k, gate, up, x, act, g, u, None)? {
                     return Ok(());
                 }
                 if n > 1 && self.matmul_glu_rows(k, gate, up, x, act, g, u, None)? {
@@ -269,12 +272,33 @@ impl CudaBackend {
         Ok(true)
     }
 
+    /// The `mvsg_R` launch and its (R, K, G) where `matmul_glu` of one row over gate and up
+    /// takes it (`matmul_glu_stream`).
+    pub(super) fn glu_stream_plan<'a>(
+        &self,
+        k: &'a IntKernels,
+        gate: &CudaMat,
+    ) -> Option<(&'a CudaFunction, MvsShape)> {
+        let units = gate.cols.div_ceil(32);
+        let steps = units / k.step;
+        let (Some(shape), Some(_)) = (self.mvsg, self.mvs) else {
+            return None;
+        };
+        if !(1..=256).contains(&steps) || units != steps * k.step {
+            return None;
+        }
+        let (r, kc, gg) = super::matmul::mvsg_geometry(shape, steps, gate.row_bytes)?;
+        let (_, func) = k.stream_glu.iter().find(|(s, _)| *s == r)?;
+        Some((func, (r, kc, gg)))
+    }
+
     /// One activation row's gate/up GEMV and GLU as one gemv_stream.cu `mvsg_R` launch
     /// (with the q8_1 of g for the down projection where its rows are whole units), where
-    /// `matmul_multi` would run `mvs_R` over both: `false` where it does not fit, and
-    /// nothing was launched.
+    /// `matmul_multi` would run `mvs_R` over both (`glu_stream_plan`): `false` where it does
+    /// not fit, and nothing was launched. With `nrm` it finishes the norm before it (norm.rs
+    /// `norm_glu_op`; x's q8_1 is then that of x·w).
     #[allow(clippy::too_many_arguments)]
-    fn matmul_glu_stream(
+    pub(super) fn matmul_glu_stream(
         &self,
         k: &IntKernels,
         gate: &CudaMat,
@@ -283,22 +307,14 @@ impl CudaBackend {
         act: GluAct,
         g: &mut CudaBuf,
         u: &mut CudaBuf,
+        nrm: Option<NrmArgs>,
     ) -> Result<bool> {
+        let Some((func, (r, kc, gg))) = self.glu_stream_plan(k, gate) else {
+            return Ok(false);
+        };
         let (rows, cols) = (gate.rows, gate.cols);
         let units = cols.div_ceil(32);
         let steps = units / k.step;
-        let (Some(shape), Some(_)) = (self.mvsg, self.mvs) else {
-            return Ok(false);
-        };
-        if !(1..=256).contains(&steps) || units != steps * k.step {
-            return Ok(false);
-        }
-        let Some((r, kc, gg)) = super::matmul::mvsg_geometry(shape, steps, gate.row_bytes) else {
-            return Ok(false);
-        };
-        let Some((_, func)) = k.stream_glu.iter().find(|(s, _)| *s == r) else {
-            return Ok(false);
-        };
         self.reshape(g, 1, rows)?;
         self.reshape(u, 1, rows)?;
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
@@ -310,8 +326,14 @@ impl CudaBackend {
             (0, 0)
         };
         let per_block = gg / 2 * r * kc;
+        let blocks = rows.div_ceil(per_block);
+        if nrm.is_some() && !(blocks >= cols / 32 && steps * gg >= 32) {
+            return Err(BackendError::Other(
+                "cuda: a norm folded into a GLU that cannot finish it".into(),
+            ));
+        }
         let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(per_block) as u32, 1, 1),
+            grid_dim: (blocks as u32, 1, 1),
             block_dim: (steps as u32, gg as u32, 1),
             shared_mem_bytes: 0,
         };
@@ -324,10 +346,11 @@ impl CudaBackend {
         let (rows_i, units_i, rb, k_i) =
             (rows as i32, units as i32, gate.row_bytes as i64, kc as i32);
         let act_i = glu_act_code(act);
+        let nrm = nrm.unwrap_or_default();
         // `@keep`: x's q8_1 stays valid for other matmuls of x.
         launch!(
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
-            &k_i, &act_i, &oq, &ods
+            &k_i, &act_i, &oq, &ods, &nrm
         )?;
         self.glu_written(&mut sc, (gp, up_), 1, rows, oq != 0);
         Ok(true)

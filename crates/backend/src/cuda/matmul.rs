@@ -428,7 +428,8 @@ impl CudaBackend {
             .as_ref()
             .is_some_and(|p| p.slots.is_some() && p.parts == 1);
         let tile = tma.as_ref().is_some_and(|p| p.tile_whole());
-        if nrm.is_some() && (!(half || ring || tile) || ws.len() > 4) {
+        let stream = n == 1 && self.multi_stream(ws, cols);
+        if nrm.is_some() && (!(half || ring || tile || stream) || ws.len() > 4) {
             return Err(BackendError::Other(
                 "cuda: a norm folded into a GEMV that cannot finish it".into(),
             ));
@@ -458,7 +459,8 @@ impl CudaBackend {
             None => self.mv_block(k, units, total, r),
         };
         let (units_i, rb, nr_i) = (units as i32, ws[0].row_bytes as i64, n as i32);
-        let streamed = n == 1 && self.mvs_launch(k, &mats, (qp, dsp), units, ws[0].row_bytes)?;
+        let streamed =
+            n == 1 && self.mvs_launch(k, &mats, (qp, dsp), units, ws[0].row_bytes, nrm)?;
         let chunks = if streamed { 0 } else { ws.len().div_ceil(4) };
         for c in mats.chunks(4).take(chunks) {
             let a = MultiArgs::new(c, r * by);
@@ -554,7 +556,7 @@ impl CudaBackend {
             y: op,
             rows: w.rows,
         };
-        let streamed = n == 1 && self.mvs_launch(k, &[one], (qp, dsp), units, w.row_bytes)?;
+        let streamed = n == 1 && self.mvs_launch(k, &[one], (qp, dsp), units, w.row_bytes, None)?;
         let mut r0 = if streamed { n } else { 0 };
         while r0 < n {
             let nr = (n - r0).min(MV_MAX_ROWS);
@@ -1111,8 +1113,43 @@ impl MultiArgs {
 
 impl CudaBackend {
     /// gemv_stream.cu's one-row GEMV of up to four matrices per launch (one format and row
-    /// size), where it runs (the repacked formats, rows of at most 256 steps, not
-    /// NEAGARI_CUDA_MVS=0): `false` where it does not, and nothing was launched.
+    /// size) over matrices of `rows` rows of `units` units, where it runs (the repacked
+    /// formats, rows of at most 256 steps, not NEAGARI_CUDA_MVS=0): its kernel and (R, K, G).
+    fn mvs_plan<'a>(
+        &self,
+        k: &'a IntKernels,
+        rows: &[usize],
+        units: usize,
+        row_bytes: usize,
+    ) -> Option<(&'a CudaFunction, MvsShape)> {
+        let steps = units / k.step;
+        let (Some(shape), true) = (self.mvs, (1..=256).contains(&steps)) else {
+            return None;
+        };
+        let (r, kc, g) = mvs_geometry(shape, steps, row_bytes, rows, self.n_sm);
+        let (_, func) = k.stream.iter().find(|(s, _)| *s == r)?;
+        Some((func, (r, kc, g)))
+    }
+
+    /// Whether `matmul_multi` of one row of `cols` over `ws` is one `mvs_R` launch whose
+    /// blocks can finish a norm (NrmStage: at least cols / 32 blocks of at least 32
+    /// threads). What `norm_matmul_op` folds a norm into (the Q1_0 and TQ2_0 decode step).
+    pub(super) fn multi_stream(&self, ws: &[&CudaMat], cols: usize) -> bool {
+        let Some((w0, k)) = self.multi_one_launch(ws, cols) else {
+            return false;
+        };
+        let rows: Vec<usize> = ws.iter().map(|w| w.rows).collect();
+        let units = cols.div_ceil(32);
+        self.mvs_plan(k, &rows, units, w0.row_bytes)
+            .is_some_and(|(_, (r, kc, g))| {
+                let blocks: usize = rows.iter().map(|n| n.div_ceil(g * r * kc)).sum();
+                blocks >= cols / 32 && units / k.step * g >= 32
+            })
+    }
+
+    /// gemv_stream.cu's one-row GEMV of up to four matrices per launch (`mvs_plan`), with the
+    /// norm before it finished where `nrm` is set (`multi_stream` holds): `false` where it
+    /// does not run, and nothing was launched.
     pub(super) fn mvs_launch(
         &self,
         k: &IntKernels,
@@ -1120,18 +1157,16 @@ impl CudaBackend {
         (qp, dsp): (u64, u64),
         units: usize,
         row_bytes: usize,
+        nrm: Option<NrmArgs>,
     ) -> Result<bool> {
-        let steps = units / k.step;
-        let (Some(shape), true) = (self.mvs, (1..=256).contains(&steps)) else {
-            return Ok(false);
-        };
         let rows: Vec<usize> = mats.iter().map(|m| m.rows).collect();
-        let (r, kc, g) = mvs_geometry(shape, steps, row_bytes, &rows, self.n_sm);
-        let Some((_, func)) = k.stream.iter().find(|(s, _)| *s == r) else {
+        let Some((func, (r, kc, g))) = self.mvs_plan(k, &rows, units, row_bytes) else {
             return Ok(false);
         };
+        let steps = units / k.step;
         let per_block = g * r * kc;
         let (units_i, rb, k_i) = (units as i32, row_bytes as i64, kc as i32);
+        let nrm = nrm.unwrap_or_default();
         for c in mats.chunks(4) {
             let a = MultiArgs::new(c, per_block);
             let cfg = LaunchConfig {
@@ -1142,7 +1177,7 @@ impl CudaBackend {
             launch!(
                 @keep self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1],
                 &a.y[2], &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2], &a.rows[3], &a.starts[1],
-                &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &rb, &k_i
+                &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &rb, &k_i, &nrm
             )?;
         }
         Ok(true)

@@ -337,6 +337,10 @@ pub struct CudaBackend {
     /// `mvrtg_4`: the Q1_0 verify's projections and gate/up), where
     /// NEAGARI_CUDA_NORM_FOLD_TILE=1 (off by default until timed on a GPU).
     norm_fold_tile: bool,
+    /// A decode row's norm finished inside the streaming GEMV (`mvs_R`, `mvsg_R`: the Q1_0 and
+    /// TQ2_0 decode step), where NEAGARI_CUDA_NORM_FOLD_STREAM=1 (off by default until timed
+    /// on a GPU).
+    norm_fold_stream: bool,
     /// Quantized formats take the integer GEMV, unless NEAGARI_CUDA_MV=float (measuring).
     mv_int: bool,
     /// Fused ops (`delta_net`, `matmul_glu`, `qk_norm_rope`) run as one launch each, unless
@@ -655,6 +659,7 @@ impl CudaBackend {
             norm_fold: knob_on("NEAGARI_CUDA_NORM_FOLD"),
             norm_fold_rows: knob_on("NEAGARI_CUDA_NORM_FOLD_ROWS"),
             norm_fold_tile: knob_forced("NEAGARI_CUDA_NORM_FOLD_TILE") == Some(true),
+            norm_fold_stream: knob_forced("NEAGARI_CUDA_NORM_FOLD_STREAM") == Some(true),
             mv_int: knob::<String>("NEAGARI_CUDA_MV").as_deref() != Some("float"),
             fuse: knob_on("NEAGARI_CUDA_FUSE"),
             fuse_attn: knob_on("NEAGARI_CUDA_FUSE") && knob_on("NEAGARI_CUDA_FUSE_ATTN"),

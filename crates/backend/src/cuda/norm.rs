@@ -147,14 +147,16 @@ impl CudaBackend {
         outs: &mut [&mut CudaBuf],
     ) -> Result<bool> {
         let (n, g) = (x.rows, x.cols);
-        // One row: `mvqm1x4u`, whose first g / 32 blocks write the normed row; 3–8 rows
+        // One row: `mvqm1x4u`, whose first g / 32 blocks write the normed row (with
+        // NEAGARI_CUDA_NORM_FOLD_STREAM=1 also `mvs_R`, NrmStage); 3–8 rows
         // (a verify) unless NEAGARI_CUDA_NORM_FOLD_ROWS=0: the ring GEMV `mvrmq` (its warps
         // hold the n·cl parts, at most NORM_ROW_BLOCKS; every warp writes its share,
         // gemv_rows.cu `mvr_norm_*`), or with NEAGARI_CUDA_NORM_FOLD_TILE=1 `mvrmt`.
         let gemv = |cl: usize| match n {
             1 => {
-                self.multi_half(ws, 1, g)
-                    && ws.iter().map(|w| w.rows).sum::<usize>().div_ceil(4) >= g / 32
+                (self.multi_half(ws, 1, g)
+                    && ws.iter().map(|w| w.rows).sum::<usize>().div_ceil(4) >= g / 32)
+                    || (self.norm_fold_stream && self.multi_stream(ws, g))
             }
             _ => {
                 self.norm_fold_rows
@@ -178,12 +180,13 @@ impl CudaBackend {
         Ok(true)
     }
 
-    /// `add_rms_norm` then `matmul_glu(gate, up, out, act, g, u)` of 3–8 rows with the norm
-    /// finished inside the one `mvrtg_4` launch (fused.rs `matmul_glu_rows`), where
-    /// NEAGARI_CUDA_NORM_FOLD_TILE=1 and `matmul_glu` would take that launch; `false`: not
-    /// taken, nothing launched. As `norm_matmul_op`.
+    /// `add_rms_norm` then `matmul_glu(gate, up, out, act, g, u)` with the norm finished
+    /// inside the one launch that takes gate, up and the GLU: 3–8 rows' `mvrtg_4` (fused.rs
+    /// `matmul_glu_rows`) where NEAGARI_CUDA_NORM_FOLD_TILE=1, one row's `mvsg_R`
+    /// (`matmul_glu_stream`) where NEAGARI_CUDA_NORM_FOLD_STREAM=1; `false`: not taken,
+    /// nothing launched. As `norm_matmul_op`.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn norm_glu_rows_op(
+    pub(super) fn norm_glu_op(
         &self,
         x: &mut CudaBuf,
         y: &CudaBuf,
@@ -199,24 +202,36 @@ impl CudaBackend {
         let Some(k) = gate.k.int.as_ref() else {
             return Ok(false);
         };
-        // matmul_glu_op's way to `matmul_glu_rows`: gate and up of one format and shape.
+        // matmul_glu_op's way to those launches: gate and up of one format and shape.
         let pair = gate.ty == up.ty
             && (gate.rows, gate.cols, gate.row_bytes) == (up.rows, up.cols, up.row_bytes)
             && gate.cols == cols;
         let fits = |cl: usize| {
-            n > 1
-                && self.norm_fold_rows
-                && self.norm_fold_tile
-                && self.fuse
-                && self.mv_int
-                && pair
-                && n * cl <= NORM_ROW_BLOCKS
-                && self.glu_rows_plan(k, gate, up, n).is_some()
+            let launch = if n == 1 {
+                self.norm_fold_stream
+                    && self
+                        .glu_stream_plan(k, gate)
+                        .is_some_and(|(_, (r, kc, gg))| {
+                            gate.rows.div_ceil(gg / 2 * r * kc) >= cols / 32
+                                && cols.div_ceil(32) / k.step * gg >= 32
+                        })
+            } else {
+                self.norm_fold_rows
+                    && self.norm_fold_tile
+                    && n * cl <= NORM_ROW_BLOCKS
+                    && self.glu_rows_plan(k, gate, up, n).is_some()
+            };
+            self.fuse && self.mv_int && pair && launch
         };
         let Some(nrm) = self.norm_part(x, y, w, eps, out, fits)? else {
             return Ok(false);
         };
-        if !self.matmul_glu_rows(k, gate, up, out, act, g, u, Some(nrm))? {
+        let ran = if n == 1 {
+            self.matmul_glu_stream(k, gate, up, out, act, g, u, Some(nrm))?
+        } else {
+            self.matmul_glu_rows(k, gate, up, out, act, g, u, Some(nrm))?
+        };
+        if !ran {
             return Err(BackendError::Other(
                 "cuda: a norm folded into a GLU that did not run".into(),
             ));

@@ -396,7 +396,8 @@ fn norm_then_matmul<B: Backend>(
 
 /// A decode row's residual add and norm finished inside the Q4_K GEMV that reads it (norm.rs
 /// `norm_matmul_op`: `add_norm_part`, then `mvqm1x4u` scaling its sums by 1/rms; 8 rows,
-/// a verify's, `mvrmq`; Q1_0's 8 rows `mvrmt_4`, its GLU `mvrtg_4`): x and the normed rows are the separate ops' bits, the projections
+/// a verify's, `mvrmq`; Q1_0's 8 rows `mvrmt_4`, its GLU `mvrtg_4`; Q1_0's and TQ2_0's one
+/// row the streaming `mvs_R`, TQ2_0's GLU `mvsg_R`): x and the normed rows are the separate ops' bits, the projections
 /// within float error of theirs (x·w is quantized, not x·w/rms: some values differ, which
 /// shows the fold ran) and of the CPU's; without the fold (NEAGARI_CUDA_NORM_FOLD=0) the
 /// one call is the separate ops, bit for bit. A matmul of the normed row afterwards
@@ -417,6 +418,7 @@ fn norm_folded_into_gemv() {
         ("NEAGARI_CUDA_NORM_FOLD", "1"),
         ("NEAGARI_CUDA_NORM_FOLD_ROWS", "1"),
         ("NEAGARI_CUDA_NORM_FOLD_TILE", "1"),
+        ("NEAGARI_CUDA_NORM_FOLD_STREAM", "1"),
     ]);
     let g0 = gpu_with(&[("NEAGARI_CUDA_NORM_FOLD", "0")]);
     let c = cpu();
@@ -425,12 +427,16 @@ fn norm_folded_into_gemv() {
     // its DeltaNet in-projection (cut down); Llama 3 8B's 4096 wide (two warps, two rounds),
     // three matrices as its q/k/v. (At least 4 · 4 · 132 rows in all and 4096 wide: fewer
     // rows or narrower ones take 2-row blocks, not `mvqm1x4u`.) 8 rows of the first: the
-    // ring GEMV. Q1_0 (one row takes the streaming GEMV, no fold): 8 rows, `mvrmt_4`.
-    let shapes: [(GgmlType, usize, usize, &[usize]); 4] = [
+    // ring GEMV. Q1_0 and TQ2_0, one row: the streaming GEMV `mvs_R` (the 27B's in-projection
+    // shape: its blocks must be at least 5120 / 32, one a 32 values of the normed row); Q1_0,
+    // 8 rows: `mvrmt_4`.
+    let shapes: [(GgmlType, usize, usize, &[usize]); 6] = [
         (GgmlType::Q4_K, 1, 5120, &[2048, 1024, 64, 64]),
         (GgmlType::Q4_K, 1, 4096, &[2048, 512, 512]),
         (GgmlType::Q4_K, 8, 5120, &[2048, 1024, 64, 64]),
         (GgmlType::Q1_0, 8, 5120, &[2048, 1024, 64, 64]),
+        (GgmlType::Q1_0, 1, 5120, &[10240, 6144, 64, 64]),
+        (GgmlType::TQ2_0, 1, 5120, &[10240, 6144, 64, 64]),
     ];
     for (ty, n, cols, rows) in shapes {
         let mats: Vec<HostTensor> = rows
@@ -469,16 +475,22 @@ fn norm_folded_into_gemv() {
     }
     // A matmul of the normed rows after the fold (here Q8_0) takes a fresh q8_1 of them, not
     // the fold's q8_1 of x·w; and the GLU form: Q4_K's gate of 2048 × 5120 is past
-    // GLU_FUSE_MAX (the GEMVs and the GLU kernel apart), one row and 8; Q1_0's 8 rows take
-    // `mvrtg_4`.
+    // GLU_FUSE_MAX (the GEMVs and the GLU kernel apart), one row and 8; Q1_0's one row
+    // takes `mvs_R` over both, then the GLU kernel, its 8 rows `mvrtg_4`; TQ2_0's one row
+    // `mvsg_R` (10240 rows: 160 blocks of 64).
     let cols = 5120;
-    for (ty, ns) in [(GgmlType::Q4_K, &[1, 8][..]), (GgmlType::Q1_0, &[8][..])] {
+    let glus: [(GgmlType, usize, &[usize]); 3] = [
+        (GgmlType::Q4_K, 2048, &[1, 8]),
+        (GgmlType::Q1_0, 2048, &[1, 8]),
+        (GgmlType::TQ2_0, 10240, &[1]),
+    ];
+    for (ty, rows, counts) in glus {
         let (tg, tu) = (
-            random_mat(&mut r, ty, 2048, cols).0,
-            random_mat(&mut r, ty, 2048, cols).0,
+            random_mat(&mut r, ty, rows, cols).0,
+            random_mat(&mut r, ty, rows, cols).0,
         );
         let tq = random_mat(&mut r, GgmlType::Q8_0, 256, cols).0;
-        for &n in ns {
+        for &n in counts {
             let (x, y, w) = (
                 randv(&mut r, n * cols, 2.0),
                 randv(&mut r, n * cols, 1.0),

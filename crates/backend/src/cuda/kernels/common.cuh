@@ -182,6 +182,61 @@ __device__ __forceinline__ float nrm_scale(const Nrm& n, double mine) {
     return 1.0f / sqrtf(mean + n.eps);
 }
 
+// A few bytes from global into shared memory without a register holding them until they
+// land (cp.async, sm_80+; a plain copy before): 4 or 8 bytes, aligned to that. The thread
+// waits for its copies with `cp_async_wait`.
+template <int N>
+__device__ __forceinline__ void cp_async(void* smem, const void* g) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(
+                     (u32)__cvta_generic_to_shared(smem)),
+                 "l"(g), "n"(N)
+                 : "memory");
+#else
+    if (N == 8) *(u64*)smem = *(const u64*)g;
+    else *(u32*)smem = *(const u32*)g;
+#endif
+}
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+// A decode row's norm finished by a block of the streaming GEMV (gemv_stream.cu): warp 0 of
+// the block (its first 32 threads by index; the host gives blocks of ≥ 32 threads) copies
+// the row's parts and, in block b < g / 32, values 32b .. 32b + 31 of x and w into shared
+// memory once the kernel before is done (`issue`, no registers through the loop), then after
+// the loop makes 1/rms (`finish`, nrm_scale's arithmetic) for the block's row sums, and
+// writes those values of the normed row (`out`), as `mvq_split` does with Nrm.
+struct NrmStage {
+    double part[32];
+    float x[32], w[32];
+    float inv;
+    __device__ __forceinline__ void issue(const Nrm& n, int tid) {
+        if (!n.part || tid >= 32) return;
+        if (tid < n.np) cp_async<8>(&part[tid], n.part + tid);
+        const int o = blockIdx.x * 32 + tid;
+        if (o < n.g) {
+            cp_async<4>(&x[tid], n.x + o);
+            cp_async<4>(&w[tid], n.w + o);
+        }
+    }
+    // Before the block's barrier that precedes the reads of `inv`.
+    __device__ __forceinline__ void finish(const Nrm& n, int tid) {
+        if (!n.part || tid >= 32) return;
+        cp_async_wait();
+        __syncwarp();
+        const float r = nrm_scale(n, tid < n.np ? part[tid] : 0.0);
+        if (tid == 0) inv = r;
+    }
+    // After that barrier.
+    __device__ __forceinline__ void out(const Nrm& n, int tid) const {
+        const int o = blockIdx.x * 32 + tid;
+        if (n.part && tid < 32 && o < n.g) n.out[o] = x[tid] * inv * w[tid];
+    }
+};
+
 // Bulk copies from global into shared memory by the tensor memory accelerator (sm_90+;
 // no-ops before): one thread inits an mbarrier (one arrival), says how many bytes its phase
 // waits for (`mbar_expect`), issues the copies (`bulk_load`: 16-byte aligned addresses and

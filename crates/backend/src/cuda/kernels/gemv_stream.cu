@@ -64,15 +64,23 @@ __device__ __forceinline__ void mvs_parts(const u8* __restrict__ W, int base,
     }
 }
 
+// With a norm (`nrm`, common.cuh's Nrm; part set) the row sums are scaled by the row's 1/rms
+// and the first g / 32 blocks write the normed row (NrmStage).
 template <class F, int R, class Wait>
 __device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
                                          const float2* __restrict__ xds, float* __restrict__ y,
                                          int rows, int units, i64 row_bytes, int K, int blk,
-                                         Wait wait) {
+                                         Wait wait, const Nrm& nrm) {
     const int T = blockDim.x, tid = threadIdx.y * T + threadIdx.x;
     __shared__ float part[MVS_ROWS][256 + 1];  // +1: the adds below read a column
+    __shared__ NrmStage ns;
     mvs_parts<F, R>(W, (blk * (int)blockDim.y + (int)threadIdx.y) * R * K, xq, xds, rows,
-                    units, row_bytes, K, wait, part);
+                    units, row_bytes, K, [&] {
+                        wait();
+                        ns.issue(nrm, tid);
+                    },
+                    part);
+    ns.finish(nrm, tid);
     __syncthreads();
     const int per = R * K;
     for (int o = tid; o < (int)blockDim.y * per; o += T * (int)blockDim.y) {
@@ -81,21 +89,24 @@ __device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __r
         if (row < rows) {
             float v = 0.f;
             for (int i = 0; i < T; i++) v += part[cq][g * T + i];
-            y[row] = v;
+            y[row] = nrm.part ? v * ns.inv : v;
         }
     }
+    ns.out(nrm, tid);
 }
 
-// mvs_R: up to four matrices of one format and width that read one input (MAT4_PARAMS).
+// mvs_R: up to four matrices of one format and width that read one input (MAT4_PARAMS);
+// with `nrm` it finishes the norm before it (cuda/norm.rs `norm_matmul_op`).
 #define MVS(R)                                                                               \
     extern "C" __global__ void __launch_bounds__(256, MVS_MINB)                              \
-        mvs_##R(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes, int K) { \
+        mvs_##R(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes, int K, \
+                Nrm nrm) {                                                                   \
         const Mat4 p = MAT4_PICK(blockIdx.x);                                                \
         const int per = (int)blockDim.y * R * K, first = p.b * per;                          \
         if (first < p.rows) gdc_prefetch(p.W + (i64)first * row_bytes,                      \
                                          (i64)min(per, p.rows - first) * row_bytes);         \
         mvs_impl<FMTQ, R>(p.W, xq, xds, p.y, p.rows, units, row_bytes, K, p.b,               \
-                          [] { gdc_wait(); });                                               \
+                          [] { gdc_wait(); }, nrm);                                          \
     }
 MVS(2)
 MVS(4)
@@ -108,12 +119,13 @@ MVS(8)
 // sums), writes u and g = act(g)·u (glu_act_mul: the GLU kernels' arithmetic). With oq set
 // (rows and N multiples of 32), the q8_1 of g for the down projection: warp w of the block
 // quantizes rows 32w .. 32w+31 of its N (the host keeps N within the block's threads, so a
-// thread has one output row, tid), the values q8_1_warp took in glu_*_q.
+// thread has one output row, tid), the values q8_1_warp took in glu_*_q. With `nrm` it
+// finishes the norm before it (NrmStage; gate and up sums scaled by 1/rms before the GLU).
 template <class F, int R, class Wait>
 __device__ __forceinline__ void mvsg_impl(const u8* Wg, const u8* Wu, const i8* xq,
                                           const float2* xds, float* g, float* u, int rows,
                                           int units, i64 row_bytes, int K, int act, i8* oq,
-                                          float2* ods, Wait wait) {
+                                          float2* ods, Wait wait, const Nrm& nrm) {
     const int T = blockDim.x, half = blockDim.y >> 1, gy = threadIdx.y;
     const int tid = gy * T + threadIdx.x, blk = blockIdx.x;
     const int per = R * K, N = half * per;
@@ -122,7 +134,12 @@ __device__ __forceinline__ void mvsg_impl(const u8* Wg, const u8* Wu, const i8* 
     const int first = blk * N + (is_up ? gy - half : gy) * per;
     if (first < rows) gdc_prefetch(W + (i64)first * row_bytes, (i64)min(per, rows - first) * row_bytes);
     __shared__ float part[MVS_ROWS][256 + 1];
-    mvs_parts<F, R>(W, first, xq, xds, rows, units, row_bytes, K, wait, part);
+    __shared__ NrmStage ns;
+    mvs_parts<F, R>(W, first, xq, xds, rows, units, row_bytes, K, [&] {
+        wait();
+        ns.issue(nrm, tid);
+    }, part);
+    ns.finish(nrm, tid);
     __syncthreads();
     for (int o = tid; o < N; o += T * (int)blockDim.y) {
         const int lg = o / per, cq = o % per, row = blk * N + o;
@@ -131,6 +148,7 @@ __device__ __forceinline__ void mvsg_impl(const u8* Wg, const u8* Wu, const i8* 
             float vg = 0.f, vu = 0.f;
             for (int i = 0; i < T; i++) vg += part[cq][lg * T + i];
             for (int i = 0; i < T; i++) vu += part[cq][(lg + half) * T + i];
+            if (nrm.part) vg *= ns.inv, vu *= ns.inv;
             r = glu_act_mul(vg, vu, act);
             g[row] = r;
             u[row] = vu;
@@ -138,15 +156,16 @@ __device__ __forceinline__ void mvsg_impl(const u8* Wg, const u8* Wu, const i8* 
         // A warp's 32 rows are one unit, all in (rows a multiple of 32) or all out.
         if (oq && row < rows) q8_1_warp(r, oq, ods, row >> 5, o & 31);
     }
+    ns.out(nrm, tid);
 }
 
 #define MVSG(R)                                                                              \
     extern "C" __global__ void __launch_bounds__(256, MVS_MINB)                              \
         mvsg_##R(const u8* wg, const u8* wu, const i8* xq, const float2* xds, float* g,        \
                  float* u, int rows, int units, i64 row_bytes, int K, int act, i8* oq,         \
-                 float2* ods) {                                                              \
+                 float2* ods, Nrm nrm) {                                                     \
         mvsg_impl<FMTQ, R>(wg, wu, xq, xds, g, u, rows, units, row_bytes, K, act, oq, ods,    \
-                           [] { gdc_wait(); });                                              \
+                           [] { gdc_wait(); }, nrm);                                         \
     }
 MVSG(2)
 MVSG(4)
