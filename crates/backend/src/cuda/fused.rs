@@ -73,9 +73,7 @@ impl CudaBackend {
         if n > 1 {
             return self.multi_ring(&[gate, up], n, gate.cols);
         }
-        let pair = gate.ty == up.ty
-            && (gate.rows, gate.cols, gate.row_bytes) == (up.rows, up.cols, up.row_bytes);
-        let fused = self.fuse && self.mv_int && pair;
+        let fused = self.fuse && self.mv_int && glu_pair(gate, up, gate.cols);
         let stream = self.mvs.is_some() && !k.stream.is_empty();
         let mvsg = fused && self.glu_stream_plan(k, gate).is_some();
         let mvqg = fused && gate.rows * gate.cols <= self.glu_fuse_max && !stream;
@@ -93,9 +91,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let n = x.rows;
         // Gate and up of one format and shape over x: what the fused kernels take.
-        let pair = gate.ty == up.ty
-            && (gate.rows, gate.cols, gate.row_bytes) == (up.rows, up.cols, up.row_bytes)
-            && gate.cols == x.cols;
+        let pair = glu_pair(gate, up, x.cols);
         if self.fuse && self.mv_int && pair {
             if let Some(k) = &gate.k.int {
                 if n == 1 && self.matmul_glu_stream(k, gate, up, x, act, g, u, None)? {
@@ -541,3 +537,10 @@ pub(super) struct QkArgs {
 // 4-byte fields: 80 bytes, no padding), passed by value.
 unsafe impl DeviceRepr for QkArgs {}
 const _: () = assert!(std::mem::size_of::<QkArgs>() == 80);
+
+/// Gate and up of one format and shape over inputs of `cols`: what the fused GLU kernels take.
+pub(super) fn glu_pair(gate: &CudaMat, up: &CudaMat, cols: usize) -> bool {
+    gate.ty == up.ty
+        && (gate.rows, gate.cols, gate.row_bytes) == (up.rows, up.cols, up.row_bytes)
+        && gate.cols == cols
+}

@@ -202,10 +202,8 @@ impl CudaBackend {
         let Some(k) = gate.k.int.as_ref() else {
             return Ok(false);
         };
-        // matmul_glu_op's way to those launches: gate and up of one format and shape.
-        let pair = gate.ty == up.ty
-            && (gate.rows, gate.cols, gate.row_bytes) == (up.rows, up.cols, up.row_bytes)
-            && gate.cols == cols;
+        // matmul_glu_op's way to those launches.
+        let pair = super::fused::glu_pair(gate, up, cols);
         let fits = |cl: usize| {
             let launch = if n == 1 {
                 self.norm_fold_stream
