@@ -197,7 +197,7 @@ impl CudaBackend {
 
     /// 3–8 rows' gate/up GEMV and GLU as one gemv_rows.cu `mvrtg_4` launch (with the q8_1 of
     /// g for the down projection), where `glu_rows_plan` holds; `false`: not taken. With
-    /// `nrm` it finishes the norm before it (norm.rs `norm_glu_rows_op`; x's q8_1 is then
+    /// `nrm` it finishes the norm before it (norm.rs `norm_glu_op`; x's q8_1 is then
     /// that of x·w). 27B gate/up (17,408 × 5,120), 8-row greedy step (H200, same call):
     /// Q1_0 5.569 → 5.480 ms, TQ2_0 6.753 → 6.768 (level).
     #[allow(clippy::too_many_arguments)]
@@ -323,7 +323,7 @@ impl CudaBackend {
         };
         let per_block = gg / 2 * r * kc;
         let blocks = rows.div_ceil(per_block);
-        if nrm.is_some() && !(blocks >= cols / 32 && steps * gg >= 32) {
+        if nrm.is_some() && !super::norm::stage_fits(blocks, steps * gg, cols) {
             return Err(BackendError::Other(
                 "cuda: a norm folded into a GLU that cannot finish it".into(),
             ));

@@ -427,9 +427,13 @@ impl CudaBackend {
         let ring = tma
             .as_ref()
             .is_some_and(|p| p.slots.is_some() && p.parts == 1);
-        let tile = tma.as_ref().is_some_and(|p| p.tile_whole());
-        let stream = n == 1 && self.multi_stream(ws, cols);
-        if nrm.is_some() && (!(half || ring || tile || stream) || ws.len() > 4) {
+        // Only a fold asks which launch can finish it.
+        let foldable = || {
+            half || ring
+                || tma.as_ref().is_some_and(|p| p.tile_whole())
+                || (n == 1 && self.multi_stream(ws, cols))
+        };
+        if nrm.is_some() && (ws.len() > 4 || !foldable()) {
             return Err(BackendError::Other(
                 "cuda: a norm folded into a GEMV that cannot finish it".into(),
             ));
@@ -1143,7 +1147,7 @@ impl CudaBackend {
         self.mvs_plan(k, &rows, units, w0.row_bytes)
             .is_some_and(|(_, (r, kc, g))| {
                 let blocks: usize = rows.iter().map(|n| n.div_ceil(g * r * kc)).sum();
-                blocks >= cols / 32 && units / k.step * g >= 32
+                super::norm::stage_fits(blocks, units / k.step * g, cols)
             })
     }
 

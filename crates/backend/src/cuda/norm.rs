@@ -26,6 +26,13 @@ pub(super) struct NrmArgs {
 unsafe impl DeviceRepr for NrmArgs {}
 const _: () = assert!(std::mem::size_of::<NrmArgs>() == 48);
 
+/// Whether a streaming GEMV launch of `blocks` blocks of `threads` threads can finish the
+/// norm of a row of `cols` (common.cuh's NrmStage): block b < cols / 32 writes 32 values of
+/// the normed row, and warp 0 of every block must be whole.
+pub(super) fn stage_fits(blocks: usize, threads: usize, cols: usize) -> bool {
+    blocks >= cols / 32 && threads >= 32
+}
+
 impl NrmArgs {
     fn new(part: u64, (x, w, out): (u64, u64, u64), np: usize, g: usize, eps: f32) -> Self {
         Self {
@@ -210,8 +217,8 @@ impl CudaBackend {
                     && self
                         .glu_stream_plan(k, gate)
                         .is_some_and(|(_, (r, kc, gg))| {
-                            gate.rows.div_ceil(gg / 2 * r * kc) >= cols / 32
-                                && cols.div_ceil(32) / k.step * gg >= 32
+                            let blocks = gate.rows.div_ceil(gg / 2 * r * kc);
+                            stage_fits(blocks, cols.div_ceil(32) / k.step * gg, cols)
                         })
             } else {
                 self.norm_fold_rows
