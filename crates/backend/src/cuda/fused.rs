@@ -288,6 +288,15 @@ impl CudaBackend {
         Some((func, (r, kc, gg)))
     }
 
+    /// Whether `glu_stream_plan`'s launch can finish a norm (norm.rs `stage_fits`): what
+    /// `norm_glu_op` folds a norm into at one row.
+    pub(super) fn glu_stream_folds(&self, k: &IntKernels, gate: &CudaMat) -> bool {
+        self.glu_stream_plan(k, gate).is_some_and(|(_, shape)| {
+            let (blocks, steps, gg) = glu_stream_grid(k, gate, shape);
+            super::norm::stage_fits(blocks, steps * gg, gate.cols)
+        })
+    }
+
     /// One activation row's gate/up GEMV and GLU as one gemv_stream.cu `mvsg_R` launch
     /// (with the q8_1 of g for the down projection where its rows are whole units), where
     /// `matmul_multi` would run `mvs_R` over both (`glu_stream_plan`): `false` where it does
@@ -310,7 +319,7 @@ impl CudaBackend {
         };
         let (rows, cols) = (gate.rows, gate.cols);
         let units = cols.div_ceil(32);
-        let steps = units / k.step;
+        let (blocks, steps, gg) = glu_stream_grid(k, gate, (r, kc, gg));
         self.reshape(g, 1, rows)?;
         self.reshape(u, 1, rows)?;
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
@@ -321,8 +330,6 @@ impl CudaBackend {
         } else {
             (0, 0)
         };
-        let per_block = gg / 2 * r * kc;
-        let blocks = rows.div_ceil(per_block);
         if nrm.is_some() && !super::norm::stage_fits(blocks, steps * gg, cols) {
             return Err(BackendError::Other(
                 "cuda: a norm folded into a GLU that cannot finish it".into(),
@@ -537,6 +544,13 @@ pub(super) struct QkArgs {
 // 4-byte fields: 80 bytes, no padding), passed by value.
 unsafe impl DeviceRepr for QkArgs {}
 const _: () = assert!(std::mem::size_of::<QkArgs>() == 80);
+
+/// `mvsg_R`'s grid at `glu_stream_plan`'s (R, K, G): blocks, then a block's threads as
+/// (steps, G); a block takes (G / 2)·R·K rows of gate and the same rows of up.
+fn glu_stream_grid(k: &IntKernels, gate: &CudaMat, (r, kc, gg): MvsShape) -> (usize, usize, usize) {
+    let steps = gate.cols.div_ceil(32) / k.step;
+    (gate.rows.div_ceil(gg / 2 * r * kc), steps, gg)
+}
 
 /// Gate and up of one format and shape over inputs of `cols`: what the fused GLU kernels take.
 pub(super) fn glu_pair(gate: &CudaMat, up: &CudaMat, cols: usize) -> bool {

@@ -213,13 +213,7 @@ impl CudaBackend {
         let pair = super::fused::glu_pair(gate, up, cols);
         let fits = |cl: usize| {
             let launch = if n == 1 {
-                self.norm_fold_stream
-                    && self
-                        .glu_stream_plan(k, gate)
-                        .is_some_and(|(_, (r, kc, gg))| {
-                            let blocks = gate.rows.div_ceil(gg / 2 * r * kc);
-                            stage_fits(blocks, cols.div_ceil(32) / k.step * gg, cols)
-                        })
+                self.norm_fold_stream && self.glu_stream_folds(k, gate)
             } else {
                 self.norm_fold_rows
                     && self.norm_fold_tile
