@@ -520,14 +520,14 @@ fn n_diff(a: &[f32], b: &[f32]) -> usize {
 /// the 27B shape; where the head is whole 32-value units, the q8_1 it leaves for `ssm_out`
 /// feeds a matmul that must match the exact product of the CPU's output.
 ///
-/// Also with one block and with 16 blocks a value head (NEAGARI_CUDA_DS_BLOCKS: one block
-/// a head is more threads than `delta_rows` takes, so the host splits it).
+/// Also with one, four and 16 blocks a value head (NEAGARI_CUDA_DS_BLOCKS: one block a
+/// head is more threads than `delta_rows` takes on the 27B, so the host splits it).
 #[test]
 fn delta_net_fused_matches_the_separate_ops() {
     let Some(g) = gpu() else { return };
     let mut r = rng();
     delta_net_cases(&g, &mut r);
-    for blocks in ["1", "16"] {
+    for blocks in ["1", "4", "16"] {
         std::env::set_var("NEAGARI_CUDA_DS_BLOCKS", blocks);
         let gv = CudaBackend::new(0).expect("open GPU 0");
         std::env::remove_var("NEAGARI_CUDA_DS_BLOCKS");

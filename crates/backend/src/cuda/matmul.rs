@@ -353,8 +353,8 @@ impl CudaBackend {
 
     /// Whether `matmul_multi` of `n` (3–8) rows of `cols` over `ws` is one `mvrmt` launch (the
     /// tensor-core GEMV, its whole tile one bulk copy, K whole): up to four matrices of one
-    /// format, row size and width. What `norm_matmul_op` folds a verify's norm into where
-    /// NEAGARI_CUDA_NORM_FOLD_TILE=1 (the Q1_0 verify's projections).
+    /// format, row size and width. What `norm_matmul_op` folds a verify's norm into unless
+    /// NEAGARI_CUDA_NORM_FOLD_TILE=0 (the Q1_0 verify's projections).
     pub(super) fn multi_tile(&self, ws: &[&CudaMat], n: usize, cols: usize) -> bool {
         let Some((w0, k)) = self.multi_one_launch(ws, cols) else {
             return false;

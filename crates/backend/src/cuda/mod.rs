@@ -334,12 +334,13 @@ pub struct CudaBackend {
     /// doing it, the step went 8.81 → 10.05 ms).
     norm_fold_rows: bool,
     /// … and through the tensor-core GEMV whose whole tile is one bulk copy (`mvrmt`,
-    /// `mvrtg_4`: the Q1_0 verify's projections and gate/up), where
-    /// NEAGARI_CUDA_NORM_FOLD_TILE=1 (off by default until timed on a GPU).
+    /// `mvrtg_4`: the Q1_0 verify's projections and gate/up), unless
+    /// NEAGARI_CUDA_NORM_FOLD_TILE=0: the 27B Q1_0's 8-row greedy step 5.336 / 5.339 →
+    /// 5.226 ms (H100, same call).
     norm_fold_tile: bool,
     /// A decode row's norm finished inside the streaming GEMV (`mvs_R`, `mvsg_R`: the Q1_0 and
-    /// TQ2_0 decode step), where NEAGARI_CUDA_NORM_FOLD_STREAM=1 (off by default until timed
-    /// on a GPU).
+    /// TQ2_0 decode step), unless NEAGARI_CUDA_NORM_FOLD_STREAM=0: 27B tg64 TQ2_0 228.7 /
+    /// 228.7 → 233.1 / 231.9, Q1_0's one-token step 3.424 → 3.417 ms (H100, same call).
     norm_fold_stream: bool,
     /// Quantized formats take the integer GEMV, unless NEAGARI_CUDA_MV=float (measuring).
     mv_int: bool,
@@ -383,7 +384,10 @@ pub struct CudaBackend {
     /// Shapes past 80 blocks an SM are unmeasured.
     mvm_half: usize,
     /// Blocks a value head of the fused DeltaNet kernel (`delta_rows`, hybrid.cu):
-    /// NEAGARI_CUDA_DS_BLOCKS=N, 1..=16, default 4.
+    /// NEAGARI_CUDA_DS_BLOCKS=N, 1..=16, default 2 (on the 27B two blocks of 16 warps a
+    /// head). Against 4, same call (H100): 27B Q1_0 one-token / 8-row greedy step 3.413 →
+    /// 3.358 / 5.210 → 5.158 ms, TQ2_0 4.317 → 4.286 / 7.231 → 7.298, Q4_K level; 8 and
+    /// 16 slower on Q1_0 (3.46, 3.56 ms).
     ds_blocks: usize,
     /// 3–8 rows of `matmul_glu` take `mvrtg_4` (fused.rs `matmul_glu_rows`) where it runs,
     /// unless NEAGARI_CUDA_GLU_ROWS=0 (the GEMV and the GLU kernel, for measuring).
@@ -658,8 +662,8 @@ impl CudaBackend {
             norm_cl: maj >= 9 && knob_on("NEAGARI_CUDA_NORM_CL"),
             norm_fold: knob_on("NEAGARI_CUDA_NORM_FOLD"),
             norm_fold_rows: knob_on("NEAGARI_CUDA_NORM_FOLD_ROWS"),
-            norm_fold_tile: knob_forced("NEAGARI_CUDA_NORM_FOLD_TILE") == Some(true),
-            norm_fold_stream: knob_forced("NEAGARI_CUDA_NORM_FOLD_STREAM") == Some(true),
+            norm_fold_tile: knob_on("NEAGARI_CUDA_NORM_FOLD_TILE"),
+            norm_fold_stream: knob_on("NEAGARI_CUDA_NORM_FOLD_STREAM"),
             mv_int: knob::<String>("NEAGARI_CUDA_MV").as_deref() != Some("float"),
             fuse: knob_on("NEAGARI_CUDA_FUSE"),
             fuse_attn: knob_on("NEAGARI_CUDA_FUSE") && knob_on("NEAGARI_CUDA_FUSE_ATTN"),
@@ -675,7 +679,7 @@ impl CudaBackend {
             mvm_half: knob("NEAGARI_CUDA_MVM_HALF").unwrap_or(80),
             ds_blocks: knob("NEAGARI_CUDA_DS_BLOCKS")
                 .filter(|n| (1..=16).contains(n))
-                .unwrap_or(4),
+                .unwrap_or(2),
             glu_rows: knob_on("NEAGARI_CUDA_GLU_ROWS"),
             glu_loop: knob("NEAGARI_CUDA_GLU_LOOP").unwrap_or(2),
             glu_bufs: knob("NEAGARI_CUDA_GLU_BUFS")

@@ -154,11 +154,11 @@ impl CudaBackend {
         outs: &mut [&mut CudaBuf],
     ) -> Result<bool> {
         let (n, g) = (x.rows, x.cols);
-        // One row: `mvqm1x4u`, whose first g / 32 blocks write the normed row (with
-        // NEAGARI_CUDA_NORM_FOLD_STREAM=1 also `mvs_R`, NrmStage); 3–8 rows
-        // (a verify) unless NEAGARI_CUDA_NORM_FOLD_ROWS=0: the ring GEMV `mvrmq` (its warps
-        // hold the n·cl parts, at most NORM_ROW_BLOCKS; every warp writes its share,
-        // gemv_rows.cu `mvr_norm_*`), or with NEAGARI_CUDA_NORM_FOLD_TILE=1 `mvrmt`.
+        // One row: `mvqm1x4u`, whose first g / 32 blocks write the normed row, and `mvs_R`
+        // (NrmStage) unless NEAGARI_CUDA_NORM_FOLD_STREAM=0; 3–8 rows (a verify) unless
+        // NEAGARI_CUDA_NORM_FOLD_ROWS=0: the ring GEMV `mvrmq` (its warps hold the n·cl
+        // parts, at most NORM_ROW_BLOCKS; every warp writes its share, gemv_rows.cu
+        // `mvr_norm_*`), and `mvrmt` unless NEAGARI_CUDA_NORM_FOLD_TILE=0.
         let gemv = |cl: usize| match n {
             1 => {
                 (self.multi_half(ws, 1, g)
@@ -189,8 +189,8 @@ impl CudaBackend {
 
     /// `add_rms_norm` then `matmul_glu(gate, up, out, act, g, u)` with the norm finished
     /// inside the one launch that takes gate, up and the GLU: 3–8 rows' `mvrtg_4` (fused.rs
-    /// `matmul_glu_rows`) where NEAGARI_CUDA_NORM_FOLD_TILE=1, one row's `mvsg_R`
-    /// (`matmul_glu_stream`) where NEAGARI_CUDA_NORM_FOLD_STREAM=1; `false`: not taken,
+    /// `matmul_glu_rows`) unless NEAGARI_CUDA_NORM_FOLD_TILE=0, one row's `mvsg_R`
+    /// (`matmul_glu_stream`) unless NEAGARI_CUDA_NORM_FOLD_STREAM=0; `false`: not taken,
     /// nothing launched. As `norm_matmul_op`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn norm_glu_op(
