@@ -12,8 +12,8 @@ use super::{
     CudaVector,
 };
 use crate::{
-    Attn, Backend, BackendError, DeltaNet, GluAct, HostTensor, KvShape, KvType, Penalties, QkPrep,
-    RecShape, Result, Rope,
+    Addend, Attn, Backend, BackendError, DeltaNet, GluAct, HostTensor, KvShape, KvType, Penalties,
+    QkPrep, RecShape, Result, Rope,
 };
 
 impl Backend for CudaBackend {
@@ -214,13 +214,19 @@ impl Backend for CudaBackend {
     fn add_rms_norm_matmul(
         &self,
         x: &mut CudaBuf,
-        y: &CudaBuf,
+        y: Addend<'_, CudaMat, CudaBuf>,
         w: &CudaVector,
         eps: f32,
         out: &mut CudaBuf,
         ws: &[&CudaMat],
         outs: &mut [&mut CudaBuf],
     ) -> Result<()> {
+        if let Addend::Matmul { w: wo, a, .. } = &y {
+            if self.res_matmul_op((wo, a), x, w, eps, out, ws, outs)? {
+                return Ok(());
+            }
+        }
+        let y = y.made(self)?;
         if self.norm_matmul_op(x, y, w, eps, out, ws, outs)? {
             return Ok(());
         }
@@ -231,7 +237,7 @@ impl Backend for CudaBackend {
     fn add_rms_norm_matmul_glu(
         &self,
         x: &mut CudaBuf,
-        y: &CudaBuf,
+        y: Addend<'_, CudaMat, CudaBuf>,
         w: &CudaVector,
         eps: f32,
         out: &mut CudaBuf,
@@ -240,6 +246,13 @@ impl Backend for CudaBackend {
         g: &mut CudaBuf,
         u: &mut CudaBuf,
     ) -> Result<()> {
+        if let Addend::Matmul { w: wo, a, .. } = &y {
+            if self.res_glu_op((wo, a), x, w, eps, out, (gate, up), act, g, u)? {
+                self.prefetch_op(next);
+                return Ok(());
+            }
+        }
+        let y = y.made(self)?;
         // Where `matmul_glu` would run the GEMVs and the GLU kernel apart: the norm inside
         // the GEMVs, then the GLU (the hint for the GEMV after it).
         if self.glu_apart(gate, up, x.rows)

@@ -628,9 +628,11 @@ impl CudaBackend {
                         &rows_i, &units_i, &nr_i, &parts, &pu, &pb, &slots, &ks
                     )?;
                 } else {
+                    // No residual (`Res` zeros: the sums go to y).
+                    let res = super::residual::ResArgs::default();
                     launch!(
                         @keep_cluster clu, self, func, cfg, &wp, &xr, &dr, &orr,
-                        &rows_i, &units_i, &rb, &nr_i, &parts, &pu, &pb, &ks
+                        &rows_i, &units_i, &rb, &nr_i, &parts, &pu, &pb, &ks, &res
                     )?;
                 }
             } else {

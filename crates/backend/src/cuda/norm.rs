@@ -34,7 +34,13 @@ pub(super) fn stage_fits(blocks: usize, threads: usize, cols: usize) -> bool {
 }
 
 impl NrmArgs {
-    fn new(part: u64, (x, w, out): (u64, u64, u64), np: usize, g: usize, eps: f32) -> Self {
+    pub(super) fn new(
+        part: u64,
+        (x, w, out): (u64, u64, u64),
+        np: usize,
+        g: usize,
+        eps: f32,
+    ) -> Self {
         Self {
             part,
             x,
@@ -101,15 +107,15 @@ impl CudaBackend {
     }
 
     /// The device addresses of the decode-row norms' scratch (allocated on first use): the
-    /// blocks' sums of squares `[NORM_ROW_BLOCKS]` f64 and `add_rms_norm_row`'s barrier
-    /// (two u32).
-    fn norm_scratch(&self, sc: &mut Scratch) -> Result<(u64, u64)> {
+    /// blocks' sums of squares `[NORM_ROW_BLOCKS]` f64 (or a folded residual's parts,
+    /// residual.rs `RES_PARTS`) and `add_rms_norm_row`'s barrier (two u32).
+    pub(super) fn norm_scratch(&self, sc: &mut Scratch) -> Result<(u64, u64)> {
         if sc.norm_part.is_none() || sc.norm_cnt.is_none() {
             self.check_alloc("the norm scratch")?;
             self.scratch_moved();
             sc.norm_part = Some(
                 self.stream
-                    .alloc_zeros::<f64>(NORM_ROW_BLOCKS)
+                    .alloc_zeros::<f64>(NORM_ROW_BLOCKS.max(super::residual::RES_PARTS))
                     .map_err(drv)?,
             );
             sc.norm_cnt = Some(self.stream.alloc_zeros::<u32>(2).map_err(drv)?);
@@ -295,7 +301,7 @@ impl CudaBackend {
 
     /// After the GEMV of a folded norm: the q8_1 `norm_part` left is of x·w, not of `out`
     /// (which the GEMV wrote), so no later matmul of out may take it.
-    fn norm_part_done(&self, out: &CudaBuf) {
+    pub(super) fn norm_part_done(&self, out: &CudaBuf) {
         let op = self.dptr(&out.data);
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if sc.xq_key.is_some_and(|(p, ..)| p == op) {

@@ -45,6 +45,14 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// A warp's sum of one double a lane, the same tree in every lane (so every lane has the
+// same bits).
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 #define NEG_INF __int_as_float(0xff800000)
 
 // q8_1 of one 32-value unit held one value per lane: int8 codes q = round(v / d) with

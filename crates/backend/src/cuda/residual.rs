@@ -1,0 +1,190 @@
+//! The residual add and the first half of a decode norm inside the GEMV that makes the
+//! add's operand (`Addend::Matmul`): the 3–8-row `mvrt_*` launch of `wo · a` adds its sums
+//! into x itself and writes the q8_1 of x·w and a sum of squares a tile block (gemv_rows.cu
+//! `Res`), so no `add_norm_part` runs between it and the GEMV after, which finishes the
+//! norm from those parts (common.cuh `Nrm`, norm.rs). Unless NEAGARI_CUDA_RES_FOLD=0.
+
+use cudarc::driver::DeviceRepr;
+
+use super::norm::NrmArgs;
+use super::prefetch::PfSite;
+use super::*;
+
+/// The most parts a fold leaves (activation rows × tile blocks): the norm scratch holds
+/// them. 8 rows of the 27B's 5,120-wide residual are 640 in 64-row tile blocks, 1,280 in 32.
+pub(super) const RES_PARTS: usize = 2048;
+
+/// gemv_rows.cu's `Res`, by value; all zero: none.
+#[derive(Clone, Copy, Default)]
+#[repr(C)]
+pub(super) struct ResArgs {
+    x: u64,
+    w: u64,
+    xq: u64,
+    xds: u64,
+    part: u64,
+    g: i32,
+    np: i32,
+}
+
+// SAFETY: plain old data of the kernel parameter's C layout (five 8-byte addresses and two
+// 4-byte scalars, 48 bytes, no padding), by value.
+unsafe impl DeviceRepr for ResArgs {}
+const _: () = assert!(std::mem::size_of::<ResArgs>() == 48);
+
+impl CudaBackend {
+    /// `x += wo · a`, then `add_rms_norm`'s norm of x into `out` and `matmul_multi(ws, out,
+    /// outs)`, with the add inside `wo`'s GEMV and the norm finished inside the one `mvrmt`
+    /// launch over `ws`; `false`: not taken, nothing launched.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn res_matmul_op(
+        &self,
+        prod: (&CudaMat, &CudaBuf),
+        x: &mut CudaBuf,
+        w: &CudaVector,
+        eps: f32,
+        out: &mut CudaBuf,
+        ws: &[&CudaMat],
+        outs: &mut [&mut CudaBuf],
+    ) -> Result<bool> {
+        let (n, g) = (x.rows, x.cols);
+        let Some(k) = ws
+            .first()
+            .and_then(|w0| w0.k.int.as_ref())
+            .filter(|_| ws.len() == outs.len())
+        else {
+            return Ok(false);
+        };
+        // `mvrmt` (the ring reads at most NRM_SMEM parts).
+        let fits = || {
+            self.norm_fold_rows
+                && self.norm_fold_tile
+                && !self.multi_ring(ws, n, g)
+                && self.multi_tile(ws, n, g)
+        };
+        let Some(nrm) = self.res_part(prod, x, w, eps, out, fits)? else {
+            return Ok(false);
+        };
+        self.matmul_multi_int(k, ws, out, outs, Some(nrm))?;
+        self.norm_part_done(out);
+        Ok(true)
+    }
+
+    /// As `res_matmul_op`, the GEMV after it `mvrtg_4` over gate and up with its GLU
+    /// (fused.rs `matmul_glu_rows`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn res_glu_op(
+        &self,
+        prod: (&CudaMat, &CudaBuf),
+        x: &mut CudaBuf,
+        w: &CudaVector,
+        eps: f32,
+        out: &mut CudaBuf,
+        (gate, up): (&CudaMat, &CudaMat),
+        act: GluAct,
+        g: &mut CudaBuf,
+        u: &mut CudaBuf,
+    ) -> Result<bool> {
+        let (n, cols) = (x.rows, x.cols);
+        let Some(k) = gate.k.int.as_ref() else {
+            return Ok(false);
+        };
+        let pair = super::fused::glu_pair(gate, up, cols);
+        let fits = || {
+            self.fuse
+                && self.mv_int
+                && pair
+                && self.norm_fold_rows
+                && self.norm_fold_tile
+                && self.glu_rows_plan(k, gate, up, n).is_some()
+        };
+        let Some(nrm) = self.res_part(prod, x, w, eps, out, fits)? else {
+            return Ok(false);
+        };
+        if !self.matmul_glu_rows(k, gate, up, out, act, g, u, Some(nrm))? {
+            return Err(BackendError::Other(
+                "cuda: a norm folded into a GLU that did not run".into(),
+            ));
+        }
+        self.norm_part_done(out);
+        Ok(true)
+    }
+
+    /// The first half: `wo · a` by `mvrt_*` with `Res` (x += it, the q8_1 of x·w in the q8_1
+    /// area a's is not in, keyed as `out`'s, a part a tile block in the norm scratch), where
+    /// the fold is on, `a` is 3–8 rows that take `mvrt_*` with the tile one copy (K whole or
+    /// split), its blocks are whole 32-row units and whole blocks cover x's width, and `then`
+    /// says the GEMV after takes the norm; `None`: nothing launched.
+    fn res_part(
+        &self,
+        (wo, a): (&CudaMat, &CudaBuf),
+        x: &mut CudaBuf,
+        w: &CudaVector,
+        eps: f32,
+        out: &mut CudaBuf,
+        then: impl FnOnce() -> bool,
+    ) -> Result<Option<NrmArgs>> {
+        let (n, g) = (x.rows, x.cols);
+        let shapes = (3..=MV_MAX_ROWS).contains(&n)
+            && (a.rows, a.cols) == (n, wo.cols)
+            && wo.rows == g
+            && w.len == g
+            && g.is_multiple_of(32);
+        if !(self.res_fold && self.norm_fold && self.mv_int && shapes) {
+            return Ok(None);
+        }
+        let Some(k) = wo.k.int.as_ref() else {
+            return Ok(None);
+        };
+        let wp = self.dptr(&wo.data);
+        let units = wo.cols.div_ceil(32);
+        let Some(p) = self
+            .mvr_kernels(k, n)
+            .and_then(|_| self.mvr_tma(k, units, wo.row_bytes, wp.is_multiple_of(16)))
+        else {
+            return Ok(None);
+        };
+        let one_copy = p.group_bytes.is_none() && p.slots.is_none();
+        if !(one_copy && p.rows >= 2 * MVR_ROWS && g.is_multiple_of(p.rows)) {
+            return Ok(None);
+        }
+        let np = g / p.rows;
+        if n * np > RES_PARTS || !then() {
+            return Ok(None);
+        }
+        self.reshape(out, n, g)?;
+        // The hint was meant for the norm's own kernel, which does not run.
+        let _ = self.take_pf(PfSite::Norm, n);
+        let (xp, wnp, op) = (self.dptr(&x.data), self.dptr(&w.data), self.dptr(&out.data));
+        let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let (qp, dsp) = self.xq_input(&mut sc, k, a, wo.cols)?;
+        let ((oq, ods), alt) = self.xq_other(&mut sc, qp, n, g / 32)?;
+        let (pp, _) = self.norm_scratch(&mut sc)?;
+        let (clu, ks) = self.mvrt_meet(&mut sc, &p, np * p.parts)?;
+        let res = ResArgs {
+            x: xp,
+            w: wnp,
+            xq: oq,
+            xds: ods,
+            part: pp,
+            g: g as i32,
+            np: np as i32,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: ((np * p.parts) as u32, 1, 1),
+            block_dim: (self.mvr_threads(units, Some(&p)) as u32, 1, 1),
+            shared_mem_bytes: p.smem,
+        };
+        let (rows_i, units_i, rb, nr_i) = (g as i32, units as i32, wo.row_bytes as i64, n as i32);
+        let (parts, pu, pb) = (p.parts as i32, p.part_units as i32, p.part_bytes as i32);
+        // No y: every sum goes into x (a write through it would fault, not pass unseen).
+        let y = 0u64;
+        // x is written: every cached quantization is stale (`@cluster` moves the epoch).
+        launch!(
+            @cluster clu, self, p.func(false), cfg, &wp, &qp, &dsp, &y, &rows_i, &units_i, &rb,
+            &nr_i, &parts, &pu, &pb, &ks, &res
+        )?;
+        self.xq_written(&mut sc, op, n, g, alt);
+        Ok(Some(NrmArgs::new(pp, (xp, wnp, op), np, g, eps)))
+    }
+}
