@@ -247,7 +247,14 @@ impl Backend for CudaBackend {
         u: &mut CudaBuf,
     ) -> Result<()> {
         if let Addend::Matmul { w: wo, a, .. } = &y {
-            if self.res_glu_op((wo, a), x, w, eps, out, (gate, up), act, g, u)? {
+            // As below: the GEMVs apart (then the GLU), or the one launch with the GLU.
+            if self.glu_apart(gate, up, x.rows) {
+                let (gu, uu) = (&mut *g, &mut *u);
+                if self.res_matmul_op((wo, a), x, w, eps, out, &[gate, up], &mut [gu, uu])? {
+                    self.prefetch_op(next);
+                    return self.glu(g, u, act);
+                }
+            } else if self.res_glu_op((wo, a), x, w, eps, out, (gate, up), act, g, u)? {
                 self.prefetch_op(next);
                 return Ok(());
             }

@@ -357,11 +357,11 @@ impl CudaBackend {
         self.reshape(u, 1, rows)?;
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let (qp, dsp) = self.xq_input(&mut sc, k, x, cols)?;
-        // The down projection's q8_1 input.
-        let (oq, ods) = if rows.is_multiple_of(32) && !self.x_in_alt(&sc, qp) {
-            self.xq_alt_reserve(&mut sc, 1, rows / 32)?
+        // The down projection's q8_1 input, in the area x's is not in.
+        let ((oq, ods), g_alt) = if rows.is_multiple_of(32) {
+            self.xq_other(&mut sc, qp, 1, rows / 32)?
         } else {
-            (0, 0)
+            ((0, 0), true)
         };
         if nrm.is_some() && !super::norm::stage_fits(blocks, steps * gg, cols) {
             return Err(BackendError::Other(
@@ -388,7 +388,10 @@ impl CudaBackend {
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
             &k_i, &act_i, &oq, &ods, &nrm
         )?;
-        self.glu_written(&mut sc, (gp, up_), 1, rows, oq != 0);
+        self.glu_written(&mut sc, (gp, up_), 1, rows, oq != 0 && g_alt);
+        if oq != 0 && !g_alt {
+            self.xq_written(&mut sc, gp, 1, rows, false);
+        }
         Ok(true)
     }
 

@@ -1173,6 +1173,8 @@ impl CudaBackend {
         let per_block = g * r * kc;
         let (units_i, rb, k_i) = (units as i32, row_bytes as i64, kc as i32);
         let nrm = nrm.unwrap_or_default();
+        // No residual (`Res` zeros: the sums go to y).
+        let res = super::residual::ResArgs::default();
         for c in mats.chunks(4) {
             let a = MultiArgs::new(c, per_block);
             let cfg = LaunchConfig {
@@ -1183,7 +1185,7 @@ impl CudaBackend {
             launch!(
                 @keep self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1],
                 &a.y[2], &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2], &a.rows[3], &a.starts[1],
-                &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &rb, &k_i, &nrm
+                &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &rb, &k_i, &nrm, &res
             )?;
         }
         Ok(true)

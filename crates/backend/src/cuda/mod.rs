@@ -342,6 +342,8 @@ pub struct CudaBackend {
     /// GEMV that makes the add's operand, not as `add_norm_part` (residual.rs), unless
     /// NEAGARI_CUDA_RES_FOLD=0.
     res_fold: bool,
+    /// … and for one row inside `mvs_R` (32 rows a block), with NEAGARI_CUDA_RES_FOLD_ONE=1.
+    res_fold_one: bool,
     /// A decode row's norm finished inside the streaming GEMV (`mvs_R`, `mvsg_R`: the Q1_0 and
     /// TQ2_0 decode step), unless NEAGARI_CUDA_NORM_FOLD_STREAM=0: 27B tg64 TQ2_0 228.7 /
     /// 228.7 → 233.1 / 231.9, Q1_0's one-token step 3.424 → 3.417 ms (H100, same call).
@@ -669,6 +671,7 @@ impl CudaBackend {
             norm_fold_rows: knob_on("NEAGARI_CUDA_NORM_FOLD_ROWS"),
             norm_fold_tile: knob_on("NEAGARI_CUDA_NORM_FOLD_TILE"),
             res_fold: knob_on("NEAGARI_CUDA_RES_FOLD"),
+            res_fold_one: knob::<u8>("NEAGARI_CUDA_RES_FOLD_ONE") == Some(1),
             norm_fold_stream: knob_on("NEAGARI_CUDA_NORM_FOLD_STREAM"),
             mv_int: knob::<String>("NEAGARI_CUDA_MV").as_deref() != Some("float"),
             fuse: knob_on("NEAGARI_CUDA_FUSE"),

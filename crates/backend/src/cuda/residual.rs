@@ -1,11 +1,13 @@
 //! The residual add and the first half of a decode norm inside the GEMV that makes the
-//! add's operand (`Addend::Matmul`): the 3–8-row `mvrt_*` launch of `wo · a` adds its sums
-//! into x itself and writes the q8_1 of x·w and a sum of squares a tile block (gemv_rows.cu
-//! `Res`), so no `add_norm_part` runs between it and the GEMV after, which finishes the
-//! norm from those parts (common.cuh `Nrm`, norm.rs). Unless NEAGARI_CUDA_RES_FOLD=0.
+//! add's operand (`Addend::Matmul`): the 3–8-row `mvrt_*` launch of `wo · a` (or one row's
+//! `mvs_R`) adds its sums into x itself and writes the q8_1 of x·w and a sum of squares a
+//! block (common.cuh `Res`), so no `add_norm_part` runs between it and the GEMV after,
+//! which finishes the norm from those parts (common.cuh `Nrm`, norm.rs). Unless
+//! NEAGARI_CUDA_RES_FOLD=0; one row only with NEAGARI_CUDA_RES_FOLD_ONE=1.
 
 use cudarc::driver::DeviceRepr;
 
+use super::gemv_rows::MvrtPlan;
 use super::norm::NrmArgs;
 use super::prefetch::PfSite;
 use super::*;
@@ -32,6 +34,23 @@ pub(super) struct ResArgs {
 unsafe impl DeviceRepr for ResArgs {}
 const _: () = assert!(std::mem::size_of::<ResArgs>() == 48);
 
+/// The GEMV that takes the add: `mvrt_*` with its plan, or one row's `mvs_R` with its
+/// (steps, K, G) (R·K·G = 32 rows a block).
+enum ResGemv<'a> {
+    Rows(MvrtPlan<'a>),
+    One(&'a CudaFunction, (usize, usize, usize)),
+}
+
+impl ResGemv<'_> {
+    /// Rows of the product a block: a part of the norm each.
+    fn rows(&self) -> usize {
+        match self {
+            ResGemv::Rows(p) => p.rows,
+            ResGemv::One(..) => 32,
+        }
+    }
+}
+
 impl CudaBackend {
     /// `x += wo · a`, then `add_rms_norm`'s norm of x into `out` and `matmul_multi(ws, out,
     /// outs)`, with the add inside `wo`'s GEMV and the norm finished inside the one `mvrmt`
@@ -55,12 +74,15 @@ impl CudaBackend {
         else {
             return Ok(false);
         };
-        // `mvrmt` (the ring reads at most NRM_SMEM parts).
-        let fits = || {
-            self.norm_fold_rows
-                && self.norm_fold_tile
-                && !self.multi_ring(ws, n, g)
-                && self.multi_tile(ws, n, g)
+        // `mvrmt` (the ring reads at most NRM_SMEM parts), one row's `mvs_R`.
+        let fits = || match n {
+            1 => self.norm_fold_stream && self.multi_stream(ws, g),
+            _ => {
+                self.norm_fold_rows
+                    && self.norm_fold_tile
+                    && !self.multi_ring(ws, n, g)
+                    && self.multi_tile(ws, n, g)
+            }
         };
         let Some(nrm) = self.res_part(prod, x, w, eps, out, fits)? else {
             return Ok(false);
@@ -71,7 +93,7 @@ impl CudaBackend {
     }
 
     /// As `res_matmul_op`, the GEMV after it `mvrtg_4` over gate and up with its GLU
-    /// (fused.rs `matmul_glu_rows`).
+    /// (fused.rs `matmul_glu_rows`), or one row's `mvsg_R` (`matmul_glu_stream`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn res_glu_op(
         &self,
@@ -91,17 +113,25 @@ impl CudaBackend {
         };
         let pair = super::fused::glu_pair(gate, up, cols);
         let fits = || {
-            self.fuse
-                && self.mv_int
-                && pair
-                && self.norm_fold_rows
-                && self.norm_fold_tile
-                && self.glu_rows_plan(k, gate, up, n).is_some()
+            let launch = match n {
+                1 => self.norm_fold_stream && self.glu_stream_folds(k, gate),
+                _ => {
+                    self.norm_fold_rows
+                        && self.norm_fold_tile
+                        && self.glu_rows_plan(k, gate, up, n).is_some()
+                }
+            };
+            self.fuse && self.mv_int && pair && launch
         };
         let Some(nrm) = self.res_part(prod, x, w, eps, out, fits)? else {
             return Ok(false);
         };
-        if !self.matmul_glu_rows(k, gate, up, out, act, g, u, Some(nrm))? {
+        let ran = if n == 1 {
+            self.matmul_glu_stream(k, gate, up, out, act, g, u, Some(nrm))?
+        } else {
+            self.matmul_glu_rows(k, gate, up, out, act, g, u, Some(nrm))?
+        };
+        if !ran {
             return Err(BackendError::Other(
                 "cuda: a norm folded into a GLU that did not run".into(),
             ));
@@ -110,11 +140,12 @@ impl CudaBackend {
         Ok(true)
     }
 
-    /// The first half: `wo · a` by `mvrt_*` with `Res` (x += it, the q8_1 of x·w in the q8_1
-    /// area a's is not in, keyed as `out`'s, a part a tile block in the norm scratch), where
-    /// the fold is on, `a` is 3–8 rows that take `mvrt_*` with the tile one copy (K whole or
-    /// split), its blocks are whole 32-row units and whole blocks cover x's width, and `then`
-    /// says the GEMV after takes the norm; `None`: nothing launched.
+    /// The first half: `wo · a` by `mvrt_*` or `mvs_R` with `Res` (x += it, the q8_1 of x·w
+    /// in the q8_1 area a's is not in, keyed as `out`'s, a part a block in the norm
+    /// scratch), where the fold is on, `a` is 3–8 rows that take `mvrt_*` with the tile one
+    /// copy (K whole or split) or one row that takes `mvs_R`, a block's rows are whole
+    /// 32-row units, whole blocks cover x's width, and `then` says the GEMV after takes the
+    /// norm; `None`: nothing launched.
     fn res_part(
         &self,
         (wo, a): (&CudaMat, &CudaBuf),
@@ -125,12 +156,17 @@ impl CudaBackend {
         then: impl FnOnce() -> bool,
     ) -> Result<Option<NrmArgs>> {
         let (n, g) = (x.rows, x.cols);
-        let shapes = (3..=MV_MAX_ROWS).contains(&n)
+        let shapes = (n == 1 || (3..=MV_MAX_ROWS).contains(&n))
             && (a.rows, a.cols) == (n, wo.cols)
             && wo.rows == g
             && w.len == g
             && g.is_multiple_of(32);
-        if !(self.res_fold && self.norm_fold && self.mv_int && shapes) {
+        if !(self.res_fold
+            && (n > 1 || self.res_fold_one)
+            && self.norm_fold
+            && self.mv_int
+            && shapes)
+        {
             return Ok(None);
         }
         let Some(k) = wo.k.int.as_ref() else {
@@ -138,17 +174,23 @@ impl CudaBackend {
         };
         let wp = self.dptr(&wo.data);
         let units = wo.cols.div_ceil(32);
-        let Some(p) = self
-            .mvr_kernels(k, n)
-            .and_then(|_| self.mvr_tma(k, units, wo.row_bytes, wp.is_multiple_of(16)))
-        else {
+        let gemv = if n == 1 {
+            self.res_stream(k, units, wo.row_bytes)
+                .map(|(f, s)| ResGemv::One(f, s))
+        } else {
+            self.mvr_kernels(k, n)
+                .and_then(|_| self.mvr_tma(k, units, wo.row_bytes, wp.is_multiple_of(16)))
+                .filter(|p| p.group_bytes.is_none() && p.slots.is_none())
+                .map(ResGemv::Rows)
+        };
+        let Some(gemv) = gemv else {
             return Ok(None);
         };
-        let one_copy = p.group_bytes.is_none() && p.slots.is_none();
-        if !(one_copy && p.rows >= 2 * MVR_ROWS && g.is_multiple_of(p.rows)) {
+        let rows = gemv.rows();
+        if !(rows >= 2 * MVR_ROWS && g.is_multiple_of(rows)) {
             return Ok(None);
         }
-        let np = g / p.rows;
+        let np = g / rows;
         if n * np > RES_PARTS || !then() {
             return Ok(None);
         }
@@ -160,7 +202,6 @@ impl CudaBackend {
         let (qp, dsp) = self.xq_input(&mut sc, k, a, wo.cols)?;
         let ((oq, ods), alt) = self.xq_other(&mut sc, qp, n, g / 32)?;
         let (pp, _) = self.norm_scratch(&mut sc)?;
-        let (clu, ks) = self.mvrt_meet(&mut sc, &p, np * p.parts)?;
         let res = ResArgs {
             x: xp,
             w: wnp,
@@ -170,21 +211,73 @@ impl CudaBackend {
             g: g as i32,
             np: np as i32,
         };
-        let cfg = LaunchConfig {
-            grid_dim: ((np * p.parts) as u32, 1, 1),
-            block_dim: (self.mvr_threads(units, Some(&p)) as u32, 1, 1),
-            shared_mem_bytes: p.smem,
-        };
-        let (rows_i, units_i, rb, nr_i) = (g as i32, units as i32, wo.row_bytes as i64, n as i32);
-        let (parts, pu, pb) = (p.parts as i32, p.part_units as i32, p.part_bytes as i32);
+        let (rows_i, units_i, rb) = (g as i32, units as i32, wo.row_bytes as i64);
         // No y: every sum goes into x (a write through it would fault, not pass unseen).
         let y = 0u64;
-        // x is written: every cached quantization is stale (`@cluster` moves the epoch).
-        launch!(
-            @cluster clu, self, p.func(false), cfg, &wp, &qp, &dsp, &y, &rows_i, &units_i, &rb,
-            &nr_i, &parts, &pu, &pb, &ks, &res
-        )?;
+        // x is written: every cached quantization is stale (`launch!` moves the epoch).
+        match gemv {
+            ResGemv::Rows(p) => {
+                let (clu, ks) = self.mvrt_meet(&mut sc, &p, np * p.parts)?;
+                let cfg = LaunchConfig {
+                    grid_dim: ((np * p.parts) as u32, 1, 1),
+                    block_dim: (self.mvr_threads(units, Some(&p)) as u32, 1, 1),
+                    shared_mem_bytes: p.smem,
+                };
+                let nr_i = n as i32;
+                let (parts, pu, pb) = (p.parts as i32, p.part_units as i32, p.part_bytes as i32);
+                launch!(
+                    @cluster clu, self, p.func(false), cfg, &wp, &qp, &dsp, &y, &rows_i,
+                    &units_i, &rb, &nr_i, &parts, &pu, &pb, &ks, &res
+                )?;
+            }
+            ResGemv::One(func, (steps, kc, gg)) => {
+                let cfg = LaunchConfig {
+                    grid_dim: (np as u32, 1, 1),
+                    block_dim: (steps as u32, gg as u32, 1),
+                    shared_mem_bytes: 0,
+                };
+                // MAT4_PARAMS of one matrix: the other three empty, their first blocks past
+                // the grid.
+                let (z, none, k_i) = (0u64, i32::MAX, kc as i32);
+                let (zr, nrm) = (0i32, NrmArgs::default());
+                launch!(
+                    self, func, cfg, &wp, &z, &z, &z, &y, &z, &z, &z, &rows_i, &zr, &zr, &zr,
+                    &none, &none, &none, &qp, &dsp, &units_i, &rb, &k_i, &nrm, &res
+                )?;
+            }
+        }
         self.xq_written(&mut sc, op, n, g, alt);
         Ok(Some(NrmArgs::new(pp, (xp, wnp, op), np, g, eps)))
+    }
+
+    /// One row's `mvs_R` for the fold (`k.stream`, NEAGARI_CUDA_MVS not 0) and its (steps,
+    /// K, G): 32 rows a block, R as the shape's (8 rows a chunk for steps of at most 24
+    /// bytes, else 4), the most groups a block that fit (a power of two), K the rest.
+    fn res_stream<'a>(
+        &self,
+        k: &'a IntKernels,
+        units: usize,
+        row_bytes: usize,
+    ) -> Option<(&'a CudaFunction, (usize, usize, usize))> {
+        let steps = units / k.step;
+        let (Some((r0, _, _)), true) = (self.mvs, (1..=256).contains(&steps)) else {
+            return None;
+        };
+        if units != steps * k.step {
+            return None;
+        }
+        let r = match r0 {
+            0 if row_bytes / steps <= 24 => 8,
+            0 => 4,
+            r => r,
+        };
+        let fit = 256 / steps;
+        let mut gg = (32 / r).max(1);
+        while gg > fit {
+            gg /= 2;
+        }
+        let kc = 32 / (r * gg.max(1));
+        let (_, func) = k.stream.iter().find(|(s, _)| *s == r)?;
+        (r * gg * kc == 32 && steps * gg >= 32).then_some((func, (steps, kc, gg)))
     }
 }

@@ -92,11 +92,13 @@ fn res_call_named(
 
 /// The 27B's residual (5,120 wide) after its ssm_out (6,144 → 5,120) and its ffn_down
 /// (17,408 → 5,120: K in three parts for Q1_0, meeting through global memory, or in a
-/// cluster with NEAGARI_CUDA_MVRT_CLUSTER=1), 8 and 3 rows, into Q1_0 projections (`mvrmt_4`)
-/// and gate/up with the GLU (`mvrtg_4`): the fold runs (`mvrt_*` and no `add_norm_part`),
-/// x is the unfolded call's bits (the same GEMV sums, the same add), the normed rows and
-/// the outputs within float error of it (a row's parts are added in another order, so
-/// 1/rms may move an ulp) and of the CPU's.
+/// cluster with NEAGARI_CUDA_MVRT_CLUSTER=1), 8 and 3 rows into Q1_0 projections
+/// (`mvrmt_4`) and gate/up with the GLU (`mvrtg_4`), one row (`mvs_R`, with
+/// NEAGARI_CUDA_RES_FOLD_ONE=1) into the streaming GEMV (its 160 parts a row past
+/// NrmStage's 32) and gate/up apart: the fold runs (the GEMV and no `add_norm_part`), x is
+/// the unfolded call's bits (the same GEMV sums, the same add), the normed rows and the
+/// outputs within float error of it (a row's parts are added in another order, so 1/rms
+/// may move an ulp) and of the CPU's.
 #[test]
 fn residual_folded_into_gemv() {
     let Some(_) = gpu() else { return };
@@ -105,6 +107,8 @@ fn residual_folded_into_gemv() {
         ("NEAGARI_CUDA_NORM_FOLD", "1"),
         ("NEAGARI_CUDA_NORM_FOLD_ROWS", "1"),
         ("NEAGARI_CUDA_NORM_FOLD_TILE", "1"),
+        ("NEAGARI_CUDA_NORM_FOLD_STREAM", "1"),
+        ("NEAGARI_CUDA_RES_FOLD_ONE", "1"),
     ];
     let g = gpu_with(&on);
     let mut on_cl = on.to_vec();
@@ -114,10 +118,14 @@ fn residual_folded_into_gemv() {
     let c = cpu();
     let mut r = rng();
     let cols = 5120;
-    let proj: Vec<HostTensor> = [2048, 1024, 64, 64]
-        .iter()
-        .map(|&m| random_mat(&mut r, GgmlType::Q1_0, m, cols).0)
-        .collect();
+    // One row's streaming GEMV finishes the norm only with a block a 32 values of the row.
+    let mats = |r: &mut _, rows: &[usize]| -> Vec<HostTensor> {
+        rows.iter()
+            .map(|&m| random_mat(r, GgmlType::Q1_0, m, cols).0)
+            .collect()
+    };
+    let proj = mats(&mut r, &[2048, 1024, 64, 64]);
+    let proj1 = mats(&mut r, &[10240, 6144, 64, 64]);
     let (tg, tu) = (
         random_mat(&mut r, GgmlType::Q1_0, 2048, cols).0,
         random_mat(&mut r, GgmlType::Q1_0, 2048, cols).0,
@@ -126,20 +134,24 @@ fn residual_folded_into_gemv() {
         ("projections", Then::Matmul(&proj)),
         ("GLU", Then::Glu(&tg, &tu)),
     ];
+    let thens1 = [
+        ("projections", Then::Matmul(&proj1)),
+        ("GLU", Then::Glu(&tg, &tu)),
+    ];
     for (ty, k) in [
         (GgmlType::Q1_0, 6144),
         (GgmlType::Q1_0, 17408),
         (GgmlType::TQ2_0, 6144),
     ] {
         let wo = random_mat(&mut r, ty, cols, k).0;
-        for n in [8, 3] {
+        for n in [8, 3, 1] {
             let (a, x, w) = (
                 randv(&mut r, n * k, 1.0),
                 randv(&mut r, n * cols, 2.0),
                 randv(&mut r, cols, 1.0),
             );
             let axw = (&a[..], &x[..], &w[..]);
-            for (what, then) in &thens {
+            for (what, then) in if n == 1 { &thens1 } else { &thens } {
                 let name = format!("{ty:?} {k} → {cols}, {n} rows, then {what}");
                 let (cx, cn, co) = res_call(&c, &wo, axw, then);
                 let ((x0, n0, o0), k0) = res_call_named(&g0, &wo, axw, then);
@@ -148,10 +160,11 @@ fn residual_folded_into_gemv() {
                     "{name}: unfolded ran {k0:?}"
                 );
                 let bes = [("", &g), (" (cluster)", &g_cl)];
-                for (how, be) in bes.iter().take(if k > 6144 { 2 } else { 1 }) {
+                for (how, be) in bes.iter().take(if k > 6144 && n > 1 { 2 } else { 1 }) {
                     let name = format!("{name}{how}");
                     let ((xf, nf, of), kf) = res_call_named(be, &wo, axw, then);
-                    let folded = kf.iter().any(|k| k.starts_with("mvrt_"))
+                    let gemv = if n == 1 { "mvs_" } else { "mvrt_" };
+                    let folded = kf.iter().any(|k| k.starts_with(gemv))
                         && !kf
                             .iter()
                             .any(|k| k == "add_norm_part" || k.starts_with("add_rms"));

@@ -417,22 +417,6 @@ struct Ks {
     u32* c;
 };
 
-// The residual add and a decode norm's first half finished by the GEMV that makes the
-// add's operand (cuda/residual.rs): where the block's sums would go to y, x[c, o] += sum
-// is stored, the q8_1 of x·w written (xq, xds: [nr, g / 32] units, as ops.cu's
-// add_norm_part writes them) and the block's sum of squares of its rows of x (its units'
-// warp sums, added in unit order) put at part[c·np + tile block] for the GEMV after it
-// (common.cuh `Nrm`, np parts a row). The matrix's rows are g, a whole number of the
-// block's 16·MT (MT ≥ 2, so whole units). x null: none.
-struct Res {
-    float* x;
-    const float* w;
-    i8* xq;
-    float2* xds;
-    double* part;
-    int g, np;
-};
-
 // Blocks an SM the 4-tile kernels (`mvrt_4`, `mvrc_4`) leave registers for: two (≤ 128 a
 // thread; Q1_0's take 96–123). Three (≤ 80) spill 68–84 bytes on Q1_0 (ptxas 13.5) but
 // would fit its 46 KB tiles three an SM; NEAGARI_CUDA_MVRT_MINB=N sets it for measuring.
