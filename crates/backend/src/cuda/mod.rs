@@ -339,8 +339,8 @@ pub struct CudaBackend {
     /// 5.226 ms (H100, same call).
     norm_fold_tile: bool,
     /// Whether the residual add and the norm's first half run inside the 3–8-row `mvrt_*`
-    /// GEMV that makes the add's operand, not as `add_norm_part` (residual.rs), unless
-    /// NEAGARI_CUDA_RES_FOLD=0.
+    /// GEMV that makes the add's operand, not as `add_norm_part` (residual.rs), with
+    /// NEAGARI_CUDA_RES_FOLD=1: off until timed against `add_norm_part` on a GPU.
     res_fold: bool,
     /// … and for one row inside `mvs_R` (32 rows a block), with NEAGARI_CUDA_RES_FOLD_ONE=1.
     res_fold_one: bool,
@@ -670,7 +670,7 @@ impl CudaBackend {
             norm_fold: knob_on("NEAGARI_CUDA_NORM_FOLD"),
             norm_fold_rows: knob_on("NEAGARI_CUDA_NORM_FOLD_ROWS"),
             norm_fold_tile: knob_on("NEAGARI_CUDA_NORM_FOLD_TILE"),
-            res_fold: knob_on("NEAGARI_CUDA_RES_FOLD"),
+            res_fold: knob::<u8>("NEAGARI_CUDA_RES_FOLD") == Some(1),
             res_fold_one: knob::<u8>("NEAGARI_CUDA_RES_FOLD_ONE") == Some(1),
             norm_fold_stream: knob_on("NEAGARI_CUDA_NORM_FOLD_STREAM"),
             mv_int: knob::<String>("NEAGARI_CUDA_MV").as_deref() != Some("float"),

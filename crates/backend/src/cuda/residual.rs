@@ -2,8 +2,9 @@
 //! add's operand (`Addend::Matmul`): the 3–8-row `mvrt_*` launch of `wo · a` (or one row's
 //! `mvs_R`) adds its sums into x itself and writes the q8_1 of x·w and a sum of squares a
 //! block (common.cuh `Res`), so no `add_norm_part` runs between it and the GEMV after,
-//! which finishes the norm from those parts (common.cuh `Nrm`, norm.rs). Unless
-//! NEAGARI_CUDA_RES_FOLD=0; one row only with NEAGARI_CUDA_RES_FOLD_ONE=1.
+//! which finishes the norm from those parts (common.cuh `Nrm`, norm.rs). With
+//! NEAGARI_CUDA_RES_FOLD=1 (and for one row NEAGARI_CUDA_RES_FOLD_ONE=1): off until a GPU
+//! has timed them against `add_norm_part`.
 
 use cudarc::driver::DeviceRepr;
 
@@ -161,12 +162,12 @@ impl CudaBackend {
             && wo.rows == g
             && w.len == g
             && g.is_multiple_of(32);
-        if !(self.res_fold
-            && (n > 1 || self.res_fold_one)
-            && self.norm_fold
-            && self.mv_int
-            && shapes)
-        {
+        let on = if n == 1 {
+            self.res_fold_one
+        } else {
+            self.res_fold
+        };
+        if !(on && self.norm_fold && self.mv_int && shapes) {
             return Ok(None);
         }
         let Some(k) = wo.k.int.as_ref() else {
