@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use neagari_quant::GgmlType;
 
 use super::modules::{self, fmt_module, fmt_structs};
+use super::norm::First;
 use super::{
     attention, cfg1, drv, graph, prefetch, shape_err, CudaBackend, CudaBuf, CudaKv, CudaMat,
     CudaVector,
@@ -221,13 +222,18 @@ impl Backend for CudaBackend {
         ws: &[&CudaMat],
         outs: &mut [&mut CudaBuf],
     ) -> Result<()> {
-        if let Addend::Matmul { w: wo, a, .. } = &y {
-            if self.res_matmul_op((wo, a), x, w, eps, out, ws, outs)? {
-                return Ok(());
+        // The norm's first half inside the GEMV making y, else after it.
+        let y = match y {
+            Addend::Matmul { w: wo, a, y } => {
+                if self.norm_matmul_op(x, First::Gemv(wo, a), w, eps, out, ws, outs)? {
+                    return Ok(());
+                }
+                self.matmul_op(wo, a, y)?;
+                &*y
             }
-        }
-        let y = y.made(self)?;
-        if self.norm_matmul_op(x, y, w, eps, out, ws, outs)? {
+            Addend::Buf(y) => y,
+        };
+        if self.norm_matmul_op(x, First::Add(y), w, eps, out, ws, outs)? {
             return Ok(());
         }
         self.add_rms_norm_op(x, y, w, eps, out)?;
@@ -246,32 +252,18 @@ impl Backend for CudaBackend {
         g: &mut CudaBuf,
         u: &mut CudaBuf,
     ) -> Result<()> {
-        if let Addend::Matmul { w: wo, a, .. } = &y {
-            // As below: the GEMVs apart (then the GLU), or the one launch with the GLU.
-            if self.glu_apart(gate, up, x.rows) {
-                let (gu, uu) = (&mut *g, &mut *u);
-                if self.res_matmul_op((wo, a), x, w, eps, out, &[gate, up], &mut [gu, uu])? {
-                    self.prefetch_op(next);
-                    return self.glu(g, u, act);
+        let glu = (gate, up, next);
+        let y = match y {
+            Addend::Matmul { w: wo, a, y } => {
+                if self.norm_glu_fold(x, First::Gemv(wo, a), w, eps, out, glu, act, g, u)? {
+                    return Ok(());
                 }
-            } else if self.res_glu_op((wo, a), x, w, eps, out, (gate, up), act, g, u)? {
-                self.prefetch_op(next);
-                return Ok(());
+                self.matmul_op(wo, a, y)?;
+                &*y
             }
-        }
-        let y = y.made(self)?;
-        // Where `matmul_glu` would run the GEMVs and the GLU kernel apart: the norm inside
-        // the GEMVs, then the GLU (the hint for the GEMV after it).
-        if self.glu_apart(gate, up, x.rows)
-            && self.norm_matmul_op(x, y, w, eps, out, &[gate, up], &mut [&mut *g, &mut *u])?
-        {
-            self.prefetch_op(next);
-            return self.glu(g, u, act);
-        }
-        // Where one launch takes gate, up and the GLU (3–8 rows' `mvrtg_4`, one row's
-        // `mvsg_R`): the norm inside it, where its knob is on.
-        if self.norm_glu_op(x, y, w, eps, out, (gate, up), act, g, u)? {
-            self.prefetch_op(next);
+            Addend::Buf(y) => y,
+        };
+        if self.norm_glu_fold(x, First::Add(y), w, eps, out, glu, act, g, u)? {
             return Ok(());
         }
         self.add_rms_norm_op(x, y, w, eps, out)?;

@@ -53,108 +53,20 @@ impl ResGemv<'_> {
 }
 
 impl CudaBackend {
-    /// `x += wo · a`, then `add_rms_norm`'s norm of x into `out` and `matmul_multi(ws, out,
-    /// outs)`, with the add inside `wo`'s GEMV and the norm finished inside the one `mvrmt`
-    /// launch over `ws`; `false`: not taken, nothing launched.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn res_matmul_op(
-        &self,
-        prod: (&CudaMat, &CudaBuf),
-        x: &mut CudaBuf,
-        w: &CudaVector,
-        eps: f32,
-        out: &mut CudaBuf,
-        ws: &[&CudaMat],
-        outs: &mut [&mut CudaBuf],
-    ) -> Result<bool> {
-        let (n, g) = (x.rows, x.cols);
-        let Some(k) = ws
-            .first()
-            .and_then(|w0| w0.k.int.as_ref())
-            .filter(|_| ws.len() == outs.len())
-        else {
-            return Ok(false);
-        };
-        // `mvrmt` (the ring reads at most NRM_SMEM parts), one row's `mvs_R`.
-        let fits = || match n {
-            1 => self.norm_fold_stream && self.multi_stream(ws, g),
-            _ => {
-                self.norm_fold_rows
-                    && self.norm_fold_tile
-                    && !self.multi_ring(ws, n, g)
-                    && self.multi_tile(ws, n, g)
-            }
-        };
-        let Some(nrm) = self.res_part(prod, x, w, eps, out, fits)? else {
-            return Ok(false);
-        };
-        self.matmul_multi_int(k, ws, out, outs, Some(nrm))?;
-        self.norm_part_done(out);
-        Ok(true)
-    }
-
-    /// As `res_matmul_op`, the GEMV after it `mvrtg_4` over gate and up with its GLU
-    /// (fused.rs `matmul_glu_rows`), or one row's `mvsg_R` (`matmul_glu_stream`).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn res_glu_op(
-        &self,
-        prod: (&CudaMat, &CudaBuf),
-        x: &mut CudaBuf,
-        w: &CudaVector,
-        eps: f32,
-        out: &mut CudaBuf,
-        (gate, up): (&CudaMat, &CudaMat),
-        act: GluAct,
-        g: &mut CudaBuf,
-        u: &mut CudaBuf,
-    ) -> Result<bool> {
-        let (n, cols) = (x.rows, x.cols);
-        let Some(k) = gate.k.int.as_ref() else {
-            return Ok(false);
-        };
-        let pair = super::fused::glu_pair(gate, up, cols);
-        let fits = || {
-            let launch = match n {
-                1 => self.norm_fold_stream && self.glu_stream_folds(k, gate),
-                _ => {
-                    self.norm_fold_rows
-                        && self.norm_fold_tile
-                        && self.glu_rows_plan(k, gate, up, n).is_some()
-                }
-            };
-            self.fuse && self.mv_int && pair && launch
-        };
-        let Some(nrm) = self.res_part(prod, x, w, eps, out, fits)? else {
-            return Ok(false);
-        };
-        let ran = if n == 1 {
-            self.matmul_glu_stream(k, gate, up, out, act, g, u, Some(nrm))?
-        } else {
-            self.matmul_glu_rows(k, gate, up, out, act, g, u, Some(nrm))?
-        };
-        if !ran {
-            return Err(BackendError::Other(
-                "cuda: a norm folded into a GLU that did not run".into(),
-            ));
-        }
-        self.norm_part_done(out);
-        Ok(true)
-    }
-
     /// The first half: `wo · a` by `mvrt_*` or `mvs_R` with `Res` (x += it, the q8_1 of x·w
     /// in the q8_1 area a's is not in, keyed as `out`'s, a part a block in the norm
     /// scratch), where the fold is on, `a` is 3–8 rows that take `mvrt_*` with the tile one
     /// copy (K whole or split) or one row that takes `mvs_R`, a block's rows are whole
-    /// 32-row units, whole blocks cover x's width, and `then` says the GEMV after takes the
-    /// norm; `None`: nothing launched.
-    fn res_part(
+    /// 32-row units, whole blocks cover x's width, and `then(parts a row)` says the GEMV
+    /// after takes the norm (norm.rs `norm_first`); `None`: nothing launched.
+    pub(super) fn res_part(
         &self,
         (wo, a): (&CudaMat, &CudaBuf),
         x: &mut CudaBuf,
         w: &CudaVector,
         eps: f32,
         out: &mut CudaBuf,
-        then: impl FnOnce() -> bool,
+        then: impl FnOnce(usize) -> bool,
     ) -> Result<Option<NrmArgs>> {
         let (n, g) = (x.rows, x.cols);
         let shapes = (n == 1 || (3..=MV_MAX_ROWS).contains(&n))
@@ -192,7 +104,7 @@ impl CudaBackend {
             return Ok(None);
         }
         let np = g / rows;
-        if n * np > RES_PARTS || !then() {
+        if n * np > RES_PARTS || !then(np) {
             return Ok(None);
         }
         self.reshape(out, n, g)?;
