@@ -78,23 +78,23 @@ impl CudaBackend {
         }
     }
 
-    /// After a GLU launch wrote g (`gp`, n × rows) and u (`up`), and g's q8_1 into the
-    /// second area where `g_q8`: cached quantizations of those addresses are stale.
+    /// After a GLU launch wrote g (`gp`, n × rows) and u (`up`), and g's q8_1 where `g_q8`
+    /// says (Some(in the second area)): cached quantizations of those addresses are stale.
     fn glu_written(
         &self,
         sc: &mut Scratch,
         (gp, up): (u64, u64),
         n: usize,
         rows: usize,
-        g_q8: bool,
+        g_q8: Option<bool>,
     ) {
-        if sc.xq_key.is_some_and(|(p, ..)| p == gp || p == up) {
-            sc.xq_key = None;
+        for key in [&mut sc.xq_key, &mut sc.xq_alt_key] {
+            if key.is_some_and(|(p, ..)| p == gp || p == up) {
+                *key = None;
+            }
         }
-        if g_q8 {
-            sc.xq_alt_key = Some((gp, n, rows, self.gen.load(Ordering::Relaxed)));
-        } else if sc.xq_alt_key.is_some_and(|(p, ..)| p == gp || p == up) {
-            sc.xq_alt_key = None;
+        if let Some(alt) = g_q8 {
+            self.xq_written(sc, gp, n, rows, alt);
         }
     }
 
@@ -208,7 +208,7 @@ impl CudaBackend {
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
             &nr_i, &act_i, &oq, &ods, &cp
         )?;
-        self.glu_written(&mut sc, (gp, up_), n, rows, oq != 0);
+        self.glu_written(&mut sc, (gp, up_), n, rows, (oq != 0).then_some(true));
         Ok(())
     }
 
@@ -294,10 +294,7 @@ impl CudaBackend {
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
             &nr_i, &act_i, &oq, &ods, &bufs_i, &nrm
         )?;
-        self.glu_written(&mut sc, (gp, up_), n, rows, g_alt);
-        if !g_alt {
-            self.xq_written(&mut sc, gp, n, rows, false);
-        }
+        self.glu_written(&mut sc, (gp, up_), n, rows, Some(g_alt));
         Ok(true)
     }
 
@@ -388,10 +385,7 @@ impl CudaBackend {
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
             &k_i, &act_i, &oq, &ods, &nrm
         )?;
-        self.glu_written(&mut sc, (gp, up_), 1, rows, oq != 0 && g_alt);
-        if oq != 0 && !g_alt {
-            self.xq_written(&mut sc, gp, 1, rows, false);
-        }
+        self.glu_written(&mut sc, (gp, up_), 1, rows, (oq != 0).then_some(g_alt));
         Ok(true)
     }
 

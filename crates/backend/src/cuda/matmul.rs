@@ -1212,11 +1212,7 @@ fn mvs_geometry(
     rows: &[usize],
     n_sm: usize,
 ) -> (usize, usize, usize) {
-    let r = match (r, row_bytes / steps.max(1)) {
-        (0, b) if b <= 24 => 8,
-        (0, _) => 4,
-        (r, _) => r,
-    };
+    let r = mvs_chunk_rows(r, steps, row_bytes);
     let fit = (256 / steps.max(1)).max(1);
     let mut k = match kc {
         0 if r == 8 => 3,
@@ -1237,6 +1233,16 @@ fn mvs_geometry(
         gr -= 1;
     }
     (r, k, gr)
+}
+
+/// R of gemv_stream.cu's GEMV where the shape gives `r` (0 picks): 8 rows a chunk for steps
+/// of at most 24 bytes (Q1_0), else 4 (128 bytes of a thread's weight bodies in flight).
+pub(super) fn mvs_chunk_rows(r: usize, steps: usize, row_bytes: usize) -> usize {
+    match (r, row_bytes / steps.max(1)) {
+        (0, b) if b <= 24 => 8,
+        (0, _) => 4,
+        (r, _) => r,
+    }
 }
 
 /// (R, K, G) of gemv_stream.cu's `mvsg_R` over gate/up matrices of rows of `steps` steps

@@ -179,17 +179,13 @@ impl CudaBackend {
         if units != steps * k.step {
             return None;
         }
-        let r = match r0 {
-            0 if row_bytes / steps <= 24 => 8,
-            0 => 4,
-            r => r,
-        };
+        let r = super::matmul::mvs_chunk_rows(r0, steps, row_bytes);
         let fit = 256 / steps;
         let mut gg = (32 / r).max(1);
         while gg > fit {
             gg /= 2;
         }
-        let kc = 32 / (r * gg.max(1));
+        let kc = 32 / (r * gg);
         let (_, func) = k.stream.iter().find(|(s, _)| *s == r)?;
         (r * gg * kc == 32 && steps * gg >= 32).then_some((func, (steps, kc, gg)))
     }
