@@ -173,28 +173,6 @@ pub enum GluAct {
     GeluTanh,
 }
 
-/// What a residual add adds (`Backend::add_rms_norm_matmul`): a buffer made already, or a
-/// block's last projection `w · a` not yet run, which a backend may add into the residual
-/// inside its GEMV. `y` is scratch `[n, x.cols]` for the product; whether the call writes
-/// it is the backend's choice.
-pub enum Addend<'a, M, B> {
-    Buf(&'a B),
-    Matmul { w: &'a M, a: &'a B, y: &'a mut B },
-}
-
-impl<'a, M, B> Addend<'a, M, B> {
-    /// The addend as a buffer, running the projection first where it is one.
-    pub fn made<E: Backend<Mat = M, Buf = B> + ?Sized>(self, be: &E) -> Result<&'a B> {
-        match self {
-            Addend::Buf(y) => Ok(y),
-            Addend::Matmul { w, a, y } => {
-                be.matmul(w, a, y)?;
-                Ok(y)
-            }
-        }
-    }
-}
-
 /// Rotary position embedding of one layer, with ggml's parameters (ggml_rope_ext): the
 /// angle of pair i at position p is `p · freq_scale · base^(−2i/dims)`, blended with the
 /// unscaled angle by YaRN's ramp when `ext_factor` ≠ 0.
@@ -642,21 +620,18 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// `add_rms_norm(x, y, w, eps, out)`, then `matmul_multi(ws, out, outs)`: the norm and the
     /// projections that read it in one call, so a device backend may finish the norm inside
-    /// the GEMVs (the CUDA backend for a decode row of Q4_K), and, where y is a projection
-    /// not yet run ([`Addend::Matmul`]), start it inside that one's GEMV. `out` is written
-    /// either way.
+    /// the GEMVs (the CUDA backend for a decode row of Q4_K). `out` is written either way.
     #[allow(clippy::too_many_arguments)]
     fn add_rms_norm_matmul(
         &self,
         x: &mut Self::Buf,
-        y: Addend<'_, Self::Mat, Self::Buf>,
+        y: &Self::Buf,
         w: &Self::Vector,
         eps: f32,
         out: &mut Self::Buf,
         ws: &[&Self::Mat],
         outs: &mut [&mut Self::Buf],
     ) -> Result<()> {
-        let y = y.made(self)?;
         self.add_rms_norm(x, y, w, eps, out)?;
         self.matmul_multi(ws, out, outs)
     }
@@ -666,7 +641,7 @@ pub trait Backend: Send + Sync + 'static {
     fn add_rms_norm_matmul_glu(
         &self,
         x: &mut Self::Buf,
-        y: Addend<'_, Self::Mat, Self::Buf>,
+        y: &Self::Buf,
         w: &Self::Vector,
         eps: f32,
         out: &mut Self::Buf,
@@ -675,7 +650,6 @@ pub trait Backend: Send + Sync + 'static {
         g: &mut Self::Buf,
         u: &mut Self::Buf,
     ) -> Result<()> {
-        let y = y.made(self)?;
         self.add_rms_norm(x, y, w, eps, out)?;
         self.prefetch(next)?;
         self.matmul_glu(gate, up, out, act, g, u)

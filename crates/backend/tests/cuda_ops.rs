@@ -796,5 +796,3 @@ fn argmax_equals_host_rule_with_ties() {
 // The fused ops' tests (a directory without main.rs: not a test target of its own).
 #[path = "cuda_ops/fused.rs"]
 mod fused;
-#[path = "cuda_ops/residual.rs"]
-mod residual;

@@ -3,7 +3,7 @@
 //! (per-head q/k RMSNorm before NeoX RoPE, explicit head_dim). Pre-norm blocks, GQA,
 //! SwiGLU MLP, optional tied output head and Llama 3.1 `rope_freqs`.
 
-use neagari_backend::{Addend, Attn, Backend, GluAct, KvShape, KvType, QkPrep, Rope};
+use neagari_backend::{Attn, Backend, GluAct, KvShape, KvType, QkPrep, Rope};
 
 use crate::source::{ModelSource, SourceExt};
 use crate::{check_room, CausalLm, ModelError, ModelInfo, OutputHead, Result};
@@ -274,28 +274,22 @@ impl<B: Backend> Llama<B> {
         if let Some(l) = self.layers.first() {
             be.rms_norm(&x, &l.attn_norm, c.eps, &mut xn)?;
         }
-        // The layer before's down projection, run by this layer's input norm's call.
-        let mut down: Option<&B::Mat> = None;
         for (il, l) in self.layers.iter().enumerate() {
-            if let Some(d) = down {
+            if il == 0 {
+                be.matmul_multi(&[&l.wq, &l.wk, &l.wv], &xn, &mut [&mut q, &mut k, &mut v])?;
+            } else {
                 // The residual add of the layer before's output and this layer's input norm,
                 // in one call with the projections that read it (Backend::add_rms_norm_matmul).
                 be.prefetch(&[&l.wq, &l.wk])?;
                 be.add_rms_norm_matmul(
                     &mut x,
-                    Addend::Matmul {
-                        w: d,
-                        a: &gate,
-                        y: &mut o,
-                    },
+                    &o,
                     &l.attn_norm,
                     c.eps,
                     &mut xn,
                     &[&l.wq, &l.wk, &l.wv],
                     &mut [&mut q, &mut k, &mut v],
                 )?;
-            } else {
-                be.matmul_multi(&[&l.wq, &l.wk, &l.wv], &xn, &mut [&mut q, &mut k, &mut v])?;
             }
             for (buf, bias) in [(&mut q, &l.bq), (&mut k, &l.bk), (&mut v, &l.bv)] {
                 if let Some(b) = bias {
@@ -313,15 +307,12 @@ impl<B: Backend> Llama<B> {
             be.attention_block(
                 kv, il, pos0, &mut q, false, &mut k, &v, &prep, &attn, &mut att,
             )?;
+            be.matmul(&l.wo, &att, &mut o)?;
             // Each norm (and the GLU) is told which matrices the GEMV after it reads.
             be.prefetch(&[&l.gate, &l.up])?;
             be.add_rms_norm_matmul_glu(
                 &mut x,
-                Addend::Matmul {
-                    w: &l.wo,
-                    a: &att,
-                    y: &mut o,
-                },
+                &o,
                 &l.ffn_norm,
                 c.eps,
                 &mut xn,
@@ -330,10 +321,9 @@ impl<B: Backend> Llama<B> {
                 &mut gate,
                 &mut up,
             )?;
-            down = Some(&l.down);
+            be.matmul(&l.down, &gate, &mut o)?;
         }
-        if let Some(d) = down {
-            be.matmul(d, &gate, &mut o)?;
+        if !self.layers.is_empty() {
             be.add(&mut x, &o)?;
         }
         be.kv_commit(kv, pos0 + n)?;

@@ -16,8 +16,7 @@
 //! `nextn_predict_layers` blocks) are loaded and kept for speculative decoding.
 
 use neagari_backend::{
-    Addend, Attn, Backend, DeltaNet, GluAct, HeadMap, HostTensor, KvShape, KvType, QkPrep,
-    RecShape, Rope,
+    Attn, Backend, DeltaNet, GluAct, HeadMap, HostTensor, KvShape, KvType, QkPrep, RecShape, Rope,
 };
 
 use crate::source::{ModelSource, SourceExt};
@@ -608,14 +607,14 @@ impl<B: Backend> Qwen35<B> {
         self.cfg.recurrent.iter().filter(|&&r| !r).count()
     }
 
-    fn attn_forward<'a>(
+    fn attn_forward(
         &self,
         be: &B,
         kv: &mut B::Kv,
-        a: &'a AttnW<B>,
+        a: &AttnW<B>,
         pos0: usize,
         inp: NormIn<'_, B>,
-    ) -> Result<BlockOut<'a, B>> {
+    ) -> Result<B::Buf> {
         let c = &self.cfg;
         let nt = inp.rows(be);
         let hd = c.head_dim;
@@ -646,16 +645,18 @@ impl<B: Backend> Qwen35<B> {
         be.attention_block(
             kv, a.kv_layer, pos0, &mut q, a.gated, &mut k, &v, &prep, &attn, &mut att,
         )?;
-        Ok(BlockOut::Matmul(&a.wo, att, be.buf(nt, c.n_embd)?))
+        let mut o = be.buf(nt, c.n_embd)?; // [n, H]
+        be.matmul(&a.wo, &att, &mut o)?;
+        Ok(o)
     }
 
-    fn delta_forward<'a>(
+    fn delta_forward(
         &self,
         be: &B,
         kv: &mut B::Kv,
-        d: &'a DeltaW<B>,
+        d: &DeltaW<B>,
         inp: NormIn<'_, B>,
-    ) -> Result<BlockOut<'a, B>> {
+    ) -> Result<B::Buf> {
         let c = &self.cfg;
         let s = c
             .ssm
@@ -711,15 +712,12 @@ impl<B: Backend> Qwen35<B> {
             c.eps,
             &mut core,
         )?;
-        Ok(BlockOut::Matmul(&d.out, core, be.buf(nt, c.n_embd)?))
+        let mut o = be.buf(nt, c.n_embd)?; // [n, H]
+        be.matmul(&d.out, &core, &mut o)?;
+        Ok(o)
     }
 
-    fn ffn_forward<'a>(
-        &self,
-        be: &B,
-        ffn: &'a Ffn<B>,
-        inp: NormIn<'_, B>,
-    ) -> Result<BlockOut<'a, B>> {
+    fn ffn_forward(&self, be: &B, ffn: &Ffn<B>, inp: NormIn<'_, B>) -> Result<B::Buf> {
         let c = &self.cfg;
         let nt = inp.rows(be);
         let h = c.n_embd;
@@ -729,7 +727,7 @@ impl<B: Backend> Qwen35<B> {
                 let mut g = be.buf(nt, c.n_ff)?; // [n, F]
                 let mut u = be.buf(nt, c.n_ff)?; // [n, F]
                 inp.matmul_glu(be, (gate, up, &[down]), &mut g, &mut u)?;
-                return Ok(BlockOut::Matmul(down, g, o));
+                be.matmul(down, &g, &mut o)?;
             }
             Ffn::Moe {
                 router,
@@ -793,7 +791,7 @@ impl<B: Backend> Qwen35<B> {
                 }
             }
         }
-        Ok(BlockOut::Made(o))
+        Ok(o)
     }
 }
 
@@ -904,7 +902,7 @@ impl<B: Backend> Qwen35<B> {
         be.embed(&self.tok_embd, tokens, 1.0, &mut x)?;
         let mut xn = be.buf(nt, c.n_embd)?; // [n, H]
                                             // The previous layer's FFN output, added to x by this layer's input norm.
-        let mut prev: Option<BlockOut<B>> = None;
+        let mut prev: Option<B::Buf> = None;
         for l in &self.layers {
             // Each norm is told which matrices the GEMV after it reads (Backend::prefetch).
             if prev.is_some() {
@@ -915,12 +913,12 @@ impl<B: Backend> Qwen35<B> {
             }
             let inp = NormIn {
                 x: &mut x,
-                add: prev.as_mut().map(BlockOut::addend),
+                add: prev.as_ref(),
                 w: &l.attn_norm,
                 eps: c.eps,
                 xn: &mut xn,
             };
-            let mut o = match &l.mixer {
+            let o = match &l.mixer {
                 Mixer::Attn(a) => self.attn_forward(be, kv, a, pos0, inp)?,
                 Mixer::Delta(d) => self.delta_forward(be, kv, d, inp)?,
             };
@@ -929,35 +927,18 @@ impl<B: Backend> Qwen35<B> {
             }
             let inp = NormIn {
                 x: &mut x,
-                add: Some(o.addend()),
+                add: Some(&o),
                 w: &l.post_norm,
                 eps: c.eps,
                 xn: &mut xn,
             };
             prev = Some(self.ffn_forward(be, &l.ffn, inp)?);
         }
-        if let Some(mut o) = prev {
-            be.add(&mut x, o.addend().made(be)?)?;
+        if let Some(o) = prev {
+            be.add(&mut x, &o)?;
         }
         be.kv_commit(kv, pos0 + nt)?;
         Ok(x)
-    }
-}
-
-/// A block's output before the residual add: its last projection `w · a` not yet run (with
-/// the scratch for its product), which the next norm's call runs (`Addend::Matmul`: a
-/// backend may add it into x inside the GEMV), or a buffer made already (the MoE).
-enum BlockOut<'w, B: Backend> {
-    Matmul(&'w B::Mat, B::Buf, B::Buf),
-    Made(B::Buf),
-}
-
-impl<B: Backend> BlockOut<'_, B> {
-    fn addend(&mut self) -> Addend<'_, B::Mat, B::Buf> {
-        match self {
-            BlockOut::Matmul(w, a, y) => Addend::Matmul { w, a, y },
-            BlockOut::Made(y) => Addend::Buf(y),
-        }
     }
 }
 
@@ -966,7 +947,7 @@ impl<B: Backend> BlockOut<'_, B> {
 /// (`Backend::add_rms_norm_matmul`), so a backend may finish the norm inside them.
 struct NormIn<'a, B: Backend> {
     x: &'a mut B::Buf,
-    add: Option<Addend<'a, B::Mat, B::Buf>>,
+    add: Option<&'a B::Buf>,
     w: &'a B::Vector,
     eps: f32,
     xn: &'a mut B::Buf,
@@ -1021,7 +1002,7 @@ impl<'a, B: Backend> NormIn<'a, B> {
     /// xn itself, for readers other than one projection call (the MoE's router and experts).
     fn normed(self, be: &B) -> Result<&'a B::Buf> {
         match self.add {
-            Some(y) => be.add_rms_norm(self.x, y.made(be)?, self.w, self.eps, self.xn)?,
+            Some(y) => be.add_rms_norm(self.x, y, self.w, self.eps, self.xn)?,
             None => be.rms_norm(self.x, self.w, self.eps, self.xn)?,
         }
         Ok(self.xn)

@@ -7,14 +7,13 @@ use std::sync::atomic::Ordering;
 use neagari_quant::GgmlType;
 
 use super::modules::{self, fmt_module, fmt_structs};
-use super::norm::First;
 use super::{
     attention, cfg1, drv, graph, prefetch, shape_err, CudaBackend, CudaBuf, CudaKv, CudaMat,
     CudaVector,
 };
 use crate::{
-    Addend, Attn, Backend, BackendError, DeltaNet, GluAct, HostTensor, KvShape, KvType, Penalties,
-    QkPrep, RecShape, Result, Rope,
+    Attn, Backend, BackendError, DeltaNet, GluAct, HostTensor, KvShape, KvType, Penalties, QkPrep,
+    RecShape, Result, Rope,
 };
 
 impl Backend for CudaBackend {
@@ -215,25 +214,14 @@ impl Backend for CudaBackend {
     fn add_rms_norm_matmul(
         &self,
         x: &mut CudaBuf,
-        y: Addend<'_, CudaMat, CudaBuf>,
+        y: &CudaBuf,
         w: &CudaVector,
         eps: f32,
         out: &mut CudaBuf,
         ws: &[&CudaMat],
         outs: &mut [&mut CudaBuf],
     ) -> Result<()> {
-        // The norm's first half inside the GEMV making y, else after it.
-        let y = match y {
-            Addend::Matmul { w: wo, a, y } => {
-                if self.norm_matmul_op(x, First::Gemv(wo, a), w, eps, out, ws, outs)? {
-                    return Ok(());
-                }
-                self.matmul_op(wo, a, y)?;
-                &*y
-            }
-            Addend::Buf(y) => y,
-        };
-        if self.norm_matmul_op(x, First::Add(y), w, eps, out, ws, outs)? {
+        if self.norm_matmul_op(x, y, w, eps, out, ws, outs)? {
             return Ok(());
         }
         self.add_rms_norm_op(x, y, w, eps, out)?;
@@ -243,7 +231,7 @@ impl Backend for CudaBackend {
     fn add_rms_norm_matmul_glu(
         &self,
         x: &mut CudaBuf,
-        y: Addend<'_, CudaMat, CudaBuf>,
+        y: &CudaBuf,
         w: &CudaVector,
         eps: f32,
         out: &mut CudaBuf,
@@ -252,18 +240,18 @@ impl Backend for CudaBackend {
         g: &mut CudaBuf,
         u: &mut CudaBuf,
     ) -> Result<()> {
-        let glu = (gate, up, next);
-        let y = match y {
-            Addend::Matmul { w: wo, a, y } => {
-                if self.norm_glu_fold(x, First::Gemv(wo, a), w, eps, out, glu, act, g, u)? {
-                    return Ok(());
-                }
-                self.matmul_op(wo, a, y)?;
-                &*y
-            }
-            Addend::Buf(y) => y,
-        };
-        if self.norm_glu_fold(x, First::Add(y), w, eps, out, glu, act, g, u)? {
+        // Where `matmul_glu` would run the GEMVs and the GLU kernel apart: the norm inside
+        // the GEMVs, then the GLU (the hint for the GEMV after it).
+        if self.glu_apart(gate, up, x.rows)
+            && self.norm_matmul_op(x, y, w, eps, out, &[gate, up], &mut [&mut *g, &mut *u])?
+        {
+            self.prefetch_op(next);
+            return self.glu(g, u, act);
+        }
+        // Where one launch takes gate, up and the GLU (3–8 rows' `mvrtg_4`, one row's
+        // `mvsg_R`): the norm inside it, where its knob is on.
+        if self.norm_glu_op(x, y, w, eps, out, (gate, up), act, g, u)? {
+            self.prefetch_op(next);
             return Ok(());
         }
         self.add_rms_norm_op(x, y, w, eps, out)?;

@@ -28,12 +28,7 @@ fn glu_act_code(act: GluAct) -> i32 {
 impl CudaBackend {
     /// A second q8_1 area (see [`Scratch::xq_alt`]) for up to `MV_MAX_ROWS` rows of
     /// `units`, grown if needed: the addresses of its codes and pairs for `rows` rows.
-    pub(super) fn xq_alt_reserve(
-        &self,
-        sc: &mut Scratch,
-        rows: usize,
-        units: usize,
-    ) -> Result<(u64, u64)> {
+    fn xq_alt_reserve(&self, sc: &mut Scratch, rows: usize, units: usize) -> Result<(u64, u64)> {
         // Room for MV_MAX_ROWS rows of `units`.
         let need = MV_MAX_ROWS * units * 40;
         let p = self.q8_1_area(&mut sc.xq_alt, &mut sc.xq_alt_key, need, "second ")?;
@@ -42,59 +37,27 @@ impl CudaBackend {
 
     /// Whether x's q8_1 (at `qp`) is in the second area: a GLU kernel may not write g's
     /// there then, since it would overwrite x's while it is read.
-    pub(super) fn x_in_alt(&self, sc: &Scratch, qp: u64) -> bool {
+    fn x_in_alt(&self, sc: &Scratch, qp: u64) -> bool {
         sc.xq_alt.as_ref().is_some_and(|b| self.dptr(b) == qp)
     }
 
-    /// Room for the q8_1 of `rows` × `units` in the area the input's (at `qp`) is not in,
-    /// so a kernel may write it while it reads the input's: its (codes, pairs) and whether
-    /// it is the second area.
-    pub(super) fn xq_other(
-        &self,
-        sc: &mut Scratch,
-        qp: u64,
-        rows: usize,
-        units: usize,
-    ) -> Result<((u64, u64), bool)> {
-        Ok(if self.x_in_alt(sc, qp) {
-            (self.xq_reserve(sc, rows, units)?, false)
-        } else {
-            (self.xq_alt_reserve(sc, rows, units)?, true)
-        })
-    }
-
-    /// After a kernel wrote the q8_1 of `n` × `cols` at `op` into the second area (`alt`)
-    /// or the first: that area's key names it, the other's no longer may.
-    pub(super) fn xq_written(&self, sc: &mut Scratch, op: u64, n: usize, cols: usize, alt: bool) {
-        let key = Some((op, n, cols, self.gen.load(Ordering::Relaxed)));
-        let (mine, other) = if alt {
-            (&mut sc.xq_alt_key, &mut sc.xq_key)
-        } else {
-            (&mut sc.xq_key, &mut sc.xq_alt_key)
-        };
-        *mine = key;
-        if other.is_some_and(|(p, ..)| p == op) {
-            *other = None;
-        }
-    }
-
-    /// After a GLU launch wrote g (`gp`, n × rows) and u (`up`), and g's q8_1 where `g_q8`
-    /// says (Some(in the second area)): cached quantizations of those addresses are stale.
+    /// After a GLU launch wrote g (`gp`, n × rows) and u (`up`), and g's q8_1 into the
+    /// second area where `g_q8`: cached quantizations of those addresses are stale.
     fn glu_written(
         &self,
         sc: &mut Scratch,
         (gp, up): (u64, u64),
         n: usize,
         rows: usize,
-        g_q8: Option<bool>,
+        g_q8: bool,
     ) {
-        for key in [&mut sc.xq_key, &mut sc.xq_alt_key] {
-            if key.is_some_and(|(p, ..)| p == gp || p == up) {
-                *key = None;
-            }
+        if sc.xq_key.is_some_and(|(p, ..)| p == gp || p == up) {
+            sc.xq_key = None;
         }
-        if let Some(alt) = g_q8 {
-            self.xq_written(sc, gp, n, rows, alt);
+        if g_q8 {
+            sc.xq_alt_key = Some((gp, n, rows, self.gen.load(Ordering::Relaxed)));
+        } else if sc.xq_alt_key.is_some_and(|(p, ..)| p == gp || p == up) {
+            sc.xq_alt_key = None;
         }
     }
 
@@ -208,7 +171,7 @@ impl CudaBackend {
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
             &nr_i, &act_i, &oq, &ods, &cp
         )?;
-        self.glu_written(&mut sc, (gp, up_), n, rows, (oq != 0).then_some(true));
+        self.glu_written(&mut sc, (gp, up_), n, rows, oq != 0);
         Ok(())
     }
 
@@ -256,11 +219,18 @@ impl CudaBackend {
         let units = cols.div_ceil(32);
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let (qp, dsp) = self.xq_input(&mut sc, k, x, cols)?;
+        // g's q8_1 goes to the second area.
+        if self.x_in_alt(&sc, qp) {
+            if nrm.is_some() {
+                return Err(BackendError::Other(
+                    "cuda: a norm folded into a GLU whose input is in the second area".into(),
+                ));
+            }
+            return Ok(false);
+        }
         self.reshape(g, n, rows)?;
         self.reshape(u, n, rows)?;
-        // g's q8_1 goes to the area x's is not in (the first where the GEMV before wrote x's
-        // into the second: residual.rs).
-        let ((oq, ods), g_alt) = self.xq_other(&mut sc, qp, n, rows / 32)?;
+        let (oq, ods) = self.xq_alt_reserve(&mut sc, n, rows / 32)?;
         // A block a tile block, or (glu_loop) fewer blocks taking several each, two tiles
         // of shared memory where they fit (MVR_TMA_MAX is the kernel's limit).
         let nblk = rows / 32;
@@ -294,7 +264,7 @@ impl CudaBackend {
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
             &nr_i, &act_i, &oq, &ods, &bufs_i, &nrm
         )?;
-        self.glu_written(&mut sc, (gp, up_), n, rows, Some(g_alt));
+        self.glu_written(&mut sc, (gp, up_), n, rows, true);
         Ok(true)
     }
 
@@ -354,11 +324,11 @@ impl CudaBackend {
         self.reshape(u, 1, rows)?;
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let (qp, dsp) = self.xq_input(&mut sc, k, x, cols)?;
-        // The down projection's q8_1 input, in the area x's is not in.
-        let ((oq, ods), g_alt) = if rows.is_multiple_of(32) {
-            self.xq_other(&mut sc, qp, 1, rows / 32)?
+        // The down projection's q8_1 input.
+        let (oq, ods) = if rows.is_multiple_of(32) && !self.x_in_alt(&sc, qp) {
+            self.xq_alt_reserve(&mut sc, 1, rows / 32)?
         } else {
-            ((0, 0), true)
+            (0, 0)
         };
         if nrm.is_some() && !super::norm::stage_fits(blocks, steps * gg, cols) {
             return Err(BackendError::Other(
@@ -385,7 +355,7 @@ impl CudaBackend {
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
             &k_i, &act_i, &oq, &ods, &nrm
         )?;
-        self.glu_written(&mut sc, (gp, up_), 1, rows, (oq != 0).then_some(g_alt));
+        self.glu_written(&mut sc, (gp, up_), 1, rows, oq != 0);
         Ok(true)
     }
 

@@ -628,11 +628,9 @@ impl CudaBackend {
                         &rows_i, &units_i, &nr_i, &parts, &pu, &pb, &slots, &ks
                     )?;
                 } else {
-                    // No residual (`Res` zeros: the sums go to y).
-                    let res = super::residual::ResArgs::default();
                     launch!(
                         @keep_cluster clu, self, func, cfg, &wp, &xr, &dr, &orr,
-                        &rows_i, &units_i, &rb, &nr_i, &parts, &pu, &pb, &ks, &res
+                        &rows_i, &units_i, &rb, &nr_i, &parts, &pu, &pb, &ks
                     )?;
                 }
             } else {
@@ -1173,8 +1171,6 @@ impl CudaBackend {
         let per_block = g * r * kc;
         let (units_i, rb, k_i) = (units as i32, row_bytes as i64, kc as i32);
         let nrm = nrm.unwrap_or_default();
-        // No residual (`Res` zeros: the sums go to y).
-        let res = super::residual::ResArgs::default();
         for c in mats.chunks(4) {
             let a = MultiArgs::new(c, per_block);
             let cfg = LaunchConfig {
@@ -1185,7 +1181,7 @@ impl CudaBackend {
             launch!(
                 @keep self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1],
                 &a.y[2], &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2], &a.rows[3], &a.starts[1],
-                &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &rb, &k_i, &nrm, &res
+                &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &rb, &k_i, &nrm
             )?;
         }
         Ok(true)
@@ -1212,7 +1208,11 @@ fn mvs_geometry(
     rows: &[usize],
     n_sm: usize,
 ) -> (usize, usize, usize) {
-    let r = mvs_chunk_rows(r, steps, row_bytes);
+    let r = match (r, row_bytes / steps.max(1)) {
+        (0, b) if b <= 24 => 8,
+        (0, _) => 4,
+        (r, _) => r,
+    };
     let fit = (256 / steps.max(1)).max(1);
     let mut k = match kc {
         0 if r == 8 => 3,
@@ -1233,16 +1233,6 @@ fn mvs_geometry(
         gr -= 1;
     }
     (r, k, gr)
-}
-
-/// R of gemv_stream.cu's GEMV where the shape gives `r` (0 picks): 8 rows a chunk for steps
-/// of at most 24 bytes (Q1_0), else 4 (128 bytes of a thread's weight bodies in flight).
-pub(super) fn mvs_chunk_rows(r: usize, steps: usize, row_bytes: usize) -> usize {
-    match (r, row_bytes / steps.max(1)) {
-        (0, b) if b <= 24 => 8,
-        (0, _) => 4,
-        (r, _) => r,
-    }
 }
 
 /// (R, K, G) of gemv_stream.cu's `mvsg_R` over gate/up matrices of rows of `steps` steps

@@ -338,12 +338,6 @@ pub struct CudaBackend {
     /// NEAGARI_CUDA_NORM_FOLD_TILE=0: the 27B Q1_0's 8-row greedy step 5.336 / 5.339 →
     /// 5.226 ms (H100, same call).
     norm_fold_tile: bool,
-    /// Whether the residual add and the norm's first half run inside the 3–8-row `mvrt_*`
-    /// GEMV that makes the add's operand, not as `add_norm_part` (residual.rs), with
-    /// NEAGARI_CUDA_RES_FOLD=1: off until timed against `add_norm_part` on a GPU.
-    res_fold: bool,
-    /// … and for one row inside `mvs_R` (32 rows a block), with NEAGARI_CUDA_RES_FOLD_ONE=1.
-    res_fold_one: bool,
     /// A decode row's norm finished inside the streaming GEMV (`mvs_R`, `mvsg_R`: the Q1_0 and
     /// TQ2_0 decode step), unless NEAGARI_CUDA_NORM_FOLD_STREAM=0: 27B tg64 TQ2_0 228.7 /
     /// 228.7 → 233.1 / 231.9, Q1_0's one-token step 3.424 → 3.417 ms (H100, same call).
@@ -560,7 +554,6 @@ mod matmul;
 mod norm;
 mod prefetch;
 mod repack;
-mod residual;
 
 fn cfg1(n: usize, block: u32) -> LaunchConfig {
     LaunchConfig {
@@ -670,8 +663,6 @@ impl CudaBackend {
             norm_fold: knob_on("NEAGARI_CUDA_NORM_FOLD"),
             norm_fold_rows: knob_on("NEAGARI_CUDA_NORM_FOLD_ROWS"),
             norm_fold_tile: knob_on("NEAGARI_CUDA_NORM_FOLD_TILE"),
-            res_fold: knob::<u8>("NEAGARI_CUDA_RES_FOLD") == Some(1),
-            res_fold_one: knob::<u8>("NEAGARI_CUDA_RES_FOLD_ONE") == Some(1),
             norm_fold_stream: knob_on("NEAGARI_CUDA_NORM_FOLD_STREAM"),
             mv_int: knob::<String>("NEAGARI_CUDA_MV").as_deref() != Some("float"),
             fuse: knob_on("NEAGARI_CUDA_FUSE"),

@@ -33,23 +33,8 @@ pub(super) fn stage_fits(blocks: usize, threads: usize, cols: usize) -> bool {
     blocks >= cols / 32 && threads >= 32
 }
 
-/// Where a folded norm's first half (the residual add, the parts of each row's sum of
-/// squares, the q8_1 of x·w) runs: `add_norm_part` after y is made (`Add(y)`), or inside the
-/// GEMV that makes y = w·a (`Gemv(w, a)`: residual.rs).
-#[derive(Clone, Copy)]
-pub(super) enum First<'a> {
-    Add(&'a CudaBuf),
-    Gemv(&'a CudaMat, &'a CudaBuf),
-}
-
 impl NrmArgs {
-    pub(super) fn new(
-        part: u64,
-        (x, w, out): (u64, u64, u64),
-        np: usize,
-        g: usize,
-        eps: f32,
-    ) -> Self {
+    fn new(part: u64, (x, w, out): (u64, u64, u64), np: usize, g: usize, eps: f32) -> Self {
         Self {
             part,
             x,
@@ -116,15 +101,15 @@ impl CudaBackend {
     }
 
     /// The device addresses of the decode-row norms' scratch (allocated on first use): the
-    /// blocks' sums of squares `[NORM_ROW_BLOCKS]` f64 (or a folded residual's parts,
-    /// residual.rs `RES_PARTS`) and `add_rms_norm_row`'s barrier (two u32).
-    pub(super) fn norm_scratch(&self, sc: &mut Scratch) -> Result<(u64, u64)> {
+    /// blocks' sums of squares `[NORM_ROW_BLOCKS]` f64 and `add_rms_norm_row`'s barrier
+    /// (two u32).
+    fn norm_scratch(&self, sc: &mut Scratch) -> Result<(u64, u64)> {
         if sc.norm_part.is_none() || sc.norm_cnt.is_none() {
             self.check_alloc("the norm scratch")?;
             self.scratch_moved();
             sc.norm_part = Some(
                 self.stream
-                    .alloc_zeros::<f64>(NORM_ROW_BLOCKS.max(super::residual::RES_PARTS))
+                    .alloc_zeros::<f64>(NORM_ROW_BLOCKS)
                     .map_err(drv)?,
             );
             sc.norm_cnt = Some(self.stream.alloc_zeros::<u32>(2).map_err(drv)?);
@@ -150,19 +135,18 @@ impl CudaBackend {
 
     /// `add_rms_norm` then `matmul_multi(ws, out, outs)` of a decode row with the norm
     /// finished inside the GEMV (common.cuh's `Nrm`): `add_norm_part` adds, stores x, writes
-    /// the q8_1 of x·w and each block's sum of squares, without the blocks meeting (or the
-    /// GEMV making y does: `first`); the one `mvqm1x4u` launch over `ws` scales its sums by
-    /// 1/rms and writes `out`. Taken where `add_rms_norm` would run `add_rms_norm_cl` and
-    /// `matmul_multi` one `mvqm1x4u` launch (matmul.rs `multi_half`), unless
-    /// NEAGARI_CUDA_NORM_FOLD=0; `false`: not taken, nothing launched. `add_norm_part` has
-    /// the cluster's blocks and threads, so the row's total, 1/rms and `out` are its bits;
-    /// the GEMV's sums differ from the separate ops' in the last places (x·w is quantized,
-    /// not x·w/rms).
+    /// the q8_1 of x·w and each block's sum of squares, without the blocks meeting; the one
+    /// `mvqm1x4u` launch over `ws` scales its sums by 1/rms and writes `out`. Taken where
+    /// `add_rms_norm` would run `add_rms_norm_cl` and `matmul_multi` one `mvqm1x4u` launch
+    /// (matmul.rs `multi_half`), unless NEAGARI_CUDA_NORM_FOLD=0; `false`: not taken,
+    /// nothing launched. `add_norm_part` has the cluster's blocks and threads, so the row's
+    /// total, 1/rms and `out` are its bits; the GEMV's sums differ from the separate ops' in
+    /// the last places (x·w is quantized, not x·w/rms).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn norm_matmul_op(
         &self,
         x: &mut CudaBuf,
-        first: First,
+        y: &CudaBuf,
         w: &CudaVector,
         eps: f32,
         out: &mut CudaBuf,
@@ -170,27 +154,22 @@ impl CudaBackend {
         outs: &mut [&mut CudaBuf],
     ) -> Result<bool> {
         let (n, g) = (x.rows, x.cols);
-        // Given np parts a row. One row: `mvqm1x4u`, whose first g / 32 blocks write the
-        // normed row (a part a lane, at most 32), and `mvs_R` (NrmStage) unless
-        // NEAGARI_CUDA_NORM_FOLD_STREAM=0; 3–8 rows (a verify) unless
-        // NEAGARI_CUDA_NORM_FOLD_ROWS=0: the ring GEMV `mvrmq` (its warps hold the n·np
+        // One row: `mvqm1x4u`, whose first g / 32 blocks write the normed row, and `mvs_R`
+        // (NrmStage) unless NEAGARI_CUDA_NORM_FOLD_STREAM=0; 3–8 rows (a verify) unless
+        // NEAGARI_CUDA_NORM_FOLD_ROWS=0: the ring GEMV `mvrmq` (its warps hold the n·cl
         // parts, at most NORM_ROW_BLOCKS; every warp writes its share, gemv_rows.cu
-        // `mvr_norm_*`), and, where the ring does not run, `mvrmt` unless
-        // NEAGARI_CUDA_NORM_FOLD_TILE=0.
-        let gemv = |np: usize| match n {
+        // `mvr_norm_*`), and `mvrmt` unless NEAGARI_CUDA_NORM_FOLD_TILE=0.
+        let gemv = |cl: usize| match n {
             1 => {
-                (np <= 32
-                    && self.multi_half(ws, 1, g)
+                (self.multi_half(ws, 1, g)
                     && ws.iter().map(|w| w.rows).sum::<usize>().div_ceil(4) >= g / 32)
                     || (self.norm_fold_stream && self.multi_stream(ws, g))
             }
             _ => {
                 self.norm_fold_rows
-                    && if self.multi_ring(ws, n, g) {
-                        n * np <= NORM_ROW_BLOCKS
-                    } else {
-                        self.norm_fold_tile && self.multi_tile(ws, n, g)
-                    }
+                    && n * cl <= NORM_ROW_BLOCKS
+                    && (self.multi_ring(ws, n, g)
+                        || (self.norm_fold_tile && self.multi_tile(ws, n, g)))
             }
         };
         let Some(k) = ws
@@ -200,44 +179,12 @@ impl CudaBackend {
         else {
             return Ok(false);
         };
-        let Some(nrm) = self.norm_first(first, x, w, eps, out, gemv)? else {
+        let Some(nrm) = self.norm_part(x, y, w, eps, out, gemv)? else {
             return Ok(false);
         };
         self.matmul_multi_int(k, ws, out, outs, Some(nrm))?;
         self.norm_part_done(out);
         Ok(true)
-    }
-
-    /// `add_rms_norm_matmul_glu`'s folds of the norm, its first half where `first` says:
-    /// where `matmul_glu` would run the GEMVs and the GLU kernel apart, the norm inside the
-    /// GEMVs, then the GLU; where one launch takes gate, up and the GLU (3–8 rows' `mvrtg_4`,
-    /// one row's `mvsg_R`), inside it. Then the hint for `next`, the GEMV after. `false`:
-    /// not taken, nothing launched.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn norm_glu_fold(
-        &self,
-        x: &mut CudaBuf,
-        first: First,
-        w: &CudaVector,
-        eps: f32,
-        out: &mut CudaBuf,
-        (gate, up, next): (&CudaMat, &CudaMat, &[&CudaMat]),
-        act: GluAct,
-        g: &mut CudaBuf,
-        u: &mut CudaBuf,
-    ) -> Result<bool> {
-        if self.glu_apart(gate, up, x.rows)
-            && self.norm_matmul_op(x, first, w, eps, out, &[gate, up], &mut [&mut *g, &mut *u])?
-        {
-            self.prefetch_op(next);
-            crate::Backend::glu(self, g, u, act)?;
-            return Ok(true);
-        }
-        if self.norm_glu_op(x, first, w, eps, out, (gate, up), act, g, u)? {
-            self.prefetch_op(next);
-            return Ok(true);
-        }
-        Ok(false)
     }
 
     /// `add_rms_norm` then `matmul_glu(gate, up, out, act, g, u)` with the norm finished
@@ -249,7 +196,7 @@ impl CudaBackend {
     pub(super) fn norm_glu_op(
         &self,
         x: &mut CudaBuf,
-        first: First,
+        y: &CudaBuf,
         w: &CudaVector,
         eps: f32,
         out: &mut CudaBuf,
@@ -264,18 +211,18 @@ impl CudaBackend {
         };
         // matmul_glu_op's way to those launches.
         let pair = super::fused::glu_pair(gate, up, cols);
-        // Any number of parts (NrmStage, `mvr_norm_*`).
-        let fits = |_np: usize| {
+        let fits = |cl: usize| {
             let launch = if n == 1 {
                 self.norm_fold_stream && self.glu_stream_folds(k, gate)
             } else {
                 self.norm_fold_rows
                     && self.norm_fold_tile
+                    && n * cl <= NORM_ROW_BLOCKS
                     && self.glu_rows_plan(k, gate, up, n).is_some()
             };
             self.fuse && self.mv_int && pair && launch
         };
-        let Some(nrm) = self.norm_first(first, x, w, eps, out, fits)? else {
+        let Some(nrm) = self.norm_part(x, y, w, eps, out, fits)? else {
             return Ok(false);
         };
         let ran = if n == 1 {
@@ -290,23 +237,6 @@ impl CudaBackend {
         }
         self.norm_part_done(out);
         Ok(true)
-    }
-
-    /// The first half of a folded norm where `first` says, `gemv(parts a row)` saying the
-    /// GEMV after takes it; `None`: nothing launched.
-    fn norm_first(
-        &self,
-        first: First,
-        x: &mut CudaBuf,
-        w: &CudaVector,
-        eps: f32,
-        out: &mut CudaBuf,
-        gemv: impl FnOnce(usize) -> bool,
-    ) -> Result<Option<NrmArgs>> {
-        match first {
-            First::Add(y) => self.norm_part(x, y, w, eps, out, gemv),
-            First::Gemv(wo, a) => self.res_part((wo, a), x, w, eps, out, gemv),
-        }
     }
 
     /// The first half of a folded norm: `add_norm_part` over x's rows (x += y, the parts of
@@ -365,7 +295,7 @@ impl CudaBackend {
 
     /// After the GEMV of a folded norm: the q8_1 `norm_part` left is of x·w, not of `out`
     /// (which the GEMV wrote), so no later matmul of out may take it.
-    pub(super) fn norm_part_done(&self, out: &CudaBuf) {
+    fn norm_part_done(&self, out: &CudaBuf) {
         let op = self.dptr(&out.data);
         let mut sc = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if sc.xq_key.is_some_and(|(p, ..)| p == op) {

@@ -8,7 +8,7 @@ use crate::cuda_common::{
     upload, vector,
 };
 use neagari_backend::cuda::CudaBackend;
-use neagari_backend::{Addend, Attn, Backend, GluAct, HostTensor, KvShape, KvType, QkPrep, Rope};
+use neagari_backend::{Attn, Backend, GluAct, HostTensor, KvShape, KvType, QkPrep, Rope};
 use neagari_quant::GgmlType;
 use rand::rngs::StdRng;
 
@@ -384,16 +384,8 @@ fn norm_then_matmul<B: Backend>(
     let mut outs: Vec<B::Buf> = mats.iter().map(|_| be.buf(1, 1).unwrap()).collect();
     let mut orefs: Vec<&mut B::Buf> = outs.iter_mut().collect();
     if one_call {
-        be.add_rms_norm_matmul(
-            &mut xb,
-            Addend::Buf(&yb),
-            &wv,
-            1e-6,
-            &mut xn,
-            &refs,
-            &mut orefs,
-        )
-        .unwrap();
+        be.add_rms_norm_matmul(&mut xb, &yb, &wv, 1e-6, &mut xn, &refs, &mut orefs)
+            .unwrap();
     } else {
         be.add_rms_norm(&mut xb, &yb, &wv, 1e-6, &mut xn).unwrap();
         be.matmul_multi(&refs, &xn, &mut orefs).unwrap();
@@ -524,7 +516,7 @@ fn norm_folded_into_gemv() {
                 if one_call {
                     be.add_rms_norm_matmul_glu(
                         &mut xb,
-                        Addend::Buf(&yb),
+                        &yb,
                         &wv,
                         1e-6,
                         &mut xn,

@@ -45,14 +45,6 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// A warp's sum of one double a lane, the same tree in every lane (so every lane has the
-// same bits).
-__device__ __forceinline__ double warp_sum_d(double v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 #define NEG_INF __int_as_float(0xff800000)
 
 // q8_1 of one 32-value unit held one value per lane: int8 codes q = round(v / d) with
@@ -182,22 +174,6 @@ struct Nrm {
     int np, g;
     float eps;
 };
-// The residual add and a decode norm's first half finished by the GEMV that makes the
-// add's operand (cuda/residual.rs): where its sums would go to y, x[c, o] += sum is
-// stored, the q8_1 of x·w written (xq, xds: [rows, g / 32] units, as ops.cu's
-// add_norm_part writes them) and a sum of squares of x a block put at part[c·np + block]
-// for the GEMV after it (`Nrm`, np parts a row): the 3–8-row `mvrt_*` (gemv_rows.cu
-// `res_finish`, a block's rows a whole number of units) and the one-row `mvs_R` (32 rows a
-// block, gemv_stream.cu). x null: none.
-struct Res {
-    float* x;
-    const float* w;
-    i8* xq;
-    float2* xds;
-    double* part;
-    int g, np;
-};
-
 // Lane b (< np) of the calling warp holds part[b]; every lane gets 1/rms.
 __device__ __forceinline__ float nrm_scale(const Nrm& n, double mine) {
     double t = 0.0;
@@ -232,16 +208,14 @@ __device__ __forceinline__ void cp_async_wait() {
 // the row's parts and, in block b < g / 32, values 32b .. 32b + 31 of x and w into shared
 // memory once the kernel before is done (`issue`, no registers through the loop), then after
 // the loop makes 1/rms (`finish`, nrm_scale's arithmetic) for the block's row sums, and
-// writes those values of the normed row (`out`), as `mvq_split` does with Nrm. More than 32
-// parts (a part a block of the GEMV before: `Res`): none is copied, and `finish` has lane b
-// add parts b, b + 32, … from global memory, then warp_sum_d.
+// writes those values of the normed row (`out`), as `mvq_split` does with Nrm.
 struct NrmStage {
     double part[32];
     float x[32], w[32];
     float inv;
     __device__ __forceinline__ void issue(const Nrm& n, int tid) {
         if (!n.part || tid >= 32) return;
-        if (n.np <= 32 && tid < n.np) cp_async<8>(&part[tid], n.part + tid);
+        if (tid < n.np) cp_async<8>(&part[tid], n.part + tid);
         const int o = blockIdx.x * 32 + tid;
         if (o < n.g) {
             cp_async<4>(&x[tid], n.x + o);
@@ -253,14 +227,7 @@ struct NrmStage {
         if (!n.part || tid >= 32) return;
         cp_async_wait();
         __syncwarp();
-        float r;
-        if (n.np <= 32) {
-            r = nrm_scale(n, tid < n.np ? part[tid] : 0.0);
-        } else {
-            double t = 0.0;
-            for (int b = tid; b < n.np; b += 32) t += __ldcg(n.part + b);
-            r = 1.0f / sqrtf((float)(warp_sum_d(t) / (double)n.g) + n.eps);
-        }
+        const float r = nrm_scale(n, tid < n.np ? part[tid] : 0.0);
         if (tid == 0) inv = r;
     }
     // After that barrier.

@@ -698,10 +698,11 @@ struct MvrbAct {
 
 // A K split's meeting: part q's sum k of tile i is ld(i, k, q); warp w adds tiles w, w + nw,
 // …, every part's four sums asked for before the first is added (one at a time they were
-// 4·parts distributed-memory round trips), then added in rank order, and stored by
-// st(tile, k, sum) (mvrb_finish's: to y, or kept for `Res`).
-template <int MT, class Ld, class St>
-__device__ __forceinline__ void mvrb_parts_sum(Ld ld, St st, int parts, int warp, int nw) {
+// 4·parts distributed-memory round trips), then added in rank order, and stores them to y.
+template <int MT, class Ld>
+__device__ __forceinline__ void mvrb_parts_sum(Ld ld, float* __restrict__ y, int rows, int nr,
+                                               int base, int parts, int warp, int nw) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     for (int i = warp; i < MT; i += nw) {
         float b[4][MVRT_MAXP];
 #pragma unroll
@@ -714,37 +715,9 @@ __device__ __forceinline__ void mvrb_parts_sum(Ld ld, St st, int parts, int warp
 #pragma unroll
             for (int q = 0; q < MVRT_MAXP; q++)
                 if (q < parts) v += b[k][q];
-            st(i, k, v);
+            const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = 2 * t + (k & 1);
+            if (r < rows && c < nr) y[(i64)c * rows + r] = v;
         }
-    }
-}
-
-// `Res`'s work in the block that ends with its sums in `s` (mvrb_finish's psum layout: sum
-// k of tile i in lane (g, t) is output row 16i + g (+ 8 for k ≥ 2) of column 2t + (k & 1)):
-// warp w takes (column c, unit u) pairs w, w + nw, …, a lane an output row. `sync`: the
-// block's barrier.
-template <int MT, class Sync>
-__device__ __forceinline__ void res_finish(const Res& r, const float (&s)[MT][4][32], int base,
-                                           int nr, int warp, int nw, Sync sync) {
-    constexpr int NU = MT / 2;
-    __shared__ double us[8][NU > 0 ? NU : 1];
-    const int lane = threadIdx.x & 31;
-    for (int q = warp; q < nr * NU; q += nw) {
-        const int c = q / NU, u = q - c * NU, rl = 32 * u + lane, rr = rl & 15;
-        const float v0 = s[rl >> 4][(rr < 8 ? 0 : 2) + (c & 1)][(rr & 7) * 4 + (c >> 1)];
-        const int o = base + rl;
-        const i64 at = (i64)c * r.g + o;
-        const float v = r.x[at] + v0;
-        r.x[at] = v;
-        q8_1_warp(v * r.w[o], r.xq + (i64)c * r.g, r.xds + (i64)c * (r.g >> 5), o >> 5, lane);
-        const double t = warp_sum_d((double)v * (double)v);
-        if (lane == 0) us[c][u] = t;
-    }
-    sync();
-    if ((int)threadIdx.x < nr) {
-        double t = 0.0;
-        for (int u = 0; u < NU; u++) t += us[threadIdx.x][u];
-        r.part[(i64)threadIdx.x * r.np + base / (16 * MT)] = t;
     }
 }
 
@@ -753,15 +726,12 @@ __device__ __forceinline__ void res_finish(const Res& r, const float (&s)[MT][4]
 // sums then meet in the cluster's rank 0 or, with `ks`, through global memory
 // (`mvrb_parts_sum` either way, so the same bits). `sync` is the block's barrier of those
 // nw warps. With `scale` (K whole, parts = 1: a norm finished here, `mvr_norm_inv`) row c's
-// sums are scaled by scale[c]. With `res` (x set) the sums go into x, not y (`Res`): the
-// block that has them whole (the only one, the cluster's rank 0, the last part through ks)
-// keeps them in its psum and runs `res_finish`.
+// sums are scaled by scale[c].
 template <int MT, class Sync>
 __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __restrict__ y,
                                             int rows, int nr, int base, int part, int parts,
                                             int warp, int nw, Sync sync, Ks ks,
-                                            const float* scale = nullptr,
-                                            const Res* res = nullptr) {
+                                            const float* scale = nullptr) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     __shared__ float red[MVR_WARPS][MT][4][32];
     // The block's sums when K is split in a cluster: read by its rank 0.
@@ -769,13 +739,6 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
     // The tile block's parts' sums, [parts, MT, 4, 32], when they meet through ks.
     const int tb = blockIdx.x / parts;
     float* kp = ks.p ? ks.p + (i64)tb * parts * MT * 128 : nullptr;
-    const bool rf = res && res->x;
-    // Where the whole sums go: y, or psum for res_finish.
-    auto st = [&](int i, int k, float v) {
-        const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = 2 * t + (k & 1);
-        if (rf) psum[i][k][lane] = v;
-        else if (r < rows && c < nr) y[(i64)c * rows + r] = v;
-    };
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
@@ -790,17 +753,10 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
             const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = 2 * t + (k & 1);
             if (parts > 1 && ks.p) kp[(part * MT + i) * 128 + k * 32 + lane] = v;
             else if (parts > 1) psum[i][k][lane] = v;
-            else if (rf) st(i, k, v);
             else if (r < rows && c < nr) y[(i64)c * rows + r] = scale ? v * scale[c] : v;
         }
     }
-    if (parts == 1) {
-        if (rf) {
-            sync();
-            res_finish<MT>(*res, psum, base, nr, warp, nw, sync);
-        }
-        return;
-    }
+    if (parts == 1) return;
     if (ks.p) {
         __shared__ int last;
         // The block's sums are stored, and visible device-wide, before it counts.
@@ -813,28 +769,18 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
         __threadfence();
         mvrb_parts_sum<MT>(
             [&](int i, int k, int q) { return __ldcg(kp + (q * MT + i) * 128 + k * 32 + lane); },
-            st, parts, warp, nw);
+            y, rows, nr, base, parts, warp, nw);
         if (threadIdx.x == 0) ks.c[tb] = 0;
-        if (rf) {
-            sync();
-            res_finish<MT>(*res, psum, base, nr, warp, nw, sync);
-        }
         return;
     }
 #if __CUDA_ARCH__ >= 900
     // Every part's psum is written and visible cluster-wide after this.
     cluster_sync();
-    // Rank 0's psum[i][k][lane] is read (all parts) and then written (with res) by the one
-    // thread, so the sums it stores there overwrite only what that thread has read.
     if (part == 0)
         mvrb_parts_sum<MT>([&](int i, int k, int q) { return ld_cluster(&psum[i][k][lane], q); },
-                           st, parts, warp, nw);
+                           y, rows, nr, base, parts, warp, nw);
     // No block leaves while rank 0 still reads its psum.
     cluster_sync();
-    if (rf && part == 0) {
-        sync();
-        res_finish<MT>(*res, psum, base, nr, warp, nw, sync);
-    }
 #endif
 }
 
@@ -848,27 +794,11 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
 // (`mvr_norm_out`), the grid's warps in turn. In the ring (`mvrq_impl`) the compute warps do
 // this, not the producer warp (with the norm on its idle lanes, its copies waited behind
 // it: the 27B Q4_K 8-row step 8.81 → 10.05 ms, H100).
-//
-// More parts than that (a part per tile block of the GEMV before: `Res`, cuda/residual.rs):
-// nothing is copied, and after the loop warp c < nr adds row c's parts itself (lane b parts
-// b, b + 32, … in order, then warp_sum_d) from global memory. The ring calls this from warp
-// 0 alone, so the host gives it no more than NRM_SMEM.
-#define NRM_SMEM 64
 __device__ __forceinline__ void mvr_norm_load(const Nrm& n, int nr, int lane, double* ps) {
-    if (nr * n.np > NRM_SMEM) return;
     for (int i = lane; i < nr * n.np; i += 32) ps[i] = n.part[i];
 }
-__device__ __forceinline__ void mvr_norm_inv(const Nrm& n, int nr, int lane, int warp,
-                                              const double* ps, float* inv) {
-    if (nr * n.np > NRM_SMEM) {
-        if (warp >= nr) return;
-        double t = 0.0;
-        for (int b = lane; b < n.np; b += 32) t += __ldcg(n.part + (i64)warp * n.np + b);
-        t = warp_sum_d(t);
-        if (lane == 0) inv[warp] = 1.0f / sqrtf((float)(t / (double)n.g) + n.eps);
-        return;
-    }
-    if (warp != 0) return;
+__device__ __forceinline__ void mvr_norm_inv(const Nrm& n, int nr, int lane, const double* ps,
+                                              float* inv) {
     __syncwarp();
     if (lane >= nr) return;
     double t = 0.0;
@@ -896,8 +826,7 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, int pu, int stride, int gp, u64* bars,
                                           int nr, int blk, int part, int parts, Ks ks = Ks{},
-                                          const float* scale = nullptr, Pre pre = Pre{},
-                                          const Res* res = nullptr) {
+                                          const float* scale = nullptr, Pre pre = Pre{}) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int base = blk * 16 * MT, last = rows - 1 - base;
@@ -915,7 +844,7 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
     }
     pre();
     mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, nw, [] { __syncthreads(); }, ks,
-                    scale, res);
+                    scale);
 }
 
 // Bytes between two rows of a tile in shared memory: the row's, plus 16 where that is an
@@ -941,12 +870,12 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, i64 row_bytes, int nr, int blk,
                                           int parts, int part_units, int part_bytes, Ks ks,
-                                          Wait wait, const Nrm& nrm, const Res& res) {
+                                          Wait wait, const Nrm& nrm) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 bar;
     // With a norm (nrm.part set, parts = 1): the rows' parts and 1/rms (mvr_norm_*).
-    __shared__ double parts_s[NRM_SMEM];
+    __shared__ double parts_s[64];
     __shared__ float inv_rms[8];
     const bool norm = nrm.part != nullptr;
     const int part = parts > 1 ? (int)(blockIdx.x % parts) : 0;
@@ -979,8 +908,9 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
     mbar_wait(&bar, 0);
     mvrb_impl<F, MT>(sm, xq + u0 * 32, xds + u0, y, rows, units, pu, stride, F::GROUP_BYTES,
                      nullptr, nr, blk, part, parts, ks, norm ? inv_rms : nullptr, [&] {
-                         if (norm) mvr_norm_inv(nrm, nr, lane, threadIdx.x >> 5, parts_s, inv_rms);
-                     }, &res);
+                         if (norm && threadIdx.x < 32)
+                             mvr_norm_inv(nrm, nr, lane, parts_s, inv_rms);
+                     });
     if (norm) mvr_norm_out(nrm, nr, lane, threadIdx.x >> 5, blockDim.x >> 5, inv_rms);
 #else
     // The host runs these kernels only on sm_90 and newer (CudaBackend::mvrt_mt).
@@ -991,22 +921,20 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
 // mvrt_<MT>: one matrix, MT tiles of 16 rows a block; mvrmt_<MT>: up to four matrices of one
 // format and width (MAT4_PARAMS, blocks counted in MT-tile blocks). With K split in
 // `parts` (launched as clusters of that many blocks), block b·parts + p takes part p of
-// tile block b. `mvrmt` finishes a norm with `nrm` (K whole; `mvr_norm_*`); `mvrt` adds its
-// product into a residual and starts the norm after it with `res` (`Res`; x null: y).
+// tile block b. `mvrmt` finishes a norm with `nrm` (K whole; `mvr_norm_*`).
 #define MVRT(MT, MINB)                                                                             \
     extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
         mvrt_##MT(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units, \
-                  i64 row_bytes, int nr, int parts, int part_units, int part_bytes, Ks ks,     \
-                  Res res) {                                                                   \
+                  i64 row_bytes, int nr, int parts, int part_units, int part_bytes, Ks ks) {   \
         mvrt_impl<FMTB, MT>(W, xq, xds, y, rows, units, row_bytes, nr, blockIdx.x / parts,     \
-                            parts, part_units, part_bytes, ks, [] { gdc_wait(); }, Nrm{}, res); \
+                            parts, part_units, part_bytes, ks, [] { gdc_wait(); }, Nrm{});   \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
         mvrmt_##MT(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes,     \
                    int nr, int parts, int part_units, int part_bytes, Ks ks, Nrm nrm) {        \
         const Mat4 p = MAT4_PICK(blockIdx.x / parts);                                          \
         mvrt_impl<FMTB, MT>(p.W, xq, xds, p.y, p.rows, units, row_bytes, nr, p.b, parts,       \
-                            part_units, part_bytes, ks, [] { gdc_wait(); }, nrm, Res{});      \
+                            part_units, part_bytes, ks, [] { gdc_wait(); }, nrm);             \
     }
 MVRT(1, 3)
 MVRT(2, 2)
@@ -1036,7 +964,7 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 bar[2];
     // With a norm (nrm.part set): the rows' parts and 1/rms (mvr_norm_*), 1/rms once.
-    __shared__ double parts_s[NRM_SMEM];
+    __shared__ double parts_s[64];
     __shared__ float inv_rms[8];
     const bool norm = nrm.part != nullptr;
     // The block's sums: activation row c's gate rows at [c][0, 32), up rows at [c][32, 64).
@@ -1080,8 +1008,8 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
         mvrb_impl<FMTB, 4>(sm + b * tile, xq, xds, &ys[0][0], 64, units, units, stride,
                            FMTB::GROUP_BYTES, nullptr, nr, 0, 0, 1, Ks{},
                            norm ? inv_rms : nullptr, [&] {
-                               if (norm && i == 0)
-                                   mvr_norm_inv(nrm, nr, lane, c, parts_s, inv_rms);
+                               if (norm && i == 0 && threadIdx.x < 32)
+                                   mvr_norm_inv(nrm, nr, lane, parts_s, inv_rms);
                            });
         __syncthreads();
         // Warp c: activation row c's 32 outputs, a lane each.
@@ -1207,7 +1135,7 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
     __shared__ u64 full[MVRQ_MAXS], empty[MVRQ_MAXS];
     // With a norm (nrm.part set, parts = 1): the rows' parts (at most the host's
     // NORM_ROW_BLOCKS, the parts' buffer) and 1/rms (mvr_norm_*).
-    __shared__ double parts_s[NRM_SMEM];
+    __shared__ double parts_s[64];
     __shared__ float inv_rms[8];
     const bool norm = nrm.part != nullptr;
     constexpr int RB = 16 * MT, GB = F::GROUP_BYTES, GS = F::GROUP_STEPS, SLOT = RB * GB;
@@ -1272,7 +1200,7 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
             if (lane == 0) mbar_arrive(&empty[sl]);
         }
     }
-    if (norm && warp == 0) mvr_norm_inv(nrm, nr, lane, 0, parts_s, inv_rms);
+    if (norm && warp == 0) mvr_norm_inv(nrm, nr, lane, parts_s, inv_rms);
     mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, NW,
                     [] { named_sync(1, MVR_WARPS * 32); }, ks, norm ? inv_rms : nullptr);
     if (norm) mvr_norm_out(nrm, nr, lane, warp, NW, inv_rms);

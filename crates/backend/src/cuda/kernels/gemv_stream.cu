@@ -65,14 +65,12 @@ __device__ __forceinline__ void mvs_parts(const u8* __restrict__ W, int base,
 }
 
 // With a norm (`nrm`, common.cuh's Nrm; part set) the row sums are scaled by the row's 1/rms
-// and the first g / 32 blocks write the normed row (NrmStage). With `res` (x set; the host
-// gives 32 rows a block, R·K·G = 32, and at least 32 threads) warp 0 adds the block's rows
-// into x instead of writing y, and writes their q8_1 of x·w and sum of squares (part[blk]).
+// and the first g / 32 blocks write the normed row (NrmStage).
 template <class F, int R, class Wait>
 __device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
                                          const float2* __restrict__ xds, float* __restrict__ y,
                                          int rows, int units, i64 row_bytes, int K, int blk,
-                                         Wait wait, const Nrm& nrm, const Res& res) {
+                                         Wait wait, const Nrm& nrm) {
     const int T = blockDim.x, tid = threadIdx.y * T + threadIdx.x;
     __shared__ float part[MVS_ROWS][256 + 1];  // +1: the adds below read a column
     __shared__ NrmStage ns;
@@ -91,35 +89,24 @@ __device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __r
         if (row < rows) {
             float v = 0.f;
             for (int i = 0; i < T; i++) v += part[cq][g * T + i];
-            if (nrm.part) v *= ns.inv;
-            if (res.x) {
-                // Warp 0, a row a lane: the block's 32 rows are one q8_1 unit.
-                const float s = res.x[row] + v;
-                res.x[row] = s;
-                q8_1_warp(s * res.w[row], res.xq, res.xds, row >> 5, tid);
-                const double t = warp_sum_d((double)s * (double)s);
-                if (tid == 0) res.part[blk] = t;
-            } else {
-                y[row] = v;
-            }
+            y[row] = nrm.part ? v * ns.inv : v;
         }
     }
     ns.out(nrm, tid);
 }
 
 // mvs_R: up to four matrices of one format and width that read one input (MAT4_PARAMS);
-// with `nrm` it finishes the norm before it (cuda/norm.rs `norm_matmul_op`), with `res`
-// (one matrix) it adds its product into a residual and starts the norm after it.
+// with `nrm` it finishes the norm before it (cuda/norm.rs `norm_matmul_op`).
 #define MVS(R)                                                                               \
     extern "C" __global__ void __launch_bounds__(256, MVS_MINB)                              \
         mvs_##R(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes, int K, \
-                Nrm nrm, Res res) {                                                          \
+                Nrm nrm) {                                                                   \
         const Mat4 p = MAT4_PICK(blockIdx.x);                                                \
         const int per = (int)blockDim.y * R * K, first = p.b * per;                          \
         if (first < p.rows) gdc_prefetch(p.W + (i64)first * row_bytes,                      \
                                          (i64)min(per, p.rows - first) * row_bytes);         \
         mvs_impl<FMTQ, R>(p.W, xq, xds, p.y, p.rows, units, row_bytes, K, p.b,               \
-                          [] { gdc_wait(); }, nrm, res);                                     \
+                          [] { gdc_wait(); }, nrm);                                          \
     }
 MVS(2)
 MVS(4)

@@ -186,6 +186,12 @@ NORM_ADD_NORM(8)
 // block count follow each other); after it every block adds the parts in one order, so the
 // sum is the same in every block and every run. All blocks must be resident at once: the
 // host launches at most one per SM, and the stream runs nothing beside this kernel.
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 // The two halves of a row norm over several blocks, a value a thread: the residual add
 // (x[i] += y[i], stored) and the block's sum of squares (returned to warp 0's lane 0),
 // then, given the row's total, the normed value and its q8_1.
