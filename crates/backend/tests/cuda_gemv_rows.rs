@@ -376,3 +376,52 @@ fn ring_gemv_equals_by_group() {
         }
     }
 }
+
+/// NEAGARI_CUDA_MVRT_FILL=1: a one-matrix whole-tile plan whose grid would leave SMs
+/// without a block takes fewer tiles a block (gemv_rows.rs `mvrt_fill`; the 27B's ssm_out
+/// and o, 5,120 rows: 80 blocks of 4 tiles). A row's sums do not depend on the tiles
+/// beside it, so the product is the default's bit for bit; a matrix of many blocks keeps
+/// its plan.
+#[test]
+fn fewer_tiles_a_block_keep_the_bits() {
+    let Some(_) = gpu() else { return };
+    let def = gpu_with(&[]);
+    let fill = gpu_with(&[("NEAGARI_CUDA_MVRT_FILL", "1")]);
+    let mut r = rng();
+    let probe = def
+        .load_mat(&random_mat(&mut r, GgmlType::Q1_0, 16, 5120).0)
+        .unwrap();
+    if def.gemv_rows_plan(&probe, 8).is_none() {
+        eprintln!("no bulk-copy tile GEMV on this GPU (sm_90+)");
+        return;
+    }
+    // (format, rows, cols, fewer tiles expected): 5,120 rows of 4 tiles are 80 blocks,
+    // under any sm_90 part's SMs (114–132); 16,384 rows are 256. TQ2_0's 5,120-wide rows
+    // take 4 tiles (its 6,144-wide ones 2, already 160 blocks).
+    for (ty, rows, cols, fewer) in [
+        (GgmlType::Q1_0, 5120, 6144, true),
+        (GgmlType::TQ2_0, 5120, 5120, true),
+        (GgmlType::Q1_0, 1000, 5120, true),
+        (GgmlType::Q1_0, 16384, 5120, false),
+    ] {
+        let (t, _) = random_mat(&mut r, ty, rows, cols);
+        let (md, mf) = (def.load_mat(&t).unwrap(), fill.load_mat(&t).unwrap());
+        let (pd, pf) = (def.gemv_rows_plan(&md, 8), fill.gemv_rows_plan(&mf, 8));
+        eprintln!("{ty} {rows}x{cols}: (tiles, parts) {pd:?} by default, {pf:?} filled");
+        let (Some((td, 1)), Some((tf, 1))) = (pd, pf) else {
+            panic!("{ty} {rows}x{cols}: not a whole-tile plan: {pd:?} / {pf:?}");
+        };
+        assert_eq!(tf < td, fewer, "{ty} {rows}x{cols}: {td} → {tf} tiles");
+        for n in [3usize, 8] {
+            let x = randv(&mut r, n * cols, 1.0);
+            let mut od = def.buf(1, 1).unwrap();
+            def.matmul(&md, &upload(&def, &x, n, cols), &mut od)
+                .unwrap();
+            let mut of = fill.buf(1, 1).unwrap();
+            fill.matmul(&mf, &upload(&fill, &x, n, cols), &mut of)
+                .unwrap();
+            let bad = n_diff(&download(&fill, &of), &download(&def, &od));
+            assert_eq!(bad, 0, "{ty} {rows}x{cols}, {n} rows: {bad} values differ");
+        }
+    }
+}
