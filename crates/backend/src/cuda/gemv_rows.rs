@@ -190,42 +190,6 @@ impl CudaBackend {
         })
     }
 
-    /// `p` with fewer tiles a block where its grid over `rows` weight rows leaves SMs without
-    /// a block: the most tiles whose grid still reaches every SM, else the fewest. Only a
-    /// whole-tile plan (one bulk copy, K whole) of one matrix: a row's sums do not depend on
-    /// the tiles beside it in its block, so the product keeps its bits. 27B Q1_0 ssm_out and
-    /// o (5,120 rows), 8 rows: 80 blocks of 4 tiles on 132 SMs, 12% occupancy (ncu, H100).
-    pub(super) fn mvrt_fill<'a>(
-        &self,
-        k: &'a IntKernels,
-        p: MvrtPlan<'a>,
-        rows: usize,
-    ) -> MvrtPlan<'a> {
-        let mt = p.rows / MVR_ROWS;
-        let (true, true, Some(t)) = (
-            self.mvrt_fill && p.tile_whole(),
-            rows.div_ceil(p.rows) < self.n_sm,
-            k.rows_tma.as_ref(),
-        ) else {
-            return p;
-        };
-        let fewer = || t.funcs.iter().filter(|(m, _)| *m < mt);
-        let pick = fewer()
-            .filter(|(m, _)| rows.div_ceil(m * MVR_ROWS) >= self.n_sm)
-            .max_by_key(|(m, _)| *m)
-            .or_else(|| fewer().min_by_key(|(m, _)| *m));
-        match pick {
-            // The tile's shared memory is mt rows of 16 at one stride.
-            Some((m, f)) => MvrtPlan {
-                f,
-                smem: p.smem / mt as u32 * *m as u32,
-                rows: m * MVR_ROWS,
-                ..p
-            },
-            None => p,
-        }
-    }
-
     /// Whether `n` activation rows of `m` take the tensor-core GEMV (`mvr` or `mvrt_*`;
     /// tests, measurements).
     pub fn gemv_rows_on(&self, m: &CudaMat, n: usize) -> bool {
@@ -243,7 +207,7 @@ impl CudaBackend {
         self.mvr_kernels(k, n)?;
         let units = m.cols.div_ceil(32);
         // matmul_gemv_int's condition: device allocations are 256-byte aligned.
-        let p = self.mvrt_fill(k, self.mvr_tma(k, units, m.row_bytes, true)?, m.rows);
+        let p = self.mvr_tma(k, units, m.row_bytes, true)?;
         Some((p.rows / MVR_ROWS, p.parts))
     }
 

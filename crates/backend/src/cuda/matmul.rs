@@ -575,9 +575,7 @@ impl CudaBackend {
             // k/v (1024 × 4096) in 256 blocks ran at 10% of the DRAM peak (ncu, H200).
             let per_block = self.mv_per_block(w.rows, w.cols, w.row_bytes, k.step);
             let tc = self.mvr_kernels(k, nr);
-            let tma = tc
-                .and_then(|_| self.mvr_tma(k, units, w.row_bytes, wp.is_multiple_of(16)))
-                .map(|p| self.mvrt_fill(k, p, w.rows));
+            let tma = tc.and_then(|_| self.mvr_tma(k, units, w.row_bytes, wp.is_multiple_of(16)));
             let half = which == 0
                 && per_block == 4
                 && tc.is_none()

@@ -428,9 +428,6 @@ pub struct CudaBackend {
     /// Parts of K where a sub-2-bit matrix's rows are cut for more tiles a block
     /// (`mvr_tma`; NEAGARI_CUDA_MVRT_SUB2=2|3|4 for measuring).
     mvrt_sub2: usize,
-    /// Whether a one-matrix whole-tile plan takes fewer tiles a block where its grid leaves
-    /// SMs without a block (gemv_rows.rs `mvrt_fill`; NEAGARI_CUDA_MVRT_FILL=1, measuring).
-    mvrt_fill: bool,
     /// Whether a K split's parts meet in a cluster's rank 0 or through global memory, the
     /// last block to count adding them (gemv_rows.rs `mvrt_meet`): `None`, a cluster for 2
     /// parts only; NEAGARI_CUDA_MVRT_CLUSTER=1 | 0 always | never.
@@ -706,7 +703,6 @@ impl CudaBackend {
             mvrt_sub2: knob("NEAGARI_CUDA_MVRT_SUB2")
                 .filter(|n| (2..=MVRT_MAXP).contains(n))
                 .unwrap_or(MVRT_SUB2),
-            mvrt_fill: knob_forced("NEAGARI_CUDA_MVRT_FILL").unwrap_or(false),
             mvrt_cluster: knob_forced("NEAGARI_CUDA_MVRT_CLUSTER"),
             mvrc: match knob_forced("NEAGARI_CUDA_MVRC") {
                 Some(false) => gemv_rows::ByGroup::Off,
