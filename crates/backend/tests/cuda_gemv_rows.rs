@@ -376,3 +376,65 @@ fn ring_gemv_equals_by_group() {
         }
     }
 }
+
+/// NEAGARI_CUDA_MVRT_W16=1: one matrix on 4 whole-row tiles whose grid leaves SMs without
+/// a block takes `mvrt_4w`, twice the warps each on half of K's steps (the 27B's ssm_out
+/// and o, 5,120 rows: 80 blocks). The warps' sums meet in another order, so the product is
+/// the default's within float error, not its bits; a matrix of many blocks keeps `mvrt_4`.
+#[test]
+fn wide_tile_gemv_on_narrow_grids() {
+    let Some(_) = gpu() else { return };
+    let def = gpu_with(&[]);
+    let wide = gpu_with(&[("NEAGARI_CUDA_MVRT_W16", "1")]);
+    let mut r = rng();
+    let probe = def
+        .load_mat(&random_mat(&mut r, GgmlType::Q1_0, 16, 5120).0)
+        .unwrap();
+    if def.gemv_rows_plan(&probe, 8).is_none() {
+        eprintln!("no bulk-copy tile GEMV on this GPU (sm_90+)");
+        return;
+    }
+    // (format, rows, cols, whether mvrt_4w runs): 5,120 rows of 4 tiles are 80 blocks,
+    // under any sm_90 part's SMs (114–132); 16,384 rows are 256. 1,000 rows: a ragged
+    // last tile.
+    for (ty, rows, cols, runs) in [
+        (GgmlType::Q1_0, 5120, 6144, true),
+        (GgmlType::TQ2_0, 5120, 5120, true),
+        (GgmlType::Q1_0, 1000, 5120, true),
+        (GgmlType::Q1_0, 16384, 5120, false),
+    ] {
+        let (t, deq) = random_mat(&mut r, ty, rows, cols);
+        let (md, mw) = (def.load_mat(&t).unwrap(), wide.load_mat(&t).unwrap());
+        for n in [3usize, 8] {
+            let x = randv(&mut r, n * cols, 1.0);
+            let mut od = def.buf(1, 1).unwrap();
+            def.matmul(&md, &upload(&def, &x, n, cols), &mut od)
+                .unwrap();
+            let xw = upload(&wide, &x, n, cols);
+            let mut ow = wide.buf(1, 1).unwrap();
+            wide.profile_begin().unwrap();
+            wide.matmul(&mw, &xw, &mut ow).unwrap();
+            let names: Vec<String> = wide
+                .profile_end()
+                .unwrap()
+                .into_iter()
+                .map(|k| k.name)
+                .collect();
+            let what = format!("{ty} {rows}x{cols}, {n} rows");
+            assert_eq!(
+                names.iter().any(|k| k == "mvrt_4w"),
+                runs,
+                "{what}: kernels {names:?}"
+            );
+            let (got, want) = (download(&wide, &ow), download(&def, &od));
+            let e = rel(&got, &want);
+            eprintln!("{what}: mvrt_4w vs mvrt_4 {e:.2e} ({names:?})");
+            if runs {
+                assert!(e < 1e-5, "{what}: vs the default {e:.2e}");
+            } else {
+                assert_eq!(n_diff(&got, &want), 0, "{what}: not the default's bits");
+            }
+            check_q8_1(&got, &deq, &x, rows, cols, &what);
+        }
+    }
+}

@@ -63,6 +63,37 @@ impl CudaBackend {
         Ok(Some(func))
     }
 
+    /// A format module's `mvrt_4w` (`mvrt_4` with twice the warps), where 4 tiles are allowed.
+    pub(super) fn mvrtw_func(
+        &self,
+        f: &dyn Fn(&str) -> Result<CudaFunction>,
+    ) -> Result<Option<CudaFunction>> {
+        if !self.mvrt_tiles.contains(&4) {
+            return Ok(None);
+        }
+        let func = f("mvrt_4w")?;
+        let smem = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        func.set_attribute(smem, MVR_TMA_MAX as i32).map_err(drv)?;
+        Ok(Some(func))
+    }
+
+    /// `mvrt_4w` for one matrix of `rows` rows on plan `p`, where NEAGARI_CUDA_MVRT_W16=1
+    /// and `p` is 4 whole-row tiles of K whole whose grid leaves SMs without a block (the
+    /// 27B Q1_0 ssm_out and o, 8 rows: 80 blocks on 132 SMs).
+    pub(super) fn mvrt_wide<'a>(
+        &self,
+        k: &'a IntKernels,
+        p: &MvrtPlan,
+        rows: usize,
+    ) -> Option<&'a CudaFunction> {
+        let wide = k.rows_tma.as_ref()?.wide.as_ref()?;
+        (self.mvrt_w16
+            && p.tile_whole()
+            && p.rows == 4 * MVR_ROWS
+            && rows.div_ceil(p.rows) < self.n_sm)
+            .then_some(wide)
+    }
+
     /// The tensor-core GEMV (`mvr`, `mvrm` of gemv_rows.cu) for `nr` activation rows, where
     /// it runs: 3–8 rows (one or two rows are fewer dp4a than a tensor-core tile wastes),
     /// a format that has it, sm_80 or newer, not turned off (NEAGARI_CUDA_MV_TC=0).

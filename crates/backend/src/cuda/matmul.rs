@@ -90,6 +90,7 @@ impl CudaBackend {
                                 funcs: self.mvrt_funcs(&f)?,
                                 group_units,
                                 glu: self.mvrtg_func(&f)?,
+                                wide: self.mvrtw_func(&f)?,
                             })
                         }
                         _ => None,
@@ -580,8 +581,9 @@ impl CudaBackend {
                 && per_block == 4
                 && tc.is_none()
                 && self.half_warps(w.ty, units, w.rows, self.mv_half);
+            let wide = tma.as_ref().and_then(|p| self.mvrt_wide(k, p, w.rows));
             let (func, rows_per_block) = if let Some(p) = &tma {
-                (p.func(false), p.rows)
+                (wide.unwrap_or(p.func(false)), p.rows)
             } else if let Some(f) = tc {
                 (&f[0], MVR_ROWS)
             } else if which == 0 && per_block == 8 {
@@ -602,6 +604,7 @@ impl CudaBackend {
                 (&k.mv[which], MVQ_ROWS_PER_BLOCK[which])
             };
             let (bx, by) = match tc {
+                Some(_) if wide.is_some() => (2 * MVR_WARPS * 32, 1),
                 Some(_) => (self.mvr_threads(units, tma.as_ref()), 1),
                 None if half => (self.mv_warps(units).div_ceil(2) * 32, 1),
                 None => self.mv_block(k, units, w.rows, rows_per_block),

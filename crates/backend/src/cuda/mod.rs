@@ -259,6 +259,9 @@ struct RowsTma {
     group_units: usize,
     /// `mvrtg_4`: `matmul_glu` on `mvrt_4`'s tile (fused.rs), where 4 tiles are allowed.
     glu: Option<CudaFunction>,
+    /// `mvrt_4w`: `mvrt_4` with twice the warps (gemv_rows.rs `mvrt_wide`), where 4 tiles
+    /// are allowed.
+    wide: Option<CudaFunction>,
 }
 
 /// Device scratch reused across calls (grown, never shrunk).
@@ -428,6 +431,9 @@ pub struct CudaBackend {
     /// Parts of K where a sub-2-bit matrix's rows are cut for more tiles a block
     /// (`mvr_tma`; NEAGARI_CUDA_MVRT_SUB2=2|3|4 for measuring).
     mvrt_sub2: usize,
+    /// Whether one matrix's 4-tile whole-tile plan whose grid leaves SMs without a block
+    /// takes `mvrt_4w` (twice the warps; NEAGARI_CUDA_MVRT_W16=1, measuring).
+    mvrt_w16: bool,
     /// Whether a K split's parts meet in a cluster's rank 0 or through global memory, the
     /// last block to count adding them (gemv_rows.rs `mvrt_meet`): `None`, a cluster for 2
     /// parts only; NEAGARI_CUDA_MVRT_CLUSTER=1 | 0 always | never.
@@ -703,6 +709,7 @@ impl CudaBackend {
             mvrt_sub2: knob("NEAGARI_CUDA_MVRT_SUB2")
                 .filter(|n| (2..=MVRT_MAXP).contains(n))
                 .unwrap_or(MVRT_SUB2),
+            mvrt_w16: knob_forced("NEAGARI_CUDA_MVRT_W16").unwrap_or(false),
             mvrt_cluster: knob_forced("NEAGARI_CUDA_MVRT_CLUSTER"),
             mvrc: match knob_forced("NEAGARI_CUDA_MVRC") {
                 Some(false) => gemv_rows::ByGroup::Off,

@@ -725,15 +725,15 @@ __device__ __forceinline__ void mvrb_parts_sum(Ld ld, float* __restrict__ y, int
 // `acc`; they meet in shared memory in warp order and go to y. With K split, the parts'
 // sums then meet in the cluster's rank 0 or, with `ks`, through global memory
 // (`mvrb_parts_sum` either way, so the same bits). `sync` is the block's barrier of those
-// nw warps. With `scale` (K whole, parts = 1: a norm finished here, `mvr_norm_inv`) row c's
-// sums are scaled by scale[c].
-template <int MT, class Sync>
+// nw warps (at most NW). With `scale` (K whole, parts = 1: a norm finished here,
+// `mvr_norm_inv`) row c's sums are scaled by scale[c].
+template <int MT, class Sync, int NW = MVR_WARPS>
 __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __restrict__ y,
                                             int rows, int nr, int base, int part, int parts,
                                             int warp, int nw, Sync sync, Ks ks,
                                             const float* scale = nullptr) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    __shared__ float red[MVR_WARPS][MT][4][32];
+    __shared__ float red[NW][MT][4][32];
     // The block's sums when K is split in a cluster: read by its rank 0.
     __shared__ float psum[MT][4][32];
     // The tile block's parts' sums, [parts, MT, 4, 32], when they meet through ks.
@@ -821,7 +821,7 @@ struct NoPre {
     __device__ __forceinline__ void operator()() const {}
 };
 
-template <class F, int MT, bool CH = false, class Pre = NoPre>
+template <class F, int MT, bool CH = false, class Pre = NoPre, int NW = MVR_WARPS>
 __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, int pu, int stride, int gp, u64* bars,
@@ -843,8 +843,9 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
                          e.q1);
     }
     pre();
-    mvrb_finish<MT>(acc, y, rows, nr, base, part, parts, warp, nw, [] { __syncthreads(); }, ks,
-                    scale);
+    const auto sync = [] { __syncthreads(); };
+    mvrb_finish<MT, decltype(sync), NW>(acc, y, rows, nr, base, part, parts, warp, nw, sync, ks,
+                                        scale);
 }
 
 // Bytes between two rows of a tile in shared memory: the row's, plus 16 where that is an
@@ -864,8 +865,8 @@ __device__ __forceinline__ int mvrt_stride(i64 row_bytes) {
 // µs alone, 0.32 TB/s. Here a block's whole tile is asked for at once (at most the host's
 // cap) and the warps then read it from shared memory. Dynamic shared memory: the tile, MT·16
 // rows of `mvrt_stride(part_bytes)` (part_bytes a multiple of 16, W 16-byte aligned).
-// `wait` is the kernel's gdc_wait, called once the copies are asked for.
-template <class F, int MT, class Wait>
+// `wait` is the kernel's gdc_wait, called once the copies are asked for. At most NW warps.
+template <class F, int MT, int NW = MVR_WARPS, class Wait>
 __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, i64 row_bytes, int nr, int blk,
@@ -906,11 +907,12 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
     const int lane = threadIdx.x & 31;
     if (norm && threadIdx.x < 32) mvr_norm_load(nrm, nr, lane, parts_s);
     mbar_wait(&bar, 0);
-    mvrb_impl<F, MT>(sm, xq + u0 * 32, xds + u0, y, rows, units, pu, stride, F::GROUP_BYTES,
-                     nullptr, nr, blk, part, parts, ks, norm ? inv_rms : nullptr, [&] {
-                         if (norm && threadIdx.x < 32)
-                             mvr_norm_inv(nrm, nr, lane, parts_s, inv_rms);
-                     });
+    const auto pre = [&] {
+        if (norm && threadIdx.x < 32) mvr_norm_inv(nrm, nr, lane, parts_s, inv_rms);
+    };
+    mvrb_impl<F, MT, false, decltype(pre), NW>(sm, xq + u0 * 32, xds + u0, y, rows, units, pu,
+                                               stride, F::GROUP_BYTES, nullptr, nr, blk, part,
+                                               parts, ks, norm ? inv_rms : nullptr, pre);
     if (norm) mvr_norm_out(nrm, nr, lane, threadIdx.x >> 5, blockDim.x >> 5, inv_rms);
 #else
     // The host runs these kernels only on sm_90 and newer (CudaBackend::mvrt_mt).
@@ -939,6 +941,19 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
 MVRT(1, 3)
 MVRT(2, 2)
 MVRT(4, MVRT_MINB)
+
+// mvrt_4w: `mvrt_4` with twice the warps, each taking half the steps of K, for a matrix
+// whose grid leaves SMs without a block. The 27B Q1_0 8-row ssm_out (80 blocks on 132 SMs)
+// is bound by each warp's chain of ~2,400 instructions at 7 cycles apart (ncu, H100); half
+// the tiles a block instead (160 blocks) was slower. The warps' sums meet in another order
+// than `mvrt_4`'s: not the same bits.
+extern "C" __global__ void __launch_bounds__(2 * MVR_WARPS * 32, 1)
+    mvrt_4w(const u8* W, const i8* xq, const float2* xds, float* y, int rows, int units,
+            i64 row_bytes, int nr, int parts, int part_units, int part_bytes, Ks ks) {
+    mvrt_impl<FMTB, 4, 2 * MVR_WARPS>(W, xq, xds, y, rows, units, row_bytes, nr,
+                                      blockIdx.x / parts, parts, part_units, part_bytes, ks,
+                                      [] { gdc_wait(); }, Nrm{});
+}
 
 // `matmul_glu` of 3–8 rows on `mvrt_4`'s tile: tile block b's 64 rows are gate rows 32b ..
 // +31, then the same rows of up (one bulk copy each), so the block ends with both sums of
