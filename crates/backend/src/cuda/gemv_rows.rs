@@ -77,9 +77,12 @@ impl CudaBackend {
         Ok(Some(func))
     }
 
-    /// `mvrt_4w` for one matrix of `rows` rows on plan `p`, where NEAGARI_CUDA_MVRT_W16=1
-    /// and `p` is 4 whole-row tiles of K whole whose grid leaves SMs without a block (the
-    /// 27B Q1_0 ssm_out and o, 8 rows: 80 blocks on 132 SMs).
+    /// `mvrt_4w` for one matrix of `rows` rows on plan `p`, where `p` is 4 whole-row tiles
+    /// of K whole whose grid leaves SMs without a block (not NEAGARI_CUDA_MVRT_W16=0). The
+    /// 27B Q1_0 ssm_out and o, 8 rows, are 80 blocks on 132 SMs, each warp's chain of steps
+    /// the bound: alone 12.67 → 11.85 µs, the 8-row greedy step 5.16 → 5.09 ms (H100).
+    /// Its warps' sums meet in another order, so `matmul_multi` (always `mvrmt_*`'s 8 warps)
+    /// of such a matrix is not the single product's bits, within float error of them.
     pub(super) fn mvrt_wide<'a>(
         &self,
         k: &'a IntKernels,
@@ -118,7 +121,7 @@ impl CudaBackend {
     /// 2 tiles of 4 parts 37.5 µs, 1 tile of 2 parts 46.7 (H200). Splitting rows that fit
     /// costs: split for two blocks an SM, Q1_0 qkv+z (5,120-wide rows) took 11.2 → 21.2 µs
     /// and ssm_out 7.3 → 14.8. The shape depends on the row alone, so a matrix's product is
-    /// the same bits alone and beside others in `matmul_multi`.
+    /// the same bits alone and beside others in `matmul_multi` (but see `mvrt_wide`).
     pub(super) fn mvr_tma<'a>(
         &self,
         k: &'a IntKernels,

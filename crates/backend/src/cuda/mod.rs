@@ -432,7 +432,8 @@ pub struct CudaBackend {
     /// (`mvr_tma`; NEAGARI_CUDA_MVRT_SUB2=2|3|4 for measuring).
     mvrt_sub2: usize,
     /// Whether one matrix's 4-tile whole-tile plan whose grid leaves SMs without a block
-    /// takes `mvrt_4w` (twice the warps; NEAGARI_CUDA_MVRT_W16=1, measuring).
+    /// takes `mvrt_4w` (twice the warps; gemv_rows.rs `mvrt_wide`; NEAGARI_CUDA_MVRT_W16=0
+    /// turns it off).
     mvrt_w16: bool,
     /// Whether a K split's parts meet in a cluster's rank 0 or through global memory, the
     /// last block to count adding them (gemv_rows.rs `mvrt_meet`): `None`, a cluster for 2
@@ -709,7 +710,7 @@ impl CudaBackend {
             mvrt_sub2: knob("NEAGARI_CUDA_MVRT_SUB2")
                 .filter(|n| (2..=MVRT_MAXP).contains(n))
                 .unwrap_or(MVRT_SUB2),
-            mvrt_w16: knob_forced("NEAGARI_CUDA_MVRT_W16").unwrap_or(false),
+            mvrt_w16: knob_forced("NEAGARI_CUDA_MVRT_W16").unwrap_or(true),
             mvrt_cluster: knob_forced("NEAGARI_CUDA_MVRT_CLUSTER"),
             mvrc: match knob_forced("NEAGARI_CUDA_MVRC") {
                 Some(false) => gemv_rows::ByGroup::Off,
