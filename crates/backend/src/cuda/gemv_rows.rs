@@ -49,29 +49,17 @@ impl CudaBackend {
             .collect()
     }
 
-    /// A format module's `mvrtg_4` (`matmul_glu` on 4 tiles), where 4 tiles are allowed.
-    pub(super) fn mvrtg_func(
+    /// A format module's 4-tile kernel `name` beside `mvrt_4` (`mvrtg_4`: `matmul_glu` on 4
+    /// tiles; `mvrt_4w`: `mvrt_4` with twice the warps), where 4 tiles are allowed.
+    pub(super) fn mvrt4_func(
         &self,
         f: &dyn Fn(&str) -> Result<CudaFunction>,
+        name: &str,
     ) -> Result<Option<CudaFunction>> {
         if !self.mvrt_tiles.contains(&4) {
             return Ok(None);
         }
-        let func = f("mvrtg_4")?;
-        let smem = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-        func.set_attribute(smem, MVR_TMA_MAX as i32).map_err(drv)?;
-        Ok(Some(func))
-    }
-
-    /// A format module's `mvrt_4w` (`mvrt_4` with twice the warps), where 4 tiles are allowed.
-    pub(super) fn mvrtw_func(
-        &self,
-        f: &dyn Fn(&str) -> Result<CudaFunction>,
-    ) -> Result<Option<CudaFunction>> {
-        if !self.mvrt_tiles.contains(&4) {
-            return Ok(None);
-        }
-        let func = f("mvrt_4w")?;
+        let func = f(name)?;
         let smem = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
         func.set_attribute(smem, MVR_TMA_MAX as i32).map_err(drv)?;
         Ok(Some(func))

@@ -89,8 +89,8 @@ impl CudaBackend {
                             Some(RowsTma {
                                 funcs: self.mvrt_funcs(&f)?,
                                 group_units,
-                                glu: self.mvrtg_func(&f)?,
-                                wide: self.mvrtw_func(&f)?,
+                                glu: self.mvrt4_func(&f, "mvrtg_4")?,
+                                wide: self.mvrt4_func(&f, "mvrt_4w")?,
                             })
                         }
                         _ => None,
