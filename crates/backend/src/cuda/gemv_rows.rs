@@ -71,18 +71,19 @@ impl CudaBackend {
     /// the bound: alone 12.67 → 11.85 µs, the 8-row greedy step 5.16 → 5.09 ms (H100).
     /// Its warps' sums meet in another order, so `matmul_multi` (always `mvrmt_*`'s 8 warps)
     /// of such a matrix is not the single product's bits, within float error of them.
+    /// The kernel and its threads a block (gemv_rows.cu: twice MVR_WARPS).
     pub(super) fn mvrt_wide<'a>(
         &self,
         k: &'a IntKernels,
         p: &MvrtPlan,
         rows: usize,
-    ) -> Option<&'a CudaFunction> {
+    ) -> Option<(&'a CudaFunction, usize)> {
         let wide = k.rows_tma.as_ref()?.wide.as_ref()?;
         (self.mvrt_w16
             && p.tile_whole()
             && p.rows == 4 * MVR_ROWS
             && rows.div_ceil(p.rows) < self.n_sm)
-            .then_some(wide)
+            .then_some((wide, 2 * MVR_WARPS * 32))
     }
 
     /// The tensor-core GEMV (`mvr`, `mvrm` of gemv_rows.cu) for `nr` activation rows, where

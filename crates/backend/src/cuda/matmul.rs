@@ -583,7 +583,7 @@ impl CudaBackend {
                 && self.half_warps(w.ty, units, w.rows, self.mv_half);
             let wide = tma.as_ref().and_then(|p| self.mvrt_wide(k, p, w.rows));
             let (func, rows_per_block) = if let Some(p) = &tma {
-                (wide.unwrap_or(p.func(false)), p.rows)
+                (wide.map_or(p.func(false), |(f, _)| f), p.rows)
             } else if let Some(f) = tc {
                 (&f[0], MVR_ROWS)
             } else if which == 0 && per_block == 8 {
@@ -604,8 +604,10 @@ impl CudaBackend {
                 (&k.mv[which], MVQ_ROWS_PER_BLOCK[which])
             };
             let (bx, by) = match tc {
-                Some(_) if wide.is_some() => (2 * MVR_WARPS * 32, 1),
-                Some(_) => (self.mvr_threads(units, tma.as_ref()), 1),
+                Some(_) => (
+                    wide.map_or_else(|| self.mvr_threads(units, tma.as_ref()), |(_, n)| n),
+                    1,
+                ),
                 None if half => (self.mv_warps(units).div_ceil(2) * 32, 1),
                 None => self.mv_block(k, units, w.rows, rows_per_block),
             };
