@@ -65,7 +65,10 @@ fn kernels_fit_their_registers_on_hopper() {
         let ks = kernel_registers("sm_90", ty).expect("NVRTC");
         assert!(!ks.is_empty(), "{ty:?}: no kernels in the ptxas log");
         for k in &ks {
-            let what = format!("{} {}: {} registers", k.module, k.kernel, k.registers);
+            let what = format!(
+                "{} {}: {} registers, {} bytes stack",
+                k.module, k.kernel, k.registers, k.stack_bytes
+            );
             if k.spill_bytes > 0 {
                 eprintln!("{what}, spills {} bytes", k.spill_bytes);
             }

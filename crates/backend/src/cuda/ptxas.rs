@@ -18,6 +18,8 @@ pub struct KernelRegs {
     pub registers: u32,
     /// Bytes stored to local memory because registers ran out.
     pub spill_bytes: u32,
+    /// Bytes of local memory a thread has, spills and arrays indexed at run time.
+    pub stack_bytes: u32,
 }
 
 /// Every kernel of the modules `module_ptx` compiles for `arch` (a real one, e.g. `sm_90`):
@@ -60,7 +62,7 @@ fn ptxas_log(name: &str, arch: &str, src: &str) -> Result<String> {
 /// stack frame, S bytes spill stores, …", then "Used R registers, …".
 fn parse(module: &str, log: &str) -> Vec<KernelRegs> {
     let mut out = Vec::new();
-    let (mut cur, mut spill) = (None::<String>, 0u32);
+    let (mut cur, mut spill, mut stack) = (None::<String>, 0u32, 0u32);
     let number_before = |line: &str, mark: &str| -> Option<u32> {
         let head = &line[..line.find(mark)?];
         head.split([' ', ','])
@@ -71,9 +73,10 @@ fn parse(module: &str, log: &str) -> Vec<KernelRegs> {
     for line in log.lines() {
         if let Some(i) = line.find("Compiling entry function '") {
             cur = line[i + 26..].split('\'').next().map(String::from);
-            spill = 0;
+            (spill, stack) = (0, 0);
         } else if let Some(s) = number_before(line, " bytes spill stores") {
             spill = s;
+            stack = number_before(line, " bytes stack frame").unwrap_or(0);
         } else if let (Some(r), true) = (number_before(line, " registers"), line.contains("Used "))
         {
             if let Some(kernel) = cur.take() {
@@ -82,6 +85,7 @@ fn parse(module: &str, log: &str) -> Vec<KernelRegs> {
                     kernel,
                     registers: r,
                     spill_bytes: spill,
+                    stack_bytes: stack,
                 });
             }
         }
@@ -104,12 +108,22 @@ mod tests {
         let k = parse("m", log);
         assert_eq!(k.len(), 2);
         assert_eq!(
-            (k[0].kernel.as_str(), k[0].registers, k[0].spill_bytes),
-            ("mvs_8", 80, 160)
+            (
+                k[0].kernel.as_str(),
+                k[0].registers,
+                k[0].spill_bytes,
+                k[0].stack_bytes
+            ),
+            ("mvs_8", 80, 160, 168)
         );
         assert_eq!(
-            (k[1].kernel.as_str(), k[1].registers, k[1].spill_bytes),
-            ("add", 16, 0)
+            (
+                k[1].kernel.as_str(),
+                k[1].registers,
+                k[1].spill_bytes,
+                k[1].stack_bytes
+            ),
+            ("add", 16, 0, 0)
         );
     }
 }
