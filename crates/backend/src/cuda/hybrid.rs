@@ -634,11 +634,10 @@ impl CudaBackend {
         let tiled = (net.map == HeadMap::Tiled) as i32;
         let pf = self.take_pf(super::prefetch::PfSite::Delta, n);
         let clu_i = clu as i32;
-        let ut = self.dr_ut_min;
         launch!(
             @cluster if clu { nb as u32 } else { 1 },
             self, f, cfg, &xp, &win, &cwp, &kc_i, &ap, &bp, &anp, &dtp, &sp, &op, &n_i, &nk_i,
-            &nv_i, &dk_i, &dv_i, &tiled, &nwp, &zp, &eps, &qp, &dsp, &cp, &clu_i, &ut, &pf
+            &nv_i, &dk_i, &dv_i, &tiled, &nwp, &zp, &eps, &qp, &dsp, &cp, &clu_i, &pf
         )?;
         sc.xq_key = if qp != 0 {
             Some((op, n, nv * dv, self.gen.load(Ordering::Relaxed)))

@@ -404,9 +404,6 @@ pub struct CudaBackend {
     /// … a head's blocks in one cluster, which normalizes the head's rows in shared memory
     /// (Hopper and later), unless NEAGARI_CUDA_DR_CLUSTER=0 (the last block through L2).
     dr_cluster: bool,
-    /// … and walks N rows and more at once with NEAGARI_CUDA_DR_UT=N (`delta_chunk`: δ =
-    /// (I + L)⁻¹ r, no chain of sums a token; off by default: slower, BENCHMARKS session 59).
-    dr_ut_min: i32,
     /// 3–8 activation rows take the tensor-core GEMV (gemv_rows.cu) where the format has
     /// one, on sm_80 and newer, unless NEAGARI_CUDA_MV_TC=0 (then `mvq8`, for measuring).
     mvr_on: bool,
@@ -696,11 +693,6 @@ impl CudaBackend {
                 .filter(|&n| n == 1)
                 .unwrap_or(2),
             dr_cluster: maj >= 9 && knob_on("NEAGARI_CUDA_DR_CLUSTER"),
-            dr_ut_min: match knob::<i32>("NEAGARI_CUDA_DR_UT") {
-                Some(0) => i32::MAX,
-                Some(n) => n.max(1),
-                None => i32::MAX,
-            },
             mvs: mvs_shape(knob::<String>("NEAGARI_CUDA_MVS").as_deref()),
             mvsg: mvs_shape(knob::<String>("NEAGARI_CUDA_MVSG").as_deref()),
             glu_fuse_max: knob("NEAGARI_CUDA_GLU_FUSE_MAX").unwrap_or(fused::GLU_FUSE_MAX),

@@ -348,193 +348,11 @@ __device__ __forceinline__ void shift_down(float (&a)[N], bool sh) {
 #define DR_CPT 3
 // State columns a warp owns: 32 lanes, 8 a column.
 #define DR_CPW 4
-
-// Sums each of a lane's N values over the warp, 2 of them a lane: round by round
-// (lane bits 16 … 1) a lane keeps the half of its values its bit picks, sends the other
-// half to its partner and adds what comes back, so lane l ends with the sums of
-// v[2l], v[2l + 1] (N = 64: 62 shuffles where 64 warp sums take 320).
-// One round of `reduce_halves`: v[i] (i < H) ← the half of v[i], v[i + H] that lane bit
-// BIT picks, plus the other half from the partner lane.
-template <int H, int BIT, int N>
-__device__ __forceinline__ void half_round(float (&v)[N], int lane) {
-    const bool up = lane & BIT;
-#pragma unroll
-    for (int i = 0; i < H; i++)
-        v[i] = (up ? v[i + H] : v[i]) + __shfl_xor_sync(0xffffffffu, up ? v[i] : v[i + H], BIT);
-}
-// Sums each of a lane's 64 values over the warp, 2 of them a lane: round by round (lane
-// bits 16 … 1) a lane keeps the half of its values its bit picks, sends the other half to
-// its partner and adds what comes back, so lane l ends with the sums of v[2l], v[2l + 1]
-// (62 shuffles where 64 warp sums take 320). One template a round: as one loop over
-// rounds, ptxas put v in local memory (256 bytes of stack).
-__device__ __forceinline__ void reduce_halves(float (&v)[64], float (&out)[2], int lane) {
-    half_round<32, 16>(v, lane);
-    half_round<16, 8>(v, lane);
-    half_round<8, 4>(v, lane);
-    half_round<4, 2>(v, lane);
-    half_round<2, 1>(v, lane);
-    out[0] = v[0], out[1] = v[1];
-}
-
-// The delta rule over n tokens at once (the verify's walk) on a warp's 4 state columns,
-// the lane's rows 4·lane + e of column c in s[c][e] (xs holds the normed q, k and the
-// block's v; vc is the v index of lane 8c + g's column, or −1). With γ_t the decay, Γ(a..b) = Π γ_w over a ≤ w ≤ b, a_t = k_t·s₀ and
-// b_t = q_t·s₀ on the state before the tokens:
-//   p_t = Γ(0..t−1) a_t + Σ_{u<t} Γ(u+1..t−1) (k_t·k_u) δ_u,   δ_t = β_t (v_t − γ_t p_t),
-//   o_t = Γ(0..t) b_t + Σ_{u≤t} Γ(u+1..t) (q_t·k_u) δ_u,
-//   s_n = Γ(0..n−1) s₀ + Σ_u Γ(u+1..n−1) k_u δ_u.
-// So δ = (I + L)⁻¹ r with r_t = β_t (v_t − γ_t Γ(0..t−1) a_t) and L_tu = β_t γ_t Γ(u+1..t−1)
-// (k_t·k_u) (u < t): every term but a_t, b_t and v_t is the same for each column, made once
-// a block. The step-by-step walk is a chain of two sums over 8 lanes a token, and each
-// lane reads the 16 rows of q and k its column needs; here a lane reads 4 rows for 4
-// columns, the 2n sums over s₀ of each column are independent and meet in one pass of
-// halves (lane 8c + g keeps column c's a and b of token g, as the walk keeps its
-// outputs), and the rest is n-term sums. The same products in another order.
-__device__ __forceinline__ void delta_chunk(
-    float (&s)[GD_ROWS][4], const float (&xs)[DR_MAXN][3 * 32 * GD_ROWS],
-    float (&kq)[2][DR_MAXN][DR_MAXN], float (&ut_l)[DR_MAXN][DR_MAXN],
-    float (&ut_m)[DR_MAXN][DR_MAXN],
-    float (&ut_o)[DR_MAXN][DR_MAXN + 1], float (&ut_p)[DR_MAXN], float (&ut_q)[DR_MAXN],
-    float (&ut_f)[DR_MAXN], const float (&dec)[DR_MAXN], const float (&bts)[DR_MAXN], int n,
-    int dk, int vc, float& oo) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int g = lane & 7;
-    // 1. k_t·k_u (u < t) and q_t·k_u (u ≤ t), warp t, on the lane's rows lane + 32r.
-    for (int t = warp; t < n; t += nw) {
-        float q[GD_ROWS], k[GD_ROWS];
-#pragma unroll
-        for (int r = 0; r < GD_ROWS; r++) {
-            const int i = lane + 32 * r;
-            q[r] = i < dk ? xs[t][i] : 0.f;
-            k[r] = i < dk ? xs[t][dk + i] : 0.f;
-        }
-        float kk[DR_MAXN], qk[DR_MAXN];
-#pragma unroll
-        for (int u = 0; u < DR_MAXN; u++) {
-            kk[u] = 0.f, qk[u] = 0.f;
-            if (u > t) continue;
-#pragma unroll
-            for (int r = 0; r < GD_ROWS; r++) {
-                const int i = lane + 32 * r;
-                const float ku = i < dk ? xs[u][dk + i] : 0.f;
-                kk[u] += k[r] * ku;
-                qk[u] += q[r] * ku;
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < DR_MAXN; u++) {
-            if (u > t) break;
-            const float a = warp_sum(kk[u]), b = warp_sum(qk[u]);
-            if (lane == 0) kq[0][t][u] = a, kq[1][t][u] = b;
-        }
-    }
-    // 2. a_t and b_t of the warp's 4 columns over the lane's 4 rows, column c's token t at
-    // v[2(8c + t)], v[2(8c + t) + 1].
-    float v[8 * DR_MAXN];  // 64: reduce_halves' shape
-#pragma unroll
-    for (int t = 0; t < DR_MAXN; t++) {
-        const bool in = t < n && 4 * lane < dk;
-        const float4 qv = in ? *(const float4*)&xs[t][4 * lane] : make_float4(0.f, 0.f, 0.f, 0.f);
-        const float4 kv =
-            in ? *(const float4*)&xs[t][dk + 4 * lane] : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            v[2 * (8 * c + t)] = kv.x * s[c][0] + kv.y * s[c][1] + kv.z * s[c][2] + kv.w * s[c][3];
-            v[2 * (8 * c + t) + 1] =
-                qv.x * s[c][0] + qv.y * s[c][1] + qv.z * s[c][2] + qv.w * s[c][3];
-        }
-    }
-    // The warp sums the 64 values by halves: each round a lane keeps the half its lane bit
-    // picks and sends the other, so lane 8c + g ends with column c's a and b of token g.
-    float ab[2];
-    reduce_halves(v, ab, lane);
-    __syncthreads();
-    // 3. The block's terms, lane t of warp 0 its row t (0 past n), then (I + L)⁻¹ by
-    // columns, lane u column u, by forward substitution (its entries above u are 0, so
-    // every sum may run from 0).
-    if (warp == 0) {
-        float lrow[DR_MAXN];
-        if (lane < DR_MAXN) {
-            const int t = lane;
-            const bool in = t < n;
-            const float gt = in ? dec[t] : 0.f;
-            float run = 1.f;  // Γ(u+1..t−1) at u, from u = t − 1 down
-#pragma unroll
-            for (int u = DR_MAXN - 1; u >= 0; u--) {
-                const bool below = in && u < t;
-                lrow[u] = below ? bts[t] * gt * run * kq[0][t][u] : 0.f;
-                ut_o[t][u] = below ? run * gt * kq[1][t][u] : in && u == t ? kq[1][t][t] : 0.f;
-                if (below) run *= dec[u];
-            }
-            float f = 1.f;  // Γ(t+1..n−1)
-#pragma unroll
-            for (int w = 0; w < DR_MAXN; w++)
-                if (w > t && w < n) f *= dec[w];
-            ut_p[t] = in ? run : 0.f;
-            ut_q[t] = in ? run * gt : 0.f;
-            ut_f[t] = in ? f : 0.f;
-#pragma unroll
-            for (int u = 0; u < DR_MAXN; u++) ut_l[t][u] = lrow[u];
-        }
-        __syncwarp();
-        if (lane < DR_MAXN) {
-            const int u = lane;
-            float col[DR_MAXN];
-#pragma unroll
-            for (int t = 0; t < DR_MAXN; t++) {
-                float acc = 0.f;
-#pragma unroll
-                for (int w = 0; w < t; w++) acc += ut_l[t][w] * col[w];
-                col[t] = t == u && u < n ? 1.f : t > u && t < n ? -acc : 0.f;
-                ut_m[t][u] = col[t];
-            }
-        }
-    }
-    __syncthreads();
-    // 4. δ of every token in each lane of the column, token g's output, then the state
-    // after the n tokens (each column's δ from its first lane).
-    const float vg = g < n && vc >= 0 ? xs[g][vc] : 0.f;
-    const float r = g < n ? bts[g] * (vg - dec[g] * ut_p[g] * ab[0]) : 0.f;
-    float d[DR_MAXN];
-#pragma unroll
-    for (int u = 0; u < DR_MAXN; u++) d[u] = __shfl_sync(0xffffffffu, r, (lane & ~7) | u);
-    float dl[DR_MAXN];
-#pragma unroll
-    for (int u = DR_MAXN - 1; u >= 0; u--) {
-        float acc = 0.f;
-#pragma unroll
-        for (int w = 0; w <= u; w++) acc += ut_m[u][w] * d[w];
-        dl[u] = acc;
-    }
-    float o = ut_q[g] * ab[1];
-#pragma unroll
-    for (int u = 0; u < DR_MAXN; u++) o += ut_o[g][u] * dl[u];
-    oo = g < n ? o : 0.f;
-    const float gn = ut_q[n - 1];
-#pragma unroll
-    for (int c = 0; c < 4; c++)
-#pragma unroll
-        for (int x = 0; x < 4; x++) s[c][x] *= gn;
-#pragma unroll
-    for (int u = 0; u < DR_MAXN; u++) {
-        if (u >= n) break;
-        const float eu = ut_f[u] * dl[u];
-        const float4 kv =
-            4 * lane < dk ? *(const float4*)&xs[u][dk + 4 * lane] : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const float e = __shfl_sync(0xffffffffu, eu, 8 * c);
-            s[c][0] += kv.x * e, s[c][1] += kv.y * e, s[c][2] += kv.z * e, s[c][3] += kv.w * e;
-        }
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(512, 1)
     delta_rows(const float* qkv, float* win, const float* cw, int kc, const float* alpha,
                const float* beta, const float* a_neg, const float* dt_bias, float* state,
                float* out, int n, int nk, int nv, int dk, int dv, int tiled, const float* nwt,
-               const float* z, float eps, i8* xq, float2* xds, u32* cnt, int clu, int ut_min,
-               Pf pf) {
+               const float* z, float eps, i8* xq, float2* xds, u32* cnt, int clu, Pf pf) {
     const int h = blockIdx.y, nb = gridDim.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nw = blockDim.x >> 5;
@@ -558,11 +376,6 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     // 1 / rms, the block's normalized columns.
     __shared__ float wsq[DR_MAXN][16], bsq[DR_MAXN], inv_rms[DR_MAXN];
     __shared__ float ys[DR_MAXN][16 * DR_CPW];
-    // The chunked walk's token-by-token terms (below), the same for every column: k_t·k_u
-    // and q_t·k_u, then (I + L)⁻¹, the output's and the state's decay products.
-    __shared__ float kq[2][DR_MAXN][DR_MAXN];
-    __shared__ float ut_l[DR_MAXN][DR_MAXN], ut_m[DR_MAXN][DR_MAXN];
-    __shared__ float ut_o[DR_MAXN][DR_MAXN + 1], ut_p[DR_MAXN], ut_q[DR_MAXN], ut_f[DR_MAXN];
 
     // Local channel lc's column in qkv.
     auto chan = [&](int lc) {
@@ -571,19 +384,14 @@ extern "C" __global__ void __launch_bounds__(512, 1)
                              : 2 * key_dim + h * dv + jb + lc - 2 * dk;
     };
 
-    // The lane's state, four float4 loads s[m][e]: in the step-by-step walk its column j's
-    // rows 32m + 4g + e; in `delta_chunk` (ut) column j0 + m's rows 4·lane + e.
+    // The lane's state column and its rows 32m + 4g + e: s[m][e] (four float4 loads).
     const int cl = lane >> 3, g = lane & 7, j = j0 + cl;
-    const bool ut = n >= ut_min;
-    auto s_at = [&](int m) -> i64 {
-        const int i = ut ? 4 * lane : 32 * m + 4 * g, c = ut ? j0 + m : j;
-        return i < dk && c < dv ? (i64)c * dk + i : -1;
-    };
     float s[GD_ROWS][4];
 #pragma unroll
     for (int m = 0; m < GD_ROWS; m++) {
-        const i64 at = s_at(m);
-        const float4 x = at >= 0 ? *(const float4*)(S + at) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const int i = 32 * m + 4 * g;
+        const float4 x = i < dk && j < dv ? *(const float4*)(S + (i64)j * dk + i)
+                                          : make_float4(0.f, 0.f, 0.f, 0.f);
         s[m][0] = x.x, s[m][1] = x.y, s[m][2] = x.z, s[m][3] = x.w;
     }
     const float an = a_neg[h], dtb = dt_bias[h];
@@ -692,10 +500,6 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     const i64 at = (i64)g * vd + base + j;
     const float zv = clu && mine ? z[at] : 0.f, wv = clu && mine ? nwt[j] : 0.f;
     float oo = 0.f;  // token g's output of column j
-    if (ut) {
-        delta_chunk(s, xs, kq, ut_l, ut_m, ut_o, ut_p, ut_q, ut_f, dec, bts, n, dk, jin ? 2 * dk + jl : -1,
-                    oo);
-    } else
     for (int t = 0; t < n; t++) {
         float q[GD_ROWS][4], k[GD_ROWS][4];
 #pragma unroll
@@ -740,8 +544,10 @@ extern "C" __global__ void __launch_bounds__(512, 1)
         // The state first: nothing below waits for these stores.
 #pragma unroll
         for (int m = 0; m < GD_ROWS; m++) {
-            const i64 at = s_at(m);
-            if (at >= 0) *(float4*)(S + at) = make_float4(s[m][0], s[m][1], s[m][2], s[m][3]);
+            const int i = 32 * m + 4 * g;
+            if (i < dk && jin)
+                *(float4*)(S + (i64)j * dk + i) =
+                    make_float4(s[m][0], s[m][1], s[m][2], s[m][3]);
         }
         // Token g's squares over the warp's columns (lanes 8c + g), then the block's.
         float sq = mine ? oo * oo : 0.f;
@@ -834,8 +640,9 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     }
 #pragma unroll
     for (int m = 0; m < GD_ROWS; m++) {
-        const i64 at = s_at(m);
-        if (at >= 0) *(float4*)(S + at) = make_float4(s[m][0], s[m][1], s[m][2], s[m][3]);
+        const int i = 32 * m + 4 * g;
+        if (i < dk && jin)
+            *(float4*)(S + (i64)j * dk + i) = make_float4(s[m][0], s[m][1], s[m][2], s[m][3]);
     }
     if (!last_k) return;
     for (int lc = threadIdx.x; lc < 2 * dk; lc += blockDim.x) {
