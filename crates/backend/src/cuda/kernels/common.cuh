@@ -343,6 +343,15 @@ __device__ __forceinline__ void cluster_arrive() {
 #endif
 }
 
+// An arrive without release, for a block that only must not leave while the others read
+// its shared memory, where what it wrote since needs no ordering: a release arrive waits
+// (ERRBAR) for every load and store the thread has in flight.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void cluster_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");

@@ -470,9 +470,10 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     }
     __syncthreads();
     // The block's reads of the key head's windows are done: count it (the old count is
-    // first used at the end).
+    // first used at the end). With a cluster, after its first barrier: the release arrive
+    // (MEMBAR.ALL.GPU) would wait for the atomic's round trip.
     u32 k_seen = 0;
-    if (threadIdx.x == 0) k_seen = atomicAdd(cnt + kh, 1u);
+    if (threadIdx.x == 0 && !clu) k_seen = atomicAdd(cnt + kh, 1u);
     // q and k of token t L2-normalised by warp t (q also by 1/√d_k).
     for (int t = warp; t < n; t += nw) {
         float q[GD_ROWS], k[GD_ROWS];
@@ -541,14 +542,6 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     }
     if (clu) {
 #if __CUDA_ARCH__ >= 900
-        // The state first: nothing below waits for these stores.
-#pragma unroll
-        for (int m = 0; m < GD_ROWS; m++) {
-            const int i = 32 * m + 4 * g;
-            if (i < dk && jin)
-                *(float4*)(S + (i64)j * dk + i) =
-                    make_float4(s[m][0], s[m][1], s[m][2], s[m][3]);
-        }
         // Token g's squares over the warp's columns (lanes 8c + g), then the block's.
         float sq = mine ? oo * oo : 0.f;
         sq += __shfl_xor_sync(0xffffffffu, sq, 8);
@@ -562,6 +555,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
         }
         // Every block's bsq is written and visible cluster-wide after this.
         cluster_sync();
+        if (threadIdx.x == 0) k_seen = atomicAdd(cnt + kh, 1u);
         if (threadIdx.x < n) {
             float b[8];
 #pragma unroll
@@ -572,7 +566,8 @@ extern "C" __global__ void __launch_bounds__(512, 1)
             inv_rms[threadIdx.x] = 1.0f / sqrtf(tot / (float)dv + eps);
         }
         // No block leaves while another still reads its bsq: arrive here, wait at the end.
-        cluster_arrive();
+        // Relaxed: the reads of the others' bsq are done (inv_rms holds their sum).
+        cluster_arrive_relaxed();
         __syncthreads();
         if (mine) {
             const float y = oo * inv_rms[g] * wv * silu_f(zv);
@@ -588,6 +583,15 @@ extern "C" __global__ void __launch_bounds__(512, 1)
                 q8_1_warp(ys[t][32 * c + lane], xq, xds,
                           ((i64)t * vd + base + jb + 32 * c) >> 5, lane);
             }
+        }
+        // The state last: cluster_sync's release arrive waited for every store in flight
+        // (ERRBAR, 8–12% of the warps' samples when the state went before it; ncu, 27B).
+#pragma unroll
+        for (int m = 0; m < GD_ROWS; m++) {
+            const int i = 32 * m + 4 * g;
+            if (i < dk && jin)
+                *(float4*)(S + (i64)j * dk + i) =
+                    make_float4(s[m][0], s[m][1], s[m][2], s[m][3]);
         }
         if (threadIdx.x == 0) last_k = k_seen == (u32)(nv / nk * nb) - 1;
         __syncthreads();
