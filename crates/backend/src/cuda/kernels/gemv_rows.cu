@@ -794,6 +794,8 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
 // (`mvr_norm_out`), the grid's warps in turn. In the ring (`mvrq_impl`) the compute warps do
 // this, not the producer warp (with the norm on its idle lanes, its copies waited behind
 // it: the 27B Q4_K 8-row step 8.81 → 10.05 ms, H100).
+// The rows' parts a block copies (nr·np, at most the host's NORM_ROW_BLOCKS).
+#define NRM_PARTS 64
 __device__ __forceinline__ void mvr_norm_load(const Nrm& n, int nr, int lane, double* ps) {
     for (int i = lane; i < nr * n.np; i += 32) ps[i] = n.part[i];
 }
@@ -876,7 +878,7 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 bar;
     // With a norm (nrm.part set, parts = 1): the rows' parts and 1/rms (mvr_norm_*).
-    __shared__ double parts_s[64];
+    __shared__ double parts_s[NRM_PARTS];
     __shared__ float inv_rms[8];
     const bool norm = nrm.part != nullptr;
     const int part = parts > 1 ? (int)(blockIdx.x % parts) : 0;
@@ -980,7 +982,7 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 bar[2];
     // With a norm (nrm.part set): the rows' parts and 1/rms (mvr_norm_*), 1/rms once.
-    __shared__ double parts_s[64];
+    __shared__ double parts_s[NRM_PARTS];
     __shared__ float inv_rms[8];
     const bool norm = nrm.part != nullptr;
     // The block's sums: activation row c's gate rows at [c][0, 32), up rows at [c][32, 64).
@@ -1151,7 +1153,7 @@ __device__ __forceinline__ void mvrq_impl(const TMap* tm, const i8* __restrict__
     __shared__ u64 full[MVRQ_MAXS], empty[MVRQ_MAXS];
     // With a norm (nrm.part set, parts = 1): the rows' parts (at most the host's
     // NORM_ROW_BLOCKS, the parts' buffer) and 1/rms (mvr_norm_*).
-    __shared__ double parts_s[64];
+    __shared__ double parts_s[NRM_PARTS];
     __shared__ float inv_rms[8];
     const bool norm = nrm.part != nullptr;
     constexpr int RB = 16 * MT, GB = F::GROUP_BYTES, GS = F::GROUP_STEPS, SLOT = RB * GB;

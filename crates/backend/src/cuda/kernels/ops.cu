@@ -178,6 +178,14 @@ __device__ __forceinline__ void norm_add_norm_impl(float* x, float* y, const flo
 NORM_ADD_NORM(1)
 NORM_ADD_NORM(8)
 
+// A warp's sum of one double a lane, the same tree in every lane (so every lane has the
+// same bits).
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 // add_rms_norm_q of ONE row over gridDim.x blocks, a value per thread (g a multiple of 32,
 // g ≤ blocks · blockDim): one block per row took 9.3 µs on a 5120-wide row (ncu, H200),
 // a fifth of a 27B-shaped layer's small kernels. Each block writes its sum of squares to
@@ -186,12 +194,6 @@ NORM_ADD_NORM(8)
 // block count follow each other); after it every block adds the parts in one order, so the
 // sum is the same in every block and every run. All blocks must be resident at once: the
 // host launches at most one per SM, and the stream runs nothing beside this kernel.
-__device__ __forceinline__ double warp_sum_d(double v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // The two halves of a row norm over several blocks, a value a thread: the residual add
 // (x[i] += y[i], stored) and the block's sum of squares (returned to warp 0's lane 0),
 // then, given the row's total, the normed value and its q8_1.
