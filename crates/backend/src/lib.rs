@@ -605,6 +605,12 @@ pub trait Backend: Send + Sync + 'static {
     fn prefetch(&self, _ws: &[&Self::Mat]) -> Result<()> {
         Ok(())
     }
+    /// A hint that the next `delta_net` reads recurrent layer `layer`'s state in `kv`: a
+    /// device backend may have the GEMV before it (the layer's input projections) ask its
+    /// cache for it. Results do not depend on it.
+    fn prefetch_rec(&self, _kv: &Self::Kv, _layer: usize) -> Result<()> {
+        Ok(())
+    }
     /// `x += y`, then `out = rms_norm(x, w)`: a residual add and the norm that reads the
     /// sum, which a device backend may fuse.
     fn add_rms_norm(

@@ -667,7 +667,8 @@ impl<B: Backend> Qwen35<B> {
         let mut z = be.buf(nt, s.value_dim())?; // [n, value_dim]
         let mut beta = be.buf(nt, s.n_v_heads)?; // [n, n_v]
         let mut alpha = be.buf(nt, s.n_v_heads)?; // [n, n_v]
-                                                  // Every projection of xn in one call (one launch on a GPU where the types agree).
+        be.prefetch_rec(kv, d.rec_layer)?;
+        // Every projection of xn in one call (one launch on a GPU where the types agree).
         match &d.beta_alpha {
             BetaAlpha::Split {
                 beta: wb,

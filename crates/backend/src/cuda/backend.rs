@@ -200,6 +200,11 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn prefetch_rec(&self, kv: &CudaKv, layer: usize) -> Result<()> {
+        self.hy_prefetch_rec(kv, layer);
+        Ok(())
+    }
+
     fn add_rms_norm(
         &self,
         x: &mut CudaBuf,

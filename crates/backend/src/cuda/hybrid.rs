@@ -527,6 +527,19 @@ impl CudaBackend {
         Ok(sc.fuse_cnt.as_ref().map_or(0, |c| self.dptr(c)))
     }
 
+    /// `Backend::prefetch_rec`: layer `layer`'s state and conv window for the next one-row
+    /// streaming GEMV to ask into L2 (prefetch.rs `take_rec`); nothing where `kv` has no
+    /// such layer.
+    pub(super) fn hy_prefetch_rec(&self, kv: &CudaKv, layer: usize) {
+        let Some(rec) = kv.rec.as_ref().filter(|r| layer < r.shape.n_layers) else {
+            return;
+        };
+        let (cn, sn) = (CudaRec::conv_len(&rec.shape), CudaRec::state_len(&rec.shape));
+        let state = (self.dptr(&rec.state) + (layer * sn * 4) as u64, (sn * 4) as u64);
+        let conv = (self.dptr(&rec.conv) + (layer * cn * 4) as u64, (cn * 4) as u64);
+        self.prefetch_rec_op(state, conv);
+    }
+
     /// `Backend::delta_net`: 1..=8 rows (a decode step, a verify) in one `delta_rows` launch
     /// (unless NEAGARI_CUDA_FUSE=0), other shapes through the three ops.
     #[allow(clippy::too_many_arguments)]
@@ -546,6 +559,8 @@ impl CudaBackend {
         eps: f32,
         out: &mut CudaBuf,
     ) -> Result<()> {
+        // A recurrent hint no GEMV took ends here.
+        self.take_rec();
         let (nk, nv, dk, dv) = (net.n_k_heads, net.n_v_heads, net.d_k, net.d_v);
         let n = qkv.rows;
         let fused = self.fuse

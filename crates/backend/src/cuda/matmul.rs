@@ -466,6 +466,9 @@ impl CudaBackend {
         let (units_i, rb, nr_i) = (units as i32, ws[0].row_bytes as i64, n as i32);
         let streamed =
             n == 1 && self.mvs_launch(k, &mats, (qp, dsp), units, ws[0].row_bytes, nrm)?;
+        // The recurrent state the DeltaNet step after reads (`mvrmt`, `mvqm1x4u`), where the
+        // model said and `mvs_launch` did not take it.
+        let mut pf = self.take_rec();
         let chunks = if streamed { 0 } else { ws.len().div_ceil(4) };
         for c in mats.chunks(4).take(chunks) {
             let a = MultiArgs::new(c, r * by);
@@ -503,8 +506,9 @@ impl CudaBackend {
                     @keep_cluster clu, self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3],
                     &a.y[0], &a.y[1], &a.y[2], &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2],
                     &a.rows[3], &a.starts[1], &a.starts[2], &a.starts[3], &qp, &dsp, &units_i,
-                    &rb, &nr_i, &parts, &pu, &pb, &ks, &nrm
+                    &rb, &nr_i, &parts, &pu, &pb, &ks, &nrm, &pf
                 )?;
+                pf = Default::default();
                 continue;
             }
             let cfg = LaunchConfig {
@@ -519,8 +523,9 @@ impl CudaBackend {
                     @keep self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1],
                     &a.y[2], &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2], &a.rows[3],
                     &a.starts[1], &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &rb, &nr_i,
-                    &nrm
+                    &nrm, &pf
                 )?;
+                pf = Default::default();
                 continue;
             }
             launch!(
@@ -1176,6 +1181,8 @@ impl CudaBackend {
         let per_block = g * r * kc;
         let (units_i, rb, k_i) = (units as i32, row_bytes as i64, kc as i32);
         let nrm = nrm.unwrap_or_default();
+        // The recurrent state the DeltaNet step after this GEMV reads, where the model said.
+        let mut pf = self.take_rec();
         for c in mats.chunks(4) {
             let a = MultiArgs::new(c, per_block);
             let cfg = LaunchConfig {
@@ -1186,8 +1193,9 @@ impl CudaBackend {
             launch!(
                 @keep self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1],
                 &a.y[2], &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2], &a.rows[3], &a.starts[1],
-                &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &rb, &k_i, &nrm
+                &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &rb, &k_i, &nrm, &pf
             )?;
+            pf = Default::default();
         }
         Ok(true)
     }

@@ -73,6 +73,10 @@ pub(super) struct Prefetch {
     /// between (GEMVs do not count) takes it, so a hint nobody took never reaches a later
     /// kernel, whose matrices may be gone.
     pending: Mutex<(PfArgs, bool, u64)>,
+    /// The recurrent state (and conv window) the next `delta_rows` reads, asked into L2 by
+    /// the one-row GEMV before it (`take_rec`); NEAGARI_CUDA_REC_PF=0 turns it off.
+    rec_on: bool,
+    rec: Mutex<PfArgs>,
 }
 
 impl Prefetch {
@@ -88,6 +92,8 @@ impl Prefetch {
             caps: mib.map(|m| m << 20),
             first: super::knob_on("NEAGARI_CUDA_PDL_FIRST"),
             pending: Mutex::new((PfArgs::default(), false, 0)),
+            rec_on: super::knob_on("NEAGARI_CUDA_REC_PF"),
+            rec: Mutex::new(PfArgs::default()),
         }
     }
 }
@@ -136,6 +142,23 @@ impl CudaBackend {
         };
         *self.pf.pending.lock().unwrap_or_else(|e| e.into_inner()) =
             (args, is_dense, self.gen.load(Ordering::Relaxed));
+    }
+
+    /// Records a recurrent layer's state and conv window (device address, bytes) for the next
+    /// one-row streaming GEMV (`take_rec`), replacing what an earlier hint left.
+    pub(super) fn prefetch_rec_op(&self, state: (u64, u64), conv: (u64, u64)) {
+        let a = if self.pf.rec_on {
+            PfArgs::ranges(state.0, state.1 & !15, conv.0, conv.1 & !15)
+        } else {
+            PfArgs::default()
+        };
+        *self.pf.rec.lock().unwrap_or_else(|e| e.into_inner()) = a;
+    }
+
+    /// The recurrent hint (none: zero bytes), cleared: taken by the GEMV that issues it and
+    /// by `delta_net`, so it never outlives the step it was given for.
+    pub(super) fn take_rec(&self) -> PfArgs {
+        std::mem::take(&mut *self.pf.rec.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// The pending hint for a launch of `site`'s kernel over `rows` activation rows (the

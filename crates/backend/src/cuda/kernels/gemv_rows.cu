@@ -868,12 +868,14 @@ __device__ __forceinline__ int mvrt_stride(i64 row_bytes) {
 // cap) and the warps then read it from shared memory. Dynamic shared memory: the tile, MT·16
 // rows of `mvrt_stride(part_bytes)` (part_bytes a multiple of 16, W 16-byte aligned).
 // `wait` is the kernel's gdc_wait, called once the copies are asked for. At most NW warps.
+// `pf`: the DeltaNet state the kernel after reads, asked into L2 once the tile has landed
+// (gemv_stream.cu's mvs_impl says why).
 template <class F, int MT, int NW = MVR_WARPS, class Wait>
 __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, i64 row_bytes, int nr, int blk,
                                           int parts, int part_units, int part_bytes, Ks ks,
-                                          Wait wait, const Nrm& nrm) {
+                                          Wait wait, const Nrm& nrm, const Pf& pf = Pf{}) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 bar;
@@ -909,6 +911,7 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
     const int lane = threadIdx.x & 31;
     if (norm && threadIdx.x < 32) mvr_norm_load(nrm, nr, lane, parts_s);
     mbar_wait(&bar, 0);
+    pf_issue(pf);
     const auto pre = [&] {
         if (norm && threadIdx.x < 32) mvr_norm_inv(nrm, nr, lane, parts_s, inv_rms);
     };
@@ -935,10 +938,11 @@ __device__ __forceinline__ void mvrt_impl(const u8* __restrict__ W, const i8* __
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MINB)                        \
         mvrmt_##MT(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes,     \
-                   int nr, int parts, int part_units, int part_bytes, Ks ks, Nrm nrm) {        \
+                   int nr, int parts, int part_units, int part_bytes, Ks ks, Nrm nrm,          \
+                   Pf pf) {                                                                    \
         const Mat4 p = MAT4_PICK(blockIdx.x / parts);                                          \
         mvrt_impl<FMTB, MT>(p.W, xq, xds, p.y, p.rows, units, row_bytes, nr, p.b, parts,       \
-                            part_units, part_bytes, ks, [] { gdc_wait(); }, nrm);             \
+                            part_units, part_bytes, ks, [] { gdc_wait(); }, nrm, pf);          \
     }
 MVRT(1, 3)
 MVRT(2, 2)

@@ -65,12 +65,15 @@ __device__ __forceinline__ void mvs_parts(const u8* __restrict__ W, int base,
 }
 
 // With a norm (`nrm`, common.cuh's Nrm; part set) the row sums are scaled by the row's 1/rms
-// and the first g / 32 blocks write the normed row (NrmStage).
+// and the first g / 32 blocks write the normed row (NrmStage). `pf` (cuda/prefetch.rs
+// `take_rec`): the DeltaNet state the kernel after reads, asked into L2 once the block's
+// weight loads are all out, so it lands while the GEMV finishes rather than in the next
+// kernel's first microseconds (its blocks cannot start beside this one's: registers).
 template <class F, int R, class Wait>
 __device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __restrict__ xq,
                                          const float2* __restrict__ xds, float* __restrict__ y,
                                          int rows, int units, i64 row_bytes, int K, int blk,
-                                         Wait wait, const Nrm& nrm) {
+                                         Wait wait, const Nrm& nrm, const Pf& pf) {
     const int T = blockDim.x, tid = threadIdx.y * T + threadIdx.x;
     __shared__ float part[MVS_ROWS][256 + 1];  // +1: the adds below read a column
     __shared__ NrmStage ns;
@@ -80,6 +83,7 @@ __device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __r
                         ns.issue(nrm, tid);
                     },
                     part);
+    pf_issue(pf);
     ns.finish(nrm, tid);
     __syncthreads();
     const int per = R * K;
@@ -100,13 +104,13 @@ __device__ __forceinline__ void mvs_impl(const u8* __restrict__ W, const i8* __r
 #define MVS(R)                                                                               \
     extern "C" __global__ void __launch_bounds__(256, MVS_MINB)                              \
         mvs_##R(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes, int K, \
-                Nrm nrm) {                                                                   \
+                Nrm nrm, Pf pf) {                                                            \
         const Mat4 p = MAT4_PICK(blockIdx.x);                                                \
         const int per = (int)blockDim.y * R * K, first = p.b * per;                          \
         if (first < p.rows) gdc_prefetch(p.W + (i64)first * row_bytes,                      \
                                          (i64)min(per, p.rows - first) * row_bytes);         \
         mvs_impl<FMTQ, R>(p.W, xq, xds, p.y, p.rows, units, row_bytes, K, p.b,               \
-                          [] { gdc_wait(); }, nrm);                                          \
+                          [] { gdc_wait(); }, nrm, pf);                                      \
     }
 MVS(2)
 MVS(4)
