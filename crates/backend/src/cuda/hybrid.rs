@@ -534,9 +534,18 @@ impl CudaBackend {
         let Some(rec) = kv.rec.as_ref().filter(|r| layer < r.shape.n_layers) else {
             return;
         };
-        let (cn, sn) = (CudaRec::conv_len(&rec.shape), CudaRec::state_len(&rec.shape));
-        let state = (self.dptr(&rec.state) + (layer * sn * 4) as u64, (sn * 4) as u64);
-        let conv = (self.dptr(&rec.conv) + (layer * cn * 4) as u64, (cn * 4) as u64);
+        let (cn, sn) = (
+            CudaRec::conv_len(&rec.shape),
+            CudaRec::state_len(&rec.shape),
+        );
+        let state = (
+            self.dptr(&rec.state) + (layer * sn * 4) as u64,
+            (sn * 4) as u64,
+        );
+        let conv = (
+            self.dptr(&rec.conv) + (layer * cn * 4) as u64,
+            (cn * 4) as u64,
+        );
         self.prefetch_rec_op(state, conv);
     }
 

@@ -24,6 +24,13 @@
 //! Q4_K 6.131 → 6.020 / 9.644 → 9.381, Q1_0 3.417 → 3.410 / 5.667 → 5.581; before every
 //! GEMV (an earlier build), Q1_0's one-token step went 3.450 → 3.560 and TQ2_0's 3.919 →
 //! 4.016. NEAGARI_CUDA_PDL_FIRST=0 turns it off.
+//!
+//! A second hint, `Backend::prefetch_rec`, names the recurrent layer whose state the next
+//! DeltaNet step reads (3 MiB a layer on the 27B, f32): the one-row GEMV before it (the
+//! layer's in-projections) asks L2 for it once its own weight loads are out, so the state
+//! lands while that GEMV finishes. `delta_rows` cannot start beside that GEMV (512 threads ×
+//! 107 registers), and ncu found a third of its one-token samples waiting on the state's
+//! loads from DRAM (docs/BENCHMARKS.md, session 59). NEAGARI_CUDA_REC_PF=0 turns it off.
 
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
