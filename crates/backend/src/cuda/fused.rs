@@ -248,6 +248,21 @@ impl CudaBackend {
             block_dim: ((MVR_WARPS * 32) as u32, 1, 1),
             shared_mem_bytes: bufs * p.smem,
         };
+        let parts = glu_split(
+            self.glu_split,
+            nblk,
+            grid,
+            units,
+            k.rows_tma.as_ref().map_or(0, |t| t.group_units),
+        );
+        let ks = if parts > 1 {
+            // The parts' sums: MT·128 (MT = 4) a part of each tile block left over.
+            let left = nblk % grid;
+            self.ks_scratch(&mut sc, left * parts * 512, left)?
+        } else {
+            Default::default()
+        };
+        let parts_i = parts as i32;
         let (wg, wu) = (self.dptr(&gate.data), self.dptr(&up.data));
         let (gp, up_) = (self.dptr(&g.data), self.dptr(&u.data));
         let (rows_i, units_i, rb, nr_i, bufs_i) = (
@@ -262,7 +277,7 @@ impl CudaBackend {
         // `@keep`: x's q8_1 stays valid for other matmuls of x.
         launch!(
             @keep self, func, cfg, &wg, &wu, &qp, &dsp, &gp, &up_, &rows_i, &units_i, &rb,
-            &nr_i, &act_i, &oq, &ods, &bufs_i, &nrm
+            &nr_i, &act_i, &oq, &ods, &bufs_i, &nrm, &parts_i, &ks
         )?;
         self.glu_written(&mut sc, (gp, up_), n, rows, true);
         Ok(true)
@@ -557,4 +572,47 @@ pub(super) fn glu_pair(gate: &CudaMat, up: &CudaMat, cols: usize) -> bool {
     gate.ty == up.ty
         && (gate.rows, gate.cols, gate.row_bytes) == (up.rows, up.cols, up.row_bytes)
         && gate.cols == cols
+}
+
+/// Parts of K for `mvrtg_4`'s tile blocks past its whole rounds (gemv_rows.cu): the 27B's
+/// 17,408 gate/up rows are 544 tile blocks, 2.06 rounds of 264 blocks, and ROWS=8 timed
+/// 16,896 rows (2.00 rounds) at 20.1 µs against 25.5 (session 37): the 16 left over cost a
+/// whole third round. Split, they are `parts` short items instead. At most `want` parts and
+/// the row's groups of `group_units` units (every part some groups), only where the items
+/// fit in the grid beside nothing else; 1: whole.
+fn glu_split(want: usize, nblk: usize, grid: usize, units: usize, group_units: usize) -> usize {
+    let left = nblk % grid.max(1);
+    if want < 2 || left == 0 || grid >= nblk || group_units == 0 || units % group_units != 0 {
+        return 1;
+    }
+    let groups = units / group_units;
+    let mut parts = want.min(groups).min(grid / left);
+    // Every part some groups: per · (parts − 1) < groups.
+    while parts > 1 && groups.div_ceil(parts) * (parts - 1) >= groups {
+        parts -= 1;
+    }
+    parts.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glu_split;
+
+    #[test]
+    fn left_over_tile_blocks_split_in_whole_groups() {
+        // The 27B's gate/up on an H100 at two blocks an SM: 544 tile blocks, 264 blocks, 16
+        // left; Q1_0's 5,120-wide rows are 5 groups of 32 units.
+        assert_eq!(glu_split(8, 544, 264, 160, 32), 5);
+        assert_eq!(glu_split(3, 544, 264, 160, 32), 3);
+        // 4 parts of 5 groups would leave the last empty (2, 2, 1, 0): 3.
+        assert_eq!(glu_split(4, 544, 264, 160, 32), 3);
+        // Off, nothing left, one round, ragged groups, not room for the items.
+        assert_eq!(glu_split(0, 544, 264, 160, 32), 1);
+        assert_eq!(glu_split(5, 528, 264, 160, 32), 1);
+        assert_eq!(glu_split(5, 200, 264, 160, 32), 1);
+        assert_eq!(glu_split(5, 544, 264, 80, 32), 1);
+        assert_eq!(glu_split(5, 272 + 130, 136, 160, 32), 1);
+        // On 132 SMs at one block an SM (cuda_ops' 8,704 rows): 272 tile blocks, 8 left.
+        assert_eq!(glu_split(5, 272, 132, 160, 32), 5);
+    }
 }

@@ -323,20 +323,28 @@ impl CudaBackend {
             return Ok((p.parts as u32, Ks::default()));
         }
         // MT·128 sums a block (its MT tiles' 16 rows × 8 activation rows).
-        let need = blocks * p.rows * 8;
-        if sc.ksplit.as_ref().is_none_or(|b| b.len() < need) {
+        Ok((
+            1,
+            self.ks_scratch(sc, blocks * p.rows * 8, blocks / p.parts)?,
+        ))
+    }
+
+    /// The [`Ks`] of a K split through global memory: room for `sums` partial sums (grown
+    /// outside a recorded step) and `counters` zeroed counters, one a tile block.
+    pub(super) fn ks_scratch(&self, sc: &mut Scratch, sums: usize, counters: usize) -> Result<Ks> {
+        if sc.ksplit.as_ref().is_none_or(|b| b.len() < sums) {
             self.check_alloc("the K split's sums")?;
             self.scratch_moved();
             sc.ksplit = None;
             sc.ksplit = Some(
                 self.stream
-                    .alloc_zeros::<f32>(need.max(1 << 18))
+                    .alloc_zeros::<f32>(sums.max(1 << 18))
                     .map_err(drv)?,
             );
         }
-        let pp = sc.ksplit.as_ref().map_or(0, |b| self.dptr(b));
-        let c = self.fuse_counters(sc, blocks / p.parts)?;
-        Ok((1, Ks { p: pp, c }))
+        let p = sc.ksplit.as_ref().map_or(0, |b| self.dptr(b));
+        let c = self.fuse_counters(sc, counters)?;
+        Ok(Ks { p, c })
     }
 }
 

@@ -401,6 +401,9 @@ pub struct CudaBackend {
     /// 27B Q1_0 8-row greedy step (H200, four calls): 5.55–5.58 → 5.38–5.43 ms.
     glu_loop: usize,
     glu_bufs: usize,
+    /// The tile blocks past `mvrtg_4`'s whole rounds in up to NEAGARI_CUDA_GLU_SPLIT=N parts
+    /// of K (fused.rs `glu_split`; 0 or 1: whole, by a block each).
+    glu_split: usize,
     /// … a head's blocks in one cluster, which normalizes the head's rows in shared memory
     /// (Hopper and later), unless NEAGARI_CUDA_DR_CLUSTER=0 (the last block through L2).
     dr_cluster: bool,
@@ -692,6 +695,7 @@ impl CudaBackend {
             glu_bufs: knob("NEAGARI_CUDA_GLU_BUFS")
                 .filter(|&n| n == 1)
                 .unwrap_or(2),
+            glu_split: knob("NEAGARI_CUDA_GLU_SPLIT").unwrap_or(0),
             dr_cluster: maj >= 9 && knob_on("NEAGARI_CUDA_DR_CLUSTER"),
             mvs: mvs_shape(knob::<String>("NEAGARI_CUDA_MVS").as_deref()),
             mvsg: mvs_shape(knob::<String>("NEAGARI_CUDA_MVSG").as_deref()),

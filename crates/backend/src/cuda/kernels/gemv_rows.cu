@@ -726,9 +726,10 @@ __device__ __forceinline__ void mvrb_parts_sum(Ld ld, float* __restrict__ y, int
 // sums then meet in the cluster's rank 0 or, with `ks`, through global memory
 // (`mvrb_parts_sum` either way, so the same bits). `sync` is the block's barrier of those
 // nw warps (at most NW). With `scale` (K whole, parts = 1: a norm finished here,
-// `mvr_norm_inv`) row c's sums are scaled by scale[c].
+// `mvr_norm_inv`) row c's sums are scaled by scale[c]. Returns whether this block wrote
+// the sums to y (K whole, or the part that added the others').
 template <int MT, class Sync, int NW = MVR_WARPS>
-__device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __restrict__ y,
+__device__ __forceinline__ bool mvrb_finish(const float (&acc)[MT][4], float* __restrict__ y,
                                             int rows, int nr, int base, int part, int parts,
                                             int warp, int nw, Sync sync, Ks ks,
                                             const float* scale = nullptr) {
@@ -756,7 +757,7 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
             else if (r < rows && c < nr) y[(i64)c * rows + r] = scale ? v * scale[c] : v;
         }
     }
-    if (parts == 1) return;
+    if (parts == 1) return true;
     if (ks.p) {
         __shared__ int last;
         // The block's sums are stored, and visible device-wide, before it counts.
@@ -764,14 +765,14 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
         sync();
         if (threadIdx.x == 0) last = atomicAdd(&ks.c[tb], 1u) == (u32)(parts - 1);
         sync();
-        if (!last) return;
+        if (!last) return false;
         // The other parts' sums are read after their counts, past L1.
         __threadfence();
         mvrb_parts_sum<MT>(
             [&](int i, int k, int q) { return __ldcg(kp + (q * MT + i) * 128 + k * 32 + lane); },
             y, rows, nr, base, parts, warp, nw);
         if (threadIdx.x == 0) ks.c[tb] = 0;
-        return;
+        return true;
     }
 #if __CUDA_ARCH__ >= 900
     // Every part's psum is written and visible cluster-wide after this.
@@ -782,6 +783,7 @@ __device__ __forceinline__ void mvrb_finish(const float (&acc)[MT][4], float* __
     // No block leaves while rank 0 still reads its psum.
     cluster_sync();
 #endif
+    return part == 0;
 }
 
 // The decode rows' RMSNorm finished in the tensor-core GEMV (cuda/norm.rs `norm_matmul_op`,
@@ -824,7 +826,7 @@ struct NoPre {
 };
 
 template <class F, int MT, bool CH = false, class Pre = NoPre, int NW = MVR_WARPS>
-__device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8* __restrict__ xq,
+__device__ __forceinline__ bool mvrb_impl(const u8* __restrict__ tile, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, int pu, int stride, int gp, u64* bars,
                                           int nr, int blk, int part, int parts, Ks ks = Ks{},
@@ -846,8 +848,8 @@ __device__ __forceinline__ void mvrb_impl(const u8* __restrict__ tile, const i8*
     }
     pre();
     const auto sync = [] { __syncthreads(); };
-    mvrb_finish<MT, decltype(sync), NW>(acc, y, rows, nr, base, part, parts, warp, nw, sync, ks,
-                                        scale);
+    return mvrb_finish<MT, decltype(sync), NW>(acc, y, rows, nr, base, part, parts, warp, nw,
+                                               sync, ks, scale);
 }
 
 // Bytes between two rows of a tile in shared memory: the row's, plus 16 where that is an
@@ -978,10 +980,15 @@ extern "C" __global__ void __launch_bounds__(2 * MVR_WARPS * 32, 1)
 // rounds out as 64 quarter tiles (8 + 8 rows, the last of a unit's four quantizing it)
 // instead: 5.57 ms. With `nrm` it finishes the norm before it (`mvr_norm_*`: gate and up
 // sums scaled by 1/rms before the GLU).
+// With `parts` > 1 (fused.rs `glu_split`, NEAGARI_CUDA_GLU_SPLIT) the tile blocks left past
+// the whole rounds go out in parts of K instead, a part a block: each copies its groups of
+// the 64 rows and stores its sums to `ks`, and the last of a tile block's parts adds them
+// in part order (mvrb_finish) and applies the GLU, so a leftover costs a part's copy and
+// steps rather than a whole tile's.
 extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
     mvrtg_4(const u8* wg, const u8* wu, const i8* xq, const float2* xds, float* g, float* u,
             int rows, int units, i64 row_bytes, int nr, int act, i8* oq, float2* ods, int bufs,
-            Nrm nrm) {
+            Nrm nrm, int parts, Ks ks) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) u8 sm[];
     __shared__ u64 bar[2];
@@ -992,20 +999,43 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
     // The block's sums: activation row c's gate rows at [c][0, 32), up rows at [c][32, 64).
     __shared__ float ys[8][64];
     const int stride = mvrt_stride(row_bytes), nblk = rows / 32, tile = 64 * stride;
-    // Warp 0: tile block `blk`'s 64 rows into buffer `b`.
-    auto fetch = [&](int blk, int b) {
-        if (threadIdx.x == 0) mbar_expect(&bar[b], (u32)(64 * row_bytes));
+    // R rounds of whole tile blocks, then the L left over: whole, by the first L blocks, or
+    // with `parts` > 1 (the host keeps L·parts within the grid and every part some groups)
+    // in parts of K by the first L·parts blocks, which meet through `ks` (mvrb_finish).
+    const int G = gridDim.x, R = nblk / G, L = nblk - R * G;
+    const bool split = parts > 1 && L > 0;
+    constexpr int GB = FMTB::GROUP_BYTES, GU = FMTB::GROUP_STEPS * 4;
+    const int groups = (int)(row_bytes / GB), per = (groups + parts - 1) / parts;
+    // This block's item i: tile block blk (< 0: none) and its part p (< 0: K whole).
+    auto item = [&](int i, int& blk, int& p) {
+        const int b = blockIdx.x;
+        p = -1;
+        blk = i < R ? b + i * G : i == R && !split && b < L ? b + R * G : -1;
+        if (i == R && split && b < L * parts) blk = R * G + b / parts, p = b % parts;
+    };
+    // Part p's first group, groups and bytes a row, and its rows' stride in shared memory.
+    auto part_of = [&](int p, int& g0, int& ng, int& pb, int& st) {
+        g0 = p < 0 ? 0 : p * per;
+        ng = p < 0 ? groups : min(groups, g0 + per) - g0;
+        pb = p < 0 ? (int)row_bytes : ng * GB;
+        st = p < 0 ? stride : mvrt_stride(pb);
+    };
+    // Warp 0: tile block `blk`'s 64 rows (of part p) into buffer `b`.
+    auto fetch = [&](int blk, int p, int b) {
+        int g0, ng, pb, st;
+        part_of(p, g0, ng, pb, st);
+        if (threadIdx.x == 0) mbar_expect(&bar[b], (u32)(64 * pb));
         // The expected bytes are set before any copy can land.
         __syncwarp();
 #pragma unroll
         for (int m = 0; m < 2; m++) {
-            const u8* src = (m ? wu : wg) + (i64)blk * 32 * row_bytes;
-            u8* dst = sm + b * tile + m * 32 * stride;
-            if (stride == row_bytes) {
+            const u8* src = (m ? wu : wg) + (i64)blk * 32 * row_bytes + (i64)g0 * GB;
+            u8* dst = sm + b * tile + m * 32 * st;
+            if (p < 0 && stride == row_bytes) {
                 if (threadIdx.x == 0) bulk_load(dst, src, (u32)(32 * row_bytes), &bar[b]);
             } else {
-                bulk_load(dst + threadIdx.x * stride, src + threadIdx.x * row_bytes,
-                          (u32)row_bytes, &bar[b]);
+                bulk_load(dst + threadIdx.x * st, src + threadIdx.x * row_bytes, (u32)pb,
+                          &bar[b]);
             }
         }
     };
@@ -1016,39 +1046,49 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
     }
     // The barriers are initialised before any thread waits on them.
     __syncthreads();
+    int blk, p;
+    item(0, blk, p);
     // The weights do not depend on the kernel before (the host keeps the grid ≤ nblk).
-    if (threadIdx.x < 32) fetch(blockIdx.x, 0);
+    if (threadIdx.x < 32) fetch(blk, p, 0);
     gdc_wait();
     const int lane = threadIdx.x & 31, c = threadIdx.x >> 5;
     if (norm && threadIdx.x < 32) mvr_norm_load(nrm, nr, lane, parts_s);
-    for (int blk = blockIdx.x, i = 0; blk < nblk; blk += gridDim.x, i++) {
-        const int b = bufs > 1 ? i & 1 : 0, next = blk + gridDim.x;
+    for (int i = 0; blk >= 0; i++) {
+        int nblk2, np;
+        item(i + 1, nblk2, np);
+        const int b = bufs > 1 ? i & 1 : 0;
         const u32 phase = (u32)((bufs > 1 ? i >> 1 : i) & 1);
         // Buffer b ^ 1 was last read in the previous round, which ended in a barrier.
-        if (bufs > 1 && next < nblk && threadIdx.x < 32) fetch(next, b ^ 1);
+        if (bufs > 1 && nblk2 >= 0 && threadIdx.x < 32) fetch(nblk2, np, b ^ 1);
         mbar_wait(&bar[b], phase);
-        mvrb_impl<FMTB, 4>(sm + b * tile, xq, xds, &ys[0][0], 64, units, units, stride,
-                           FMTB::GROUP_BYTES, nullptr, nr, 0, 0, 1, Ks{},
-                           norm ? inv_rms : nullptr, [&] {
-                               if (norm && i == 0 && threadIdx.x < 32)
-                                   mvr_norm_inv(nrm, nr, lane, parts_s, inv_rms);
-                           });
+        int g0, ng, pb, st;
+        part_of(p, g0, ng, pb, st);
+        const int u0 = g0 * GU;
+        const bool have = mvrb_impl<FMTB, 4>(
+            sm + b * tile, xq + u0 * 32, xds + u0, &ys[0][0], 64, units, min(ng * GU, units - u0),
+            st, GB, nullptr, nr, 0, max(p, 0), p < 0 ? 1 : parts, p < 0 ? Ks{} : ks,
+            norm && p < 0 ? inv_rms : nullptr, [&] {
+                if (norm && i == 0 && threadIdx.x < 32)
+                    mvr_norm_inv(nrm, nr, lane, parts_s, inv_rms);
+            });
         __syncthreads();
-        // Warp c: activation row c's 32 outputs, a lane each.
-        if (c < nr) {
+        // Warp c: activation row c's 32 outputs, a lane each (a part's sums are scaled here).
+        if (have && c < nr) {
             const i64 at = (i64)c * rows + blk * 32 + lane;
-            const float uv = ys[c][32 + lane], h = glu_act_mul(ys[c][lane], uv, act);
+            const float sc = norm && p >= 0 ? inv_rms[c] : 1.f;
+            const float uv = ys[c][32 + lane] * sc, h = glu_act_mul(ys[c][lane] * sc, uv, act);
             g[at] = h;
             u[at] = uv;
             if (oq) q8_1_warp(h, oq, ods, at >> 5, lane);
         }
-        if (next < nblk) {
+        if (nblk2 >= 0) {
             // Every read of buffer b and ys is done before a copy or the next round's sums
             // overwrite them (generic-proxy reads, then async-proxy writes: the fence).
             fence_async_shared();
             __syncthreads();
-            if (bufs == 1 && threadIdx.x < 32) fetch(next, 0);
+            if (bufs == 1 && threadIdx.x < 32) fetch(nblk2, np, 0);
         }
+        blk = nblk2, p = np;
     }
     if (norm) mvr_norm_out(nrm, nr, lane, c, MVR_WARPS, inv_rms);
 #else
