@@ -495,11 +495,14 @@ fn norm_folded_into_gemv() {
     // the fold's q8_1 of x·w; and the GLU form: Q4_K's gate of 2048 × 5120 is past
     // GLU_FUSE_MAX (the GEMVs and the GLU kernel apart), one row and 8; Q1_0's one row
     // takes `mvs_R` over both, then the GLU kernel, its 8 rows `mvrtg_4`; TQ2_0's one row
-    // `mvsg_R` (10240 rows: 160 blocks of 64).
+    // `mvsg_R` (10240 rows: 160 blocks of 64). The 27B's Q1_0 gate/up at 8 rows: 544 tile
+    // blocks in rounds of 2 an SM, the 16 left in parts of K where NEAGARI_CUDA_GLU_SPLIT
+    // is set for the run.
     let cols = 5120;
-    let glus: [(GgmlType, usize, &[usize]); 3] = [
+    let glus: [(GgmlType, usize, &[usize]); 4] = [
         (GgmlType::Q4_K, 2048, &[1, 8]),
         (GgmlType::Q1_0, 2048, &[1, 8]),
+        (GgmlType::Q1_0, 17408, &[8]),
         (GgmlType::TQ2_0, 10240, &[1]),
     ];
     for (ty, rows, counts) in glus {
