@@ -466,8 +466,9 @@ impl CudaBackend {
         let (units_i, rb, nr_i) = (units as i32, ws[0].row_bytes as i64, n as i32);
         let streamed =
             n == 1 && self.mvs_launch(k, &mats, (qp, dsp), units, ws[0].row_bytes, nrm)?;
-        // The recurrent state the DeltaNet step after reads (`mvrmt`, `mvqm1x4u`), where the
-        // model said and `mvs_launch` did not take it.
+        // The recurrent state the DeltaNet step after reads (`mvrmt`), where the model said
+        // and `mvs_launch` did not take it. Not by `mvqm1x4u`: the 27B Q4_K one-token step
+        // went 6.563 → 6.588 ms with it (H100, session 60).
         let mut pf = self.take_rec();
         let chunks = if streamed { 0 } else { ws.len().div_ceil(4) };
         for c in mats.chunks(4).take(chunks) {
@@ -523,9 +524,8 @@ impl CudaBackend {
                     @keep self, func, cfg, &a.w[0], &a.w[1], &a.w[2], &a.w[3], &a.y[0], &a.y[1],
                     &a.y[2], &a.y[3], &a.rows[0], &a.rows[1], &a.rows[2], &a.rows[3],
                     &a.starts[1], &a.starts[2], &a.starts[3], &qp, &dsp, &units_i, &rb, &nr_i,
-                    &nrm, &pf
+                    &nrm
                 )?;
-                pf = Default::default();
                 continue;
             }
             launch!(

@@ -205,7 +205,7 @@ template <class F, int R, class Wait>
 __device__ __forceinline__ void mvq_split(const u8* __restrict__ W, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, i64 row_bytes, int blk,
-                                          Wait wait, const Nrm& nrm, const Pf& pf = Pf{}) {
+                                          Wait wait, const Nrm& nrm) {
     if constexpr (!has_unit<F>::v) {
         wait();
         mvq_impl<F, 1, R>(W, xq, xds, y, rows, units, row_bytes, 1, blk);
@@ -240,7 +240,6 @@ __device__ __forceinline__ void mvq_split(const u8* __restrict__ W, const i8* __
             for (int q = 0; q < R; q++) F::template dot_u<1>(cur[q], u, x, ds, acc[q]);
             if (u + T < units) ld(u + T);
         }
-        pf_issue(pf);
         __shared__ float red[R][MVQ_WARPS];
         __shared__ float inv_rms;
 #pragma unroll
@@ -314,15 +313,14 @@ MVQM(mvqm8, 8, 1)
 // mvqm1x4 by mvq_split (matmul.rs `half_warps`, NEAGARI_CUDA_MVM_HALF): the host gives it
 // half the warps of `mv_warps`, two rounds a thread, as `mvq1x4u` takes the 27B's Q4_K
 // ssm_out, and the first round's loads go out before the wait. With `nrm` it finishes the
-// norm before it (norm.rs `norm_matmul_op`); `pf`: the DeltaNet state the kernel after
-// reads, asked into L2 once the block's loads are out (gemv_stream.cu's mvs_impl).
+// norm before it (norm.rs `norm_matmul_op`).
 extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32)
     mvqm1x4u(MAT4_PARAMS, const i8* xq, const float2* xds, int units, i64 row_bytes, int nr,
-             Nrm nrm, Pf pf) {
+             Nrm nrm) {
     const Mat4 p = MAT4_PICK(blockIdx.x);
     gdc_prefetch_rows(p.W, p.rows, row_bytes, 4, p.b);
     mvq_split<FMTQ, 4>(p.W, xq, xds, p.y, p.rows, units, row_bytes, p.b, [] { gdc_wait(); },
-                       nrm, pf);
+                       nrm);
 }
 #endif
 

@@ -405,8 +405,8 @@ struct B_Q4_Kt {
 using B_Q4_K = B_Q4_Kt<false>;
 using B_Q4_KN = B_Q4_Kt<true>;
 
-// The most parts `mvrt_*` splits K in (mod.rs MVRT_PARTS).
-#define MVRT_MAXP 4
+// The most parts `mvrt_*` and `mvrtg_4`'s leftover split K in (mod.rs MVRT_MAXP).
+#define MVRT_MAXP 8
 
 // Where a K split's parts meet without a cluster (`p` null: in the cluster's rank 0): each
 // block stores its sums at p[(tile block · parts + part) · MT · 128 ..] and counts at
