@@ -578,7 +578,7 @@ pub(super) fn glu_pair(gate: &CudaMat, up: &CudaMat, cols: usize) -> bool {
 /// 17,408 gate/up rows are 544 tile blocks, 2.06 rounds of 264 blocks, and ROWS=8 timed
 /// 16,896 rows (2.00 rounds) at 20.1 µs against 25.5 (session 37): the 16 left over cost a
 /// whole third round. Split, they are `parts` short items instead. At most `want` parts,
-/// MVRT_MAXP and the row's groups of `group_units` units (every part some groups), only
+/// MVRTG_MAXP and the row's groups of `group_units` units (every part some groups), only
 /// where the items fit in the grid beside nothing else; 1: whole.
 fn glu_split(want: usize, nblk: usize, grid: usize, units: usize, group_units: usize) -> usize {
     let left = nblk % grid.max(1);
@@ -586,7 +586,7 @@ fn glu_split(want: usize, nblk: usize, grid: usize, units: usize, group_units: u
         return 1;
     }
     let groups = units / group_units;
-    let mut parts = want.min(groups).min(grid / left).min(super::MVRT_MAXP);
+    let mut parts = want.min(groups).min(grid / left).min(super::MVRTG_MAXP);
     // Every part some groups: per · (parts − 1) < groups.
     while parts > 1 && groups.div_ceil(parts) * (parts - 1) >= groups {
         parts -= 1;
@@ -603,7 +603,7 @@ mod tests {
         // The 27B's gate/up on an H100 at two blocks an SM: 544 tile blocks, 264 blocks, 16
         // left; Q1_0's 5,120-wide rows are 5 groups of 32 units.
         assert_eq!(glu_split(8, 544, 264, 160, 32), 5);
-        // 20 groups: at most MVRT_MAXP = 8 parts, and 8 of 3 groups leave the last empty: 7.
+        // 20 groups: at most MVRTG_MAXP = 8 parts, and 8 of 3 groups leave the last empty: 7.
         assert_eq!(glu_split(16, 544, 264, 640, 32), 7);
         assert_eq!(glu_split(3, 544, 264, 160, 32), 3);
         // 4 parts of 5 groups would leave the last empty (2, 2, 1, 0): 3.

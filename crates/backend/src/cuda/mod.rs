@@ -148,8 +148,10 @@ const MVRQ_SLOTS: usize = 8;
 const MVRQ_TILES: usize = 2;
 /// The parts `mvrt_*` may split K in, fewest first; at most MVRT_MAXP.
 const MVRT_PARTS: [usize; 3] = [1, 2, 4];
-/// gemv_rows.cu's MVRT_MAXP (`mvrb_parts_sum` adds at most that many parts).
-pub(super) const MVRT_MAXP: usize = 8;
+/// gemv_rows.cu's MVRT_MAXP.
+const MVRT_MAXP: usize = 4;
+/// gemv_rows.cu's MVRTG_MAXP: the most parts of `mvrtg_4`'s leftover tile blocks.
+pub(super) const MVRTG_MAXP: usize = 8;
 /// The parts of a sub-2-bit matrix's rows (`mvr_tma`). 27B Q1_0 ffn_down, 8 rows (H100):
 /// 2 parts in clusters 17.2 µs; 3 parts 22.4 in clusters, 14.4 meeting through global
 /// memory (`mvrt_meet`); 4 parts 21.8 (320 blocks: more than two an SM).

@@ -405,8 +405,10 @@ struct B_Q4_Kt {
 using B_Q4_K = B_Q4_Kt<false>;
 using B_Q4_KN = B_Q4_Kt<true>;
 
-// The most parts `mvrt_*` and `mvrtg_4`'s leftover split K in (mod.rs MVRT_MAXP).
-#define MVRT_MAXP 8
+// The most parts `mvrt_*` splits K in (mod.rs MVRT_MAXP), and `mvrtg_4`'s leftover (its
+// own bound: a larger one in every tile kernel moved their register allocations).
+#define MVRT_MAXP 4
+#define MVRTG_MAXP 8
 
 // Where a K split's parts meet without a cluster (`p` null: in the cluster's rank 0): each
 // block stores its sums at p[(tile block · parts + part) · MT · 128 ..] and counts at
@@ -699,21 +701,21 @@ struct MvrbAct {
 // A K split's meeting: part q's sum k of tile i is ld(i, k, q); warp w adds tiles w, w + nw,
 // …, every part's four sums asked for before the first is added (one at a time they were
 // 4·parts distributed-memory round trips), then added in rank order, and stores them to y.
-template <int MT, class Ld>
+template <int MT, int MAXP, class Ld>
 __device__ __forceinline__ void mvrb_parts_sum(Ld ld, float* __restrict__ y, int rows, int nr,
                                                int base, int parts, int warp, int nw) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     for (int i = warp; i < MT; i += nw) {
-        float b[4][MVRT_MAXP];
+        float b[4][MAXP];
 #pragma unroll
         for (int k = 0; k < 4; k++)
 #pragma unroll
-            for (int q = 0; q < MVRT_MAXP; q++) b[k][q] = q < parts ? ld(i, k, q) : 0.f;
+            for (int q = 0; q < MAXP; q++) b[k][q] = q < parts ? ld(i, k, q) : 0.f;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             float v = 0.f;
 #pragma unroll
-            for (int q = 0; q < MVRT_MAXP; q++)
+            for (int q = 0; q < MAXP; q++)
                 if (q < parts) v += b[k][q];
             const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = 2 * t + (k & 1);
             if (r < rows && c < nr) y[(i64)c * rows + r] = v;
@@ -727,8 +729,8 @@ __device__ __forceinline__ void mvrb_parts_sum(Ld ld, float* __restrict__ y, int
 // (`mvrb_parts_sum` either way, so the same bits). `sync` is the block's barrier of those
 // nw warps (at most NW). With `scale` (K whole, parts = 1: a norm finished here,
 // `mvr_norm_inv`) row c's sums are scaled by scale[c]. Returns whether this block wrote
-// the sums to y (K whole, or the part that added the others').
-template <int MT, class Sync, int NW = MVR_WARPS>
+// the sums to y (K whole, or the part that added the others'). At most MAXP parts.
+template <int MT, class Sync, int NW = MVR_WARPS, int MAXP = MVRT_MAXP>
 __device__ __forceinline__ bool mvrb_finish(const float (&acc)[MT][4], float* __restrict__ y,
                                             int rows, int nr, int base, int part, int parts,
                                             int warp, int nw, Sync sync, Ks ks,
@@ -768,7 +770,7 @@ __device__ __forceinline__ bool mvrb_finish(const float (&acc)[MT][4], float* __
         if (!last) return false;
         // The other parts' sums are read after their counts, past L1.
         __threadfence();
-        mvrb_parts_sum<MT>(
+        mvrb_parts_sum<MT, MAXP>(
             [&](int i, int k, int q) { return __ldcg(kp + (q * MT + i) * 128 + k * 32 + lane); },
             y, rows, nr, base, parts, warp, nw);
         if (threadIdx.x == 0) ks.c[tb] = 0;
@@ -778,8 +780,9 @@ __device__ __forceinline__ bool mvrb_finish(const float (&acc)[MT][4], float* __
     // Every part's psum is written and visible cluster-wide after this.
     cluster_sync();
     if (part == 0)
-        mvrb_parts_sum<MT>([&](int i, int k, int q) { return ld_cluster(&psum[i][k][lane], q); },
-                           y, rows, nr, base, parts, warp, nw);
+        mvrb_parts_sum<MT, MAXP>(
+            [&](int i, int k, int q) { return ld_cluster(&psum[i][k][lane], q); }, y, rows, nr,
+            base, parts, warp, nw);
     // No block leaves while rank 0 still reads its psum.
     cluster_sync();
 #endif
@@ -825,7 +828,8 @@ struct NoPre {
     __device__ __forceinline__ void operator()() const {}
 };
 
-template <class F, int MT, bool CH = false, class Pre = NoPre, int NW = MVR_WARPS>
+template <class F, int MT, bool CH = false, class Pre = NoPre, int NW = MVR_WARPS,
+          int MAXP = MVRT_MAXP>
 __device__ __forceinline__ bool mvrb_impl(const u8* __restrict__ tile, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, int pu, int stride, int gp, u64* bars,
@@ -848,8 +852,8 @@ __device__ __forceinline__ bool mvrb_impl(const u8* __restrict__ tile, const i8*
     }
     pre();
     const auto sync = [] { __syncthreads(); };
-    return mvrb_finish<MT, decltype(sync), NW>(acc, y, rows, nr, base, part, parts, warp, nw,
-                                               sync, ks, scale);
+    return mvrb_finish<MT, decltype(sync), NW, MAXP>(acc, y, rows, nr, base, part, parts, warp,
+                                                     nw, sync, ks, scale);
 }
 
 // Bytes between two rows of a tile in shared memory: the row's, plus 16 where that is an
@@ -1064,13 +1068,13 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
         int g0, ng, pb, st;
         part_of(p, g0, ng, pb, st);
         const int u0 = g0 * GU;
-        const bool have = mvrb_impl<FMTB, 4>(
+        const auto pre = [&] {
+            if (norm && i == 0 && threadIdx.x < 32) mvr_norm_inv(nrm, nr, lane, parts_s, inv_rms);
+        };
+        const bool have = mvrb_impl<FMTB, 4, false, decltype(pre), MVR_WARPS, MVRTG_MAXP>(
             sm + b * tile, xq + u0 * 32, xds + u0, &ys[0][0], 64, units, min(ng * GU, units - u0),
             st, GB, nullptr, nr, 0, max(p, 0), p < 0 ? 1 : parts, p < 0 ? Ks{} : ks,
-            norm && p < 0 ? inv_rms : nullptr, [&] {
-                if (norm && i == 0 && threadIdx.x < 32)
-                    mvr_norm_inv(nrm, nr, lane, parts_s, inv_rms);
-            });
+            norm && p < 0 ? inv_rms : nullptr, pre);
         __syncthreads();
         // Warp c: activation row c's 32 outputs, a lane each (a part's sums are scaled here).
         if (have && c < nr) {
