@@ -582,7 +582,12 @@ pub(super) fn glu_pair(gate: &CudaMat, up: &CudaMat, cols: usize) -> bool {
 /// where the items fit in the grid beside nothing else; 1: whole.
 fn glu_split(want: usize, nblk: usize, grid: usize, units: usize, group_units: usize) -> usize {
     let left = nblk % grid.max(1);
-    if want < 2 || left == 0 || grid >= nblk || group_units == 0 || units % group_units != 0 {
+    if want < 2
+        || left == 0
+        || grid >= nblk
+        || group_units == 0
+        || !units.is_multiple_of(group_units)
+    {
         return 1;
     }
     let groups = units / group_units;
