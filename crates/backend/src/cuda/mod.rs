@@ -404,7 +404,9 @@ pub struct CudaBackend {
     glu_loop: usize,
     glu_bufs: usize,
     /// The tile blocks past `mvrtg_4`'s whole rounds in up to NEAGARI_CUDA_GLU_SPLIT=N parts
-    /// of K (fused.rs `glu_split`; 0 or 1: whole, by a block each).
+    /// of K (fused.rs `glu_split`; 0 or 1, the default: whole, by a block each). Opt-in until
+    /// `cuda_ops fused_matmul_glu` has passed on a GPU since the five-part fix: 27B Q1_0
+    /// 8-row greedy step 5.22 → 5.10 ms at 5 parts (H100, docs/BENCHMARKS.md session 60).
     glu_split: usize,
     /// … a head's blocks in one cluster, which normalizes the head's rows in shared memory
     /// (Hopper and later), unless NEAGARI_CUDA_DR_CLUSTER=0 (the last block through L2).
