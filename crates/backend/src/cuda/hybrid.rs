@@ -527,9 +527,9 @@ impl CudaBackend {
         Ok(sc.fuse_cnt.as_ref().map_or(0, |c| self.dptr(c)))
     }
 
-    /// `Backend::prefetch_rec`: layer `layer`'s state and conv window for the next one-row
-    /// streaming GEMV to ask into L2 (prefetch.rs `take_rec`); nothing where `kv` has no
-    /// such layer.
+    /// `Backend::prefetch_rec`: layer `layer`'s state and conv window for the next GEMV that
+    /// takes the hint (`mvs_R`, `mvrmt_R`) to ask into L2 (prefetch.rs `take_rec`); nothing
+    /// where `kv` has no such layer.
     pub(super) fn hy_prefetch_rec(&self, kv: &CudaKv, layer: usize) {
         let Some(rec) = kv.rec.as_ref().filter(|r| layer < r.shape.n_layers) else {
             return;

@@ -26,11 +26,13 @@
 //! 4.016. NEAGARI_CUDA_PDL_FIRST=0 turns it off.
 //!
 //! A second hint, `Backend::prefetch_rec`, names the recurrent layer whose state the next
-//! DeltaNet step reads (3 MiB a layer on the 27B, f32): the one-row GEMV before it (the
-//! layer's in-projections) asks L2 for it once its own weight loads are out, so the state
-//! lands while that GEMV finishes. `delta_rows` cannot start beside that GEMV (512 threads ×
+//! DeltaNet step reads (3 MiB a layer on the 27B, f32): the GEMV before it (the layer's
+//! in-projections: one row's `mvs_R`, 2–8 rows' `mvrmt_R`) asks L2 for it once its own
+//! weight loads are out, so the state lands while that GEMV finishes. `delta_rows` cannot start beside that GEMV (512 threads ×
 //! 107 registers), and ncu found a third of its one-token samples waiting on the state's
-//! loads from DRAM (docs/BENCHMARKS.md, session 59). NEAGARI_CUDA_REC_PF=0 turns it off.
+//! loads from DRAM (docs/BENCHMARKS.md, session 59). 27B, H100, same call (session 60):
+//! Q1_0's one-token and 8-row greedy steps −0.012 ms each, TQ2_0's 8-row −0.025.
+//! NEAGARI_CUDA_REC_PF=0 turns it off.
 
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
@@ -81,7 +83,7 @@ pub(super) struct Prefetch {
     /// kernel, whose matrices may be gone.
     pending: Mutex<(PfArgs, bool, u64)>,
     /// The recurrent state (and conv window) the next `delta_rows` reads, asked into L2 by
-    /// the one-row GEMV before it (`take_rec`); NEAGARI_CUDA_REC_PF=0 turns it off.
+    /// the GEMV before it (`take_rec`); NEAGARI_CUDA_REC_PF=0 turns it off.
     rec_on: bool,
     rec: Mutex<PfArgs>,
 }
@@ -152,7 +154,7 @@ impl CudaBackend {
     }
 
     /// Records a recurrent layer's state and conv window (device address, bytes) for the next
-    /// one-row streaming GEMV (`take_rec`), replacing what an earlier hint left.
+    /// GEMV that takes it (`take_rec`), replacing what an earlier hint left.
     pub(super) fn prefetch_rec_op(&self, state: (u64, u64), conv: (u64, u64)) {
         let a = if self.pf.rec_on {
             PfArgs::ranges(state.0, state.1 & !15, conv.0, conv.1 & !15)
