@@ -263,24 +263,16 @@ fn fused_matmul_glu() {
     // 8704 rows (272) give 8 blocks a third. With NEAGARI_CUDA_GLU_SPLIT those 8 are 40
     // items of a fifth of K (`gls`, `gls1`), whose sums meet in another order than the
     // whole tile's: g and u within 1e-6 of the separate ops, not the same bits.
-    let gl2 = gpu_with(&[
-        ("NEAGARI_CUDA_GLU_LOOP", "1"),
-        ("NEAGARI_CUDA_GLU_SPLIT", "0"),
-    ]);
-    let gl1 = gpu_with(&[
-        ("NEAGARI_CUDA_GLU_LOOP", "1"),
-        ("NEAGARI_CUDA_GLU_BUFS", "1"),
-        ("NEAGARI_CUDA_GLU_SPLIT", "0"),
-    ]);
-    let gls = gpu_with(&[
-        ("NEAGARI_CUDA_GLU_LOOP", "1"),
-        ("NEAGARI_CUDA_GLU_SPLIT", "5"),
-    ]);
-    let gls1 = gpu_with(&[
-        ("NEAGARI_CUDA_GLU_LOOP", "1"),
-        ("NEAGARI_CUDA_GLU_BUFS", "1"),
-        ("NEAGARI_CUDA_GLU_SPLIT", "3"),
-    ]);
+    // One block an SM, `bufs` tiles of shared memory, the leftover in up to `split` parts.
+    let glu_loop = |bufs: &str, split: &str| {
+        gpu_with(&[
+            ("NEAGARI_CUDA_GLU_LOOP", "1"),
+            ("NEAGARI_CUDA_GLU_BUFS", bufs),
+            ("NEAGARI_CUDA_GLU_SPLIT", split),
+        ])
+    };
+    let (gl2, gl1) = (glu_loop("2", "0"), glu_loop("1", "0"));
+    let (gls, gls1) = (glu_loop("2", "5"), glu_loop("1", "3"));
     let cases = [
         (&gl2, GgmlType::Q1_0, 8192, 5120),
         (&gl2, GgmlType::Q1_0, 8704, 5120),
