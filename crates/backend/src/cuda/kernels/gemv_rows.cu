@@ -1067,12 +1067,13 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
         mbar_wait(&bar[b], phase);
         int g0, ng, pb, st;
         part_of(p, g0, ng, pb, st);
-        const int u0 = g0 * GU;
+        // A part's units; K whole takes them all (TQ2_0's 5,120-wide rows are 2.5 groups).
+        const int u0 = g0 * GU, pu = p < 0 ? units : min(ng * GU, units - u0);
         const auto pre = [&] {
             if (norm && i == 0 && threadIdx.x < 32) mvr_norm_inv(nrm, nr, lane, parts_s, inv_rms);
         };
         const bool have = mvrb_impl<FMTB, 4, false, decltype(pre), MVR_WARPS, MVRTG_MAXP>(
-            sm + b * tile, xq + u0 * 32, xds + u0, &ys[0][0], 64, units, min(ng * GU, units - u0),
+            sm + b * tile, xq + u0 * 32, xds + u0, &ys[0][0], 64, units, pu,
             st, GB, nullptr, nr, 0, max(p, 0), p < 0 ? 1 : parts, p < 0 ? Ks{} : ks,
             norm && p < 0 ? inv_rms : nullptr, pre);
         __syncthreads();
