@@ -404,9 +404,9 @@ pub struct CudaBackend {
     glu_loop: usize,
     glu_bufs: usize,
     /// The tile blocks past `mvrtg_4`'s whole rounds in up to NEAGARI_CUDA_GLU_SPLIT=N parts
-    /// of K (fused.rs `glu_split`; 0 or 1, the default: whole, by a block each). Opt-in until
-    /// `cuda_ops fused_matmul_glu` has passed on a GPU since the five-part fix: 27B Q1_0
-    /// 8-row greedy step 5.22 → 5.10 ms at 5 parts (H100, docs/BENCHMARKS.md session 60).
+    /// of K (default 8, capped by fused.rs `glu_split`: 5 on the 27B; 0 or 1: whole, by a
+    /// block each). 27B Q1_0 8-row greedy step 5.22 → 5.10 ms at 5 parts (H100,
+    /// docs/BENCHMARKS.md sessions 60–61).
     glu_split: usize,
     /// … a head's blocks in one cluster, which normalizes the head's rows in shared memory
     /// (Hopper and later), unless NEAGARI_CUDA_DR_CLUSTER=0 (the last block through L2).
@@ -699,7 +699,7 @@ impl CudaBackend {
             glu_bufs: knob("NEAGARI_CUDA_GLU_BUFS")
                 .filter(|&n| n == 1)
                 .unwrap_or(2),
-            glu_split: knob("NEAGARI_CUDA_GLU_SPLIT").unwrap_or(0),
+            glu_split: knob("NEAGARI_CUDA_GLU_SPLIT").unwrap_or(8),
             dr_cluster: maj >= 9 && knob_on("NEAGARI_CUDA_DR_CLUSTER"),
             mvs: mvs_shape(knob::<String>("NEAGARI_CUDA_MVS").as_deref()),
             mvsg: mvs_shape(knob::<String>("NEAGARI_CUDA_MVSG").as_deref()),

@@ -260,9 +260,10 @@ fn fused_matmul_glu() {
     // 3–8 rows of Q1_0 take gemv_rows.cu's `mvrtg_4`; capped at one block an SM, a block
     // takes several tile blocks, the next one's copy in flight (`gl2`) or after the current
     // one (`gl1`). On 132 SMs, 8192 rows (256 tile blocks) give 124 blocks a second one,
-    // 8704 rows (272) give 8 blocks a third. With NEAGARI_CUDA_GLU_SPLIT those 8 are 40
-    // items of a fifth of K (`gls`, `gls1`), whose sums meet in another order than the
-    // whole tile's: g and u within 1e-6 of the separate ops, not the same bits.
+    // 8704 rows (272) give 8 blocks a third: whole with NEAGARI_CUDA_GLU_SPLIT=0 (`gl2`,
+    // `gl1`), else (the default) 40 items of a fifth of K (`gls`, `gls1`: three parts),
+    // whose sums meet in another order than the whole tile's: g and u within 1e-6 of the
+    // separate ops, not the same bits.
     // One block an SM, `bufs` tiles of shared memory, the leftover in up to `split` parts.
     let glu_loop = |bufs: &str, split: &str| {
         gpu_with(&[
@@ -488,8 +489,8 @@ fn norm_folded_into_gemv() {
     // GLU_FUSE_MAX (the GEMVs and the GLU kernel apart), one row and 8; Q1_0's one row
     // takes `mvs_R` over both, then the GLU kernel, its 8 rows `mvrtg_4`; TQ2_0's one row
     // `mvsg_R` (10240 rows: 160 blocks of 64). The 27B's Q1_0 gate/up at 8 rows: 544 tile
-    // blocks in rounds of 2 an SM, the 16 left in parts of K where NEAGARI_CUDA_GLU_SPLIT
-    // is set for the run.
+    // blocks in rounds of 2 an SM, the 16 left in parts of K (unless NEAGARI_CUDA_GLU_SPLIT=0
+    // is set for the run).
     let cols = 5120;
     let glus: [(GgmlType, usize, &[usize]); 4] = [
         (GgmlType::Q4_K, 2048, &[1, 8]),
