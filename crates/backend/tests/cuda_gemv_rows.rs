@@ -195,10 +195,13 @@ fn multi_row_gemv_on_tensor_cores() {
     ] {
         // This shape (tiles a block, K parts) and the settings given.
         let (mt_s, parts_s) = (mt.to_string(), parts.to_string());
+        // Eight warps a block everywhere: `mvrt_4w` (a one-matrix grid under the SMs, 37
+        // rows here) sums in another order than the by-group kernels; its own test is below.
         let gpu_with = |extra: &[(&str, &str)]| {
             let mut v = vec![
                 ("NEAGARI_CUDA_MVRT", mt_s.as_str()),
                 ("NEAGARI_CUDA_MVRT_SPLIT", parts_s.as_str()),
+                ("NEAGARI_CUDA_MVRT_W16", "0"),
             ];
             v.extend_from_slice(extra);
             gpu_with(&v)
