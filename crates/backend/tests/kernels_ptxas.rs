@@ -32,6 +32,8 @@ fn kernels_fit_their_registers_on_hopper() {
         ("matmul_F_Q1_0R", "mvrmt_4"),
         ("matmul_F_Q1_0R", "mvrt_2"),
         ("matmul_F_Q1_0R", "mvrt_4w"),
+        ("matmul_F_Q1_0R", "mvrtg_4"),
+        ("matmul_F_TQ2_0R", "mvrtg_4"),
         ("matmul_F_TQ2_0R", "mvrmt_2"),
         ("matmul_F_TQ2_0R", "mvrt_1"),
         ("matmul_F_Q4_K", "mvrmt_2"),

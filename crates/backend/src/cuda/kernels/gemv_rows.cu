@@ -730,13 +730,35 @@ __device__ __forceinline__ void mvrb_parts_sum(Ld ld, float* __restrict__ y, int
 // nw warps (at most NW). With `scale` (K whole, parts = 1: a norm finished here,
 // `mvr_norm_inv`) row c's sums are scaled by scale[c]. Returns whether this block wrote
 // the sums to y (K whole, or the part that added the others'). At most MAXP parts.
-template <int MT, class Sync, int NW = MVR_WARPS, int MAXP = MVRT_MAXP>
+//
+// With an epilogue `epi` (Epi::on; `mvrtg_4`'s GLU, K whole) the warps' sums are not added
+// here: after the barrier, epi(red) reads them itself, from the padded layout below (tile
+// stride 133, sum stride 33 floats, so a warp reading one activation row's 32 outputs
+// meets no bank twice), and mvrb_finish returns true.
+struct NoEpi {
+    static constexpr bool on = false;
+    __device__ __forceinline__ void operator()(const float*) const {}
+};
+// `red`: warp w's sum k of tile i at lane, [w][i][k][lane]; padded (Epi::on) a tile is 133
+// floats and its sums 33 apart.
+template <int NW, int MT, bool PAD>
+struct Red {
+    float v[NW][MT][4][32];
+    __device__ __forceinline__ float& at(int w, int i, int k, int lane) { return v[w][i][k][lane]; }
+};
+template <int NW, int MT>
+struct Red<NW, MT, true> {
+    float v[NW][MT][133];
+    __device__ __forceinline__ float& at(int w, int i, int k, int lane) { return v[w][i][k * 33 + lane]; }
+};
+template <int MT, class Sync, int NW = MVR_WARPS, int MAXP = MVRT_MAXP, class Epi = NoEpi>
 __device__ __forceinline__ bool mvrb_finish(const float (&acc)[MT][4], float* __restrict__ y,
                                             int rows, int nr, int base, int part, int parts,
                                             int warp, int nw, Sync sync, Ks ks,
-                                            const float* scale = nullptr) {
+                                            const float* scale = nullptr, Epi epi = Epi{}) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    __shared__ float red[NW][MT][4][32];
+    constexpr bool PAD = Epi::on;
+    __shared__ Red<NW, MT, PAD> red;
     // The block's sums when K is split in a cluster: read by its rank 0.
     __shared__ float psum[MT][4][32];
     // The tile block's parts' sums, [parts, MT, 4, 32], when they meet through ks.
@@ -745,14 +767,20 @@ __device__ __forceinline__ bool mvrb_finish(const float (&acc)[MT][4], float* __
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
-        for (int k = 0; k < 4; k++) red[warp][i][k][lane] = acc[i][k];
+        for (int k = 0; k < 4; k++) red.at(warp, i, k, lane) = acc[i][k];
     sync();
+    if constexpr (Epi::on) {
+        if (parts == 1) {
+            epi(&red.v[0][0][0]);
+            return true;
+        }
+    }
     // Warp w sums tiles w, w + nw, …, in warp order: the result does not depend on timing.
     for (int i = warp; i < MT; i += nw) {
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             float v = 0.f;
-            for (int w = 0; w < nw; w++) v += red[w][i][k][lane];
+            for (int w = 0; w < nw; w++) v += red.at(w, i, k, lane);
             const int r = base + 16 * i + g + (k < 2 ? 0 : 8), c = 2 * t + (k & 1);
             if (parts > 1 && ks.p) kp[(part * MT + i) * 128 + k * 32 + lane] = v;
             else if (parts > 1) psum[i][k][lane] = v;
@@ -829,12 +857,13 @@ struct NoPre {
 };
 
 template <class F, int MT, bool CH = false, class Pre = NoPre, int NW = MVR_WARPS,
-          int MAXP = MVRT_MAXP>
+          int MAXP = MVRT_MAXP, class Epi = NoEpi>
 __device__ __forceinline__ bool mvrb_impl(const u8* __restrict__ tile, const i8* __restrict__ xq,
                                           const float2* __restrict__ xds, float* __restrict__ y,
                                           int rows, int units, int pu, int stride, int gp, u64* bars,
                                           int nr, int blk, int part, int parts, Ks ks = Ks{},
-                                          const float* scale = nullptr, Pre pre = Pre{}) {
+                                          const float* scale = nullptr, Pre pre = Pre{},
+                                          Epi epi = Epi{}) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int base = blk * 16 * MT, last = rows - 1 - base;
@@ -852,8 +881,8 @@ __device__ __forceinline__ bool mvrb_impl(const u8* __restrict__ tile, const i8*
     }
     pre();
     const auto sync = [] { __syncthreads(); };
-    return mvrb_finish<MT, decltype(sync), NW, MAXP>(acc, y, rows, nr, base, part, parts, warp,
-                                                     nw, sync, ks, scale);
+    return mvrb_finish<MT, decltype(sync), NW, MAXP, Epi>(acc, y, rows, nr, base, part, parts,
+                                                          warp, nw, sync, ks, scale, epi);
 }
 
 // Bytes between two rows of a tile in shared memory: the row's, plus 16 where that is an
@@ -989,6 +1018,42 @@ extern "C" __global__ void __launch_bounds__(2 * MVR_WARPS * 32, 1)
 // the 64 rows and stores its sums to `ks`, and the last of a tile block's parts adds them
 // in part order (mvrb_finish) and applies the GLU, so a leftover costs a part's copy and
 // steps rather than a whole tile's.
+//
+// A tile block with K whole ends in `GluEpi` (mvrb_finish's `epi`) where ON: warp c adds
+// activation row c's gate and up sums from the warps' `red` itself, lane l output l (gate
+// row l: tile l / 16, its row l % 16; up: two tiles on), and applies the GLU, so the sums
+// skip `ys` and the barrier after it. The same sums in the same order as mvrb_finish's, so
+// the same bits; the 27B's 8-row greedy step 5.11 → 5.05 ms on Q1_0, 7.34 → 7.21 on TQ2_0
+// (H100). ON for the formats with one scale a block: Q4_K's kernel (128 registers before)
+// spilled 20 bytes with it.
+template <bool ON>
+struct GluEpi {
+    static constexpr bool on = ON;
+    float *g, *u;
+    i8* oq;
+    float2* ods;
+    const float* inv;
+    int rows, nr, blk, act;
+    __device__ __forceinline__ void operator()(const float* red) const {
+        const int lane = threadIdx.x & 31, c = threadIdx.x >> 5;
+        if (c >= nr) return;
+        const int i = lane >> 4, r = lane & 15, k = 2 * (r >> 3) + (c & 1);
+        const int at0 = 4 * (r & 7) + (c >> 1);
+        float gv = 0.f, uv = 0.f;
+#pragma unroll
+        for (int w = 0; w < MVR_WARPS; w++) {
+            gv += red[(w * 4 + i) * 133 + k * 33 + at0];
+            uv += red[(w * 4 + i + 2) * 133 + k * 33 + at0];
+        }
+        if (inv) gv *= inv[c], uv *= inv[c];
+        const i64 at = (i64)c * rows + blk * 32 + lane;
+        const float h = glu_act_mul(gv, uv, act);
+        g[at] = h;
+        u[at] = uv;
+        if (oq) q8_1_warp(h, oq, ods, at >> 5, lane);
+    }
+};
+
 extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
     mvrtg_4(const u8* wg, const u8* wu, const i8* xq, const float2* xds, float* g, float* u,
             int rows, int units, i64 row_bytes, int nr, int act, i8* oq, float2* ods, int bufs,
@@ -1072,19 +1137,25 @@ extern "C" __global__ void __launch_bounds__(MVR_WARPS * 32, MVRT_MINB)
         const auto pre = [&] {
             if (norm && i == 0 && threadIdx.x < 32) mvr_norm_inv(nrm, nr, lane, parts_s, inv_rms);
         };
-        const bool have = mvrb_impl<FMTB, 4, false, decltype(pre), MVR_WARPS, MVRTG_MAXP>(
-            sm + b * tile, xq + u0 * 32, xds + u0, &ys[0][0], 64, units, pu,
-            st, GB, nullptr, nr, 0, max(p, 0), p < 0 ? 1 : parts, p < 0 ? Ks{} : ks,
-            norm && p < 0 ? inv_rms : nullptr, pre);
-        __syncthreads();
-        // Warp c: activation row c's 32 outputs, a lane each (a part's sums are scaled here).
-        if (have && c < nr) {
-            const i64 at = (i64)c * rows + blk * 32 + lane;
-            const float sc = norm && p >= 0 ? inv_rms[c] : 1.f;
-            const float uv = ys[c][32 + lane] * sc, h = glu_act_mul(ys[c][lane] * sc, uv, act);
-            g[at] = h;
-            u[at] = uv;
-            if (oq) q8_1_warp(h, oq, ods, at >> 5, lane);
+        using Epi = GluEpi<!FMTB::PER_UNIT>;
+        const Epi epi{g, u, oq, ods, norm ? inv_rms : nullptr, rows, nr, blk, act};
+        const bool have = mvrb_impl<FMTB, 4, false, decltype(pre), MVR_WARPS, MVRTG_MAXP, Epi>(
+            sm + b * tile, xq + u0 * 32, xds + u0, &ys[0][0], 64, units, pu, st, GB, nullptr,
+            nr, 0, max(p, 0), p < 0 ? 1 : parts, p < 0 ? Ks{} : ks,
+            norm && p < 0 ? inv_rms : nullptr, pre, epi);
+        // Warp c: activation row c's 32 outputs, a lane each, through `ys` (a part's sums are
+        // scaled here), where GluEpi did not take them.
+        if (!Epi::on || p >= 0) {
+            __syncthreads();
+            if (have && c < nr) {
+                const i64 at = (i64)c * rows + blk * 32 + lane;
+                const float sc = norm && p >= 0 ? inv_rms[c] : 1.f;
+                const float uv = ys[c][32 + lane] * sc;
+                const float h = glu_act_mul(ys[c][lane] * sc, uv, act);
+                g[at] = h;
+                u[at] = uv;
+                if (oq) q8_1_warp(h, oq, ods, at >> 5, lane);
+            }
         }
         if (nblk2 >= 0) {
             // Every read of buffer b and ys is done before a copy or the next round's sums
