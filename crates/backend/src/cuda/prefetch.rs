@@ -30,8 +30,9 @@
 //! in-projections: one row's `mvs_R`, 2–8 rows' `mvrmt_R`) asks L2 for it once its own
 //! weight loads are out, so the state lands while that GEMV finishes. `delta_rows` cannot
 //! start beside that GEMV (512 threads × 107 registers), and ncu found a third of its
-//! one-token samples waiting on the state's loads from DRAM (docs/BENCHMARKS.md, session 59). 27B, H100, same call (session 60):
-//! Q1_0's one-token and 8-row greedy steps −0.012 ms each, TQ2_0's 8-row −0.025.
+//! one-token samples waiting on the state's loads from DRAM (docs/BENCHMARKS.md, session
+//! 59). 27B, H100, same call (session 60): Q1_0's one-token and 8-row greedy steps −0.012
+//! ms each, TQ2_0's 8-row −0.025.
 //! NEAGARI_CUDA_REC_PF=0 turns it off.
 
 use std::sync::atomic::Ordering;

@@ -748,8 +748,9 @@ struct Red {
 };
 template <int NW, int MT>
 struct Red<NW, MT, true> {
-    float v[NW][MT][133];
-    __device__ __forceinline__ float& at(int w, int i, int k, int lane) { return v[w][i][k * 33 + lane]; }
+    static constexpr int TILE = 133, SUM = 33;
+    float v[NW][MT][TILE];
+    __device__ __forceinline__ float& at(int w, int i, int k, int lane) { return v[w][i][k * SUM + lane]; }
 };
 template <int MT, class Sync, int NW = MVR_WARPS, int MAXP = MVRT_MAXP, class Epi = NoEpi>
 __device__ __forceinline__ bool mvrb_finish(const float (&acc)[MT][4], float* __restrict__ y,
@@ -1034,7 +1035,9 @@ struct GluEpi {
     float2* ods;
     const float* inv;
     int rows, nr, blk, act;
+    // red: mvrb_finish's padded `Red` of mvrtg_4's 8 warps and 4 tiles.
     __device__ __forceinline__ void operator()(const float* red) const {
+        using R = Red<MVR_WARPS, 4, true>;
         const int lane = threadIdx.x & 31, c = threadIdx.x >> 5;
         if (c >= nr) return;
         const int i = lane >> 4, r = lane & 15, k = 2 * (r >> 3) + (c & 1);
@@ -1042,8 +1045,8 @@ struct GluEpi {
         float gv = 0.f, uv = 0.f;
 #pragma unroll
         for (int w = 0; w < MVR_WARPS; w++) {
-            gv += red[(w * 4 + i) * 133 + k * 33 + at0];
-            uv += red[(w * 4 + i + 2) * 133 + k * 33 + at0];
+            gv += red[(w * 4 + i) * R::TILE + k * R::SUM + at0];
+            uv += red[(w * 4 + i + 2) * R::TILE + k * R::SUM + at0];
         }
         if (inv) gv *= inv[c], uv *= inv[c];
         const i64 at = (i64)c * rows + blk * 32 + lane;
