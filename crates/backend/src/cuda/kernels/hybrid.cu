@@ -371,6 +371,9 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     // The key head's q, k windows after the n inputs, stored by its last block.
     __shared__ float qkw[DR_MAXK - 1][2 * 32 * GD_ROWS];
     __shared__ float dec[DR_MAXN], bts[DR_MAXN];
+#ifdef DR_QS
+    __shared__ float qks[DR_MAXN];  // token t's q·k (normed q, k)
+#endif
     __shared__ int last_k, last_h;
     // With a cluster: per token, the warps' and the block's sums of squares, the row's
     // 1 / rms, the block's normalized columns.
@@ -489,6 +492,13 @@ extern "C" __global__ void __launch_bounds__(512, 1)
             const int i = lane + 32 * r;
             if (i < dk) xs[t][i] = q[r], xs[t][dk + i] = k[r];
         }
+#ifdef DR_QS
+        float qk = 0.f;
+#pragma unroll
+        for (int r = 0; r < GD_ROWS; r++) qk += q[r] * k[r];
+        qk = warp_sum(qk);
+        if (lane == 0) qks[t] = qk;
+#endif
     }
     __syncthreads();
 
@@ -514,6 +524,32 @@ extern "C" __global__ void __launch_bounds__(512, 1)
         }
         const float v = jin ? xs[t][2 * dk + jl] : 0.f;
         const float decay = dec[t], bt = bts[t];
+#ifdef DR_QS
+        // o = q·s after the update = decay·(q·s before) + (q·k)·δ: both sums over the old
+        // state, reduced side by side, so a token's chain has one shuffle round, not two.
+        float pm[GD_ROWS], am[GD_ROWS];
+#pragma unroll
+        for (int m = 0; m < GD_ROWS; m++) {
+            pm[m] = 0.f, am[m] = 0.f;
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                pm[m] += k[m][x] * s[m][x];
+                am[m] += q[m][x] * s[m][x];
+            }
+        }
+        float p = (pm[0] + pm[1]) + (pm[2] + pm[3]), a = (am[0] + am[1]) + (am[2] + am[3]);
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) {
+            p += __shfl_xor_sync(0xffffffffu, p, o);
+            a += __shfl_xor_sync(0xffffffffu, a, o);
+        }
+        const float d = bt * (v - decay * p);
+#pragma unroll
+        for (int m = 0; m < GD_ROWS; m++)
+#pragma unroll
+            for (int x = 0; x < 4; x++) s[m][x] = decay * s[m][x] + k[m][x] * d;
+        if (g == t) oo = __fmaf_rn(decay, a, qks[t] * d);
+#else
         float pm[GD_ROWS];
 #pragma unroll
         for (int m = 0; m < GD_ROWS; m++) {
@@ -539,6 +575,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
 #pragma unroll
         for (int o = 4; o > 0; o >>= 1) oc += __shfl_xor_sync(0xffffffffu, oc, o);
         if (g == t) oo = oc;
+#endif
     }
     if (clu) {
 #if __CUDA_ARCH__ >= 900
