@@ -335,6 +335,12 @@ __device__ __forceinline__ void dr_arrive(u32* cnt, int h, int nk, int nb, int& 
 // alpha, beta [n, nv]; z, out [n, nv·dv]. kc ≤ DR_MAXK; d_k, d_v ≤ 32·GD_ROWS with d_k a
 // multiple of 4 (the host checks).
 #define DR_MAXN 8
+// NEAGARI_CUDA_DR_QS=1 (modules.rs `hybrid_defines`): the walk's output from the old state.
+#ifdef DR_QS
+#define DR_QS_ON true
+#else
+#define DR_QS_ON false
+#endif
 // a[u] ← a[u + B] where sh is set (indices known at compile time: registers, not memory).
 template <int B, int N>
 __device__ __forceinline__ void shift_down(float (&a)[N], bool sh) {
@@ -371,9 +377,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     // The key head's q, k windows after the n inputs, stored by its last block.
     __shared__ float qkw[DR_MAXK - 1][2 * 32 * GD_ROWS];
     __shared__ float dec[DR_MAXN], bts[DR_MAXN];
-#ifdef DR_QS
-    __shared__ float qks[DR_MAXN];  // token t's q·k (normed q, k)
-#endif
+    __shared__ float qks[DR_QS_ON ? DR_MAXN : 1];  // DR_QS: token t's q·k (normed q, k)
     __shared__ int last_k, last_h;
     // With a cluster: per token, the warps' and the block's sums of squares, the row's
     // 1 / rms, the block's normalized columns.
@@ -492,13 +496,13 @@ extern "C" __global__ void __launch_bounds__(512, 1)
             const int i = lane + 32 * r;
             if (i < dk) xs[t][i] = q[r], xs[t][dk + i] = k[r];
         }
-#ifdef DR_QS
-        float qk = 0.f;
+        if (DR_QS_ON) {
+            float qk = 0.f;
 #pragma unroll
-        for (int r = 0; r < GD_ROWS; r++) qk += q[r] * k[r];
-        qk = warp_sum(qk);
-        if (lane == 0) qks[t] = qk;
-#endif
+            for (int r = 0; r < GD_ROWS; r++) qk += q[r] * k[r];
+            qk = warp_sum(qk);
+            if (lane == 0) qks[t] = qk;
+        }
     }
     __syncthreads();
 
@@ -524,9 +528,9 @@ extern "C" __global__ void __launch_bounds__(512, 1)
         }
         const float v = jin ? xs[t][2 * dk + jl] : 0.f;
         const float decay = dec[t], bt = bts[t];
-#ifdef DR_QS
-        // o = q·s after the update = decay·(q·s before) + (q·k)·δ: both sums over the old
-        // state, reduced side by side, so a token's chain has one shuffle round, not two.
+        // With DR_QS, o = q·s after the update = decay·(q·s before) + (q·k)·δ: both sums
+        // over the old state, reduced side by side, so a token's chain has one shuffle
+        // round, not two.
         float pm[GD_ROWS], am[GD_ROWS];
 #pragma unroll
         for (int m = 0; m < GD_ROWS; m++) {
@@ -534,32 +538,15 @@ extern "C" __global__ void __launch_bounds__(512, 1)
 #pragma unroll
             for (int x = 0; x < 4; x++) {
                 pm[m] += k[m][x] * s[m][x];
-                am[m] += q[m][x] * s[m][x];
+                if (DR_QS_ON) am[m] += q[m][x] * s[m][x];
             }
         }
         float p = (pm[0] + pm[1]) + (pm[2] + pm[3]), a = (am[0] + am[1]) + (am[2] + am[3]);
 #pragma unroll
         for (int o = 4; o > 0; o >>= 1) {
             p += __shfl_xor_sync(0xffffffffu, p, o);
-            a += __shfl_xor_sync(0xffffffffu, a, o);
+            if (DR_QS_ON) a += __shfl_xor_sync(0xffffffffu, a, o);
         }
-        const float d = bt * (v - decay * p);
-#pragma unroll
-        for (int m = 0; m < GD_ROWS; m++)
-#pragma unroll
-            for (int x = 0; x < 4; x++) s[m][x] = decay * s[m][x] + k[m][x] * d;
-        if (g == t) oo = __fmaf_rn(decay, a, qks[t] * d);
-#else
-        float pm[GD_ROWS];
-#pragma unroll
-        for (int m = 0; m < GD_ROWS; m++) {
-            pm[m] = 0.f;
-#pragma unroll
-            for (int x = 0; x < 4; x++) pm[m] += k[m][x] * s[m][x];
-        }
-        float p = (pm[0] + pm[1]) + (pm[2] + pm[3]);
-#pragma unroll
-        for (int o = 4; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
         const float d = bt * (v - decay * p);
         float om[GD_ROWS];
 #pragma unroll
@@ -568,14 +555,17 @@ extern "C" __global__ void __launch_bounds__(512, 1)
 #pragma unroll
             for (int x = 0; x < 4; x++) {
                 s[m][x] = decay * s[m][x] + k[m][x] * d;
-                om[m] += q[m][x] * s[m][x];
+                if (!DR_QS_ON) om[m] += q[m][x] * s[m][x];
             }
         }
-        float oc = (om[0] + om[1]) + (om[2] + om[3]);
+        if (DR_QS_ON) {
+            if (g == t) oo = __fmaf_rn(decay, a, qks[t] * d);
+        } else {
+            float oc = (om[0] + om[1]) + (om[2] + om[3]);
 #pragma unroll
-        for (int o = 4; o > 0; o >>= 1) oc += __shfl_xor_sync(0xffffffffu, oc, o);
-        if (g == t) oo = oc;
-#endif
+            for (int o = 4; o > 0; o >>= 1) oc += __shfl_xor_sync(0xffffffffu, oc, o);
+            if (g == t) oo = oc;
+        }
     }
     if (clu) {
 #if __CUDA_ARCH__ >= 900
