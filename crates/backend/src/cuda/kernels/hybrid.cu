@@ -314,11 +314,13 @@ __device__ __forceinline__ void dr_arrive(u32* cnt, int h, int nk, int nb, int& 
 //      kept in shared memory: every block of the heads on the key head reads that window,
 //      so the last of them to count (cnt[kh], counted once the block's reads are done, its
 //      atomic's latency under the steps below) stores it at its end.
-//   2. A warp a token L2-normalises q and k (l2_norm_qk's order) in shared memory.
+//   2. A warp a token L2-normalises q and k (l2_norm_qk's order) in shared memory, and
+//      keeps their dot product.
 //   3. Each warp walks the tokens with its state columns in registers: lane 8c + g holds
 //      column c's rows 32m + 4g + e (m, e < 4), so a column's sums are 16 products in the
 //      lane and three shuffles, and lane g keeps token g's output (DR_MAXN = 8 lanes).
-//      Sums in another order than gated_delta's.
+//      The output comes from the old state (o = decay·q·s + (q·k)·δ); sums in another
+//      order than gated_delta's.
 //   4. With nb = 1 the block's raw outputs are its head's. With a cluster, each block sums
 //      its columns' squares per token, reads the other blocks' sums from their shared
 //      memory (in rank order) and normalizes its own columns, where they are, in registers
@@ -335,12 +337,6 @@ __device__ __forceinline__ void dr_arrive(u32* cnt, int h, int nk, int nb, int& 
 // alpha, beta [n, nv]; z, out [n, nv·dv]. kc ≤ DR_MAXK; d_k, d_v ≤ 32·GD_ROWS with d_k a
 // multiple of 4 (the host checks).
 #define DR_MAXN 8
-// NEAGARI_CUDA_DR_QS=1 (modules.rs `hybrid_defines`): the walk's output from the old state.
-#ifdef DR_QS
-#define DR_QS_ON true
-#else
-#define DR_QS_ON false
-#endif
 // a[u] ← a[u + B] where sh is set (indices known at compile time: registers, not memory).
 template <int B, int N>
 __device__ __forceinline__ void shift_down(float (&a)[N], bool sh) {
@@ -377,7 +373,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     // The key head's q, k windows after the n inputs, stored by its last block.
     __shared__ float qkw[DR_MAXK - 1][2 * 32 * GD_ROWS];
     __shared__ float dec[DR_MAXN], bts[DR_MAXN];
-    __shared__ float qks[DR_QS_ON ? DR_MAXN : 1];  // DR_QS: token t's q·k (normed q, k)
+    __shared__ float qks[DR_MAXN];  // token t's q·k (normed q, k)
     __shared__ int last_k, last_h;
     // With a cluster: per token, the warps' and the block's sums of squares, the row's
     // 1 / rms, the block's normalized columns.
@@ -496,18 +492,17 @@ extern "C" __global__ void __launch_bounds__(512, 1)
             const int i = lane + 32 * r;
             if (i < dk) xs[t][i] = q[r], xs[t][dk + i] = k[r];
         }
-        if (DR_QS_ON) {
-            float qk = 0.f;
+        float qk = 0.f;
 #pragma unroll
-            for (int r = 0; r < GD_ROWS; r++) qk += q[r] * k[r];
-            qk = warp_sum(qk);
-            if (lane == 0) qks[t] = qk;
-        }
+        for (int r = 0; r < GD_ROWS; r++) qk += q[r] * k[r];
+        qk = warp_sum(qk);
+        if (lane == 0) qks[t] = qk;
     }
     __syncthreads();
 
     // The delta rule per token: p = Σ_i k_i s_i, δ = β (v − decay·p), s_i ← decay·s_i + k_i δ,
-    // o = Σ_i q_i s_i. Rows past d_k hold k = q = s = 0 and columns past d_v v = s = 0.
+    // o = Σ_i q_i s_i (of the new s). Rows past d_k hold k = q = s = 0 and columns past d_v
+    // v = s = 0.
     const int jl = warp * DR_CPW + cl;
     const bool jin = j < dv;
     // With a cluster, the lane's (token g, column j) gate and norm weight, asked for now.
@@ -528,9 +523,9 @@ extern "C" __global__ void __launch_bounds__(512, 1)
         }
         const float v = jin ? xs[t][2 * dk + jl] : 0.f;
         const float decay = dec[t], bt = bts[t];
-        // With DR_QS, o = q·s after the update = decay·(q·s before) + (q·k)·δ: both sums
-        // over the old state, reduced side by side, so a token's chain has one shuffle
-        // round, not two.
+        // o = q·s after the update = decay·(q·s before) + (q·k)·δ: both sums over the old
+        // state, reduced side by side, so a token's chain has one shuffle round, not two
+        // (27B Q1_0 8-row greedy step 5.072 / 5.071 → 5.055 / 5.067 ms, H100, session 64).
         float pm[GD_ROWS], am[GD_ROWS];
 #pragma unroll
         for (int m = 0; m < GD_ROWS; m++) {
@@ -538,34 +533,22 @@ extern "C" __global__ void __launch_bounds__(512, 1)
 #pragma unroll
             for (int x = 0; x < 4; x++) {
                 pm[m] += k[m][x] * s[m][x];
-                if (DR_QS_ON) am[m] += q[m][x] * s[m][x];
+                am[m] += q[m][x] * s[m][x];
             }
         }
         float p = (pm[0] + pm[1]) + (pm[2] + pm[3]), a = (am[0] + am[1]) + (am[2] + am[3]);
 #pragma unroll
         for (int o = 4; o > 0; o >>= 1) {
             p += __shfl_xor_sync(0xffffffffu, p, o);
-            if (DR_QS_ON) a += __shfl_xor_sync(0xffffffffu, a, o);
+            a += __shfl_xor_sync(0xffffffffu, a, o);
         }
         const float d = bt * (v - decay * p);
-        float om[GD_ROWS];
 #pragma unroll
         for (int m = 0; m < GD_ROWS; m++) {
-            om[m] = 0.f;
 #pragma unroll
-            for (int x = 0; x < 4; x++) {
-                s[m][x] = decay * s[m][x] + k[m][x] * d;
-                if (!DR_QS_ON) om[m] += q[m][x] * s[m][x];
-            }
+            for (int x = 0; x < 4; x++) s[m][x] = decay * s[m][x] + k[m][x] * d;
         }
-        if (DR_QS_ON) {
-            if (g == t) oo = __fmaf_rn(decay, a, qks[t] * d);
-        } else {
-            float oc = (om[0] + om[1]) + (om[2] + om[3]);
-#pragma unroll
-            for (int o = 4; o > 0; o >>= 1) oc += __shfl_xor_sync(0xffffffffu, oc, o);
-            if (g == t) oo = oc;
-        }
+        if (g == t) oo = __fmaf_rn(decay, a, qks[t] * d);
     }
     if (clu) {
 #if __CUDA_ARCH__ >= 900
