@@ -512,26 +512,6 @@ extern "C" __global__ void __launch_bounds__(512, 1)
         if (lane == 0) qks[t] = qk;
     }
     __syncthreads();
-    // DR_CHUNK: the pairs of tokens' dots the walk's recurrence takes, a warp a pair (read
-    // after the walk's first part and the barrier there).
-    if (DR_CHUNK_ON && n > 1) {
-        for (int e = warp; e < n * n; e += nw) {
-            const int u = e / n, t = e - u * n;
-            if (t >= u) continue;
-            float kk = 0.f, qk = 0.f;
-#pragma unroll
-            for (int r = 0; r < GD_ROWS; r++) {
-                const int i = lane + 32 * r;
-                const float kt = i < dk ? xs[t][dk + i] : 0.f;
-                kk += (i < dk ? xs[u][dk + i] : 0.f) * kt;
-                qk += (i < dk ? xs[u][i] : 0.f) * kt;
-            }
-            kk = warp_sum(kk);
-            qk = warp_sum(qk);
-            if (lane == 0) kko[u][t] = kk, qko[u][t] = qk;
-        }
-    }
-
     // The delta rule per token: p = Σ_i k_i s_i, δ = β (v − decay·p), s_i ← decay·s_i + k_i δ,
     // o = Σ_i q_i s_i (of the new s). Rows past d_k hold k = q = s = 0, columns past d_v
     // v = s = 0.
@@ -582,6 +562,36 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     // the state takes the step once: S_n = (Π decay) S_0 + Σ_t (Π_{j>t} decay_j) δ_t k_t.
     const bool chunk = DR_CHUNK_ON && n > 1;
     if (chunk) {
+        // The pairs' dots (t < u) the recurrence takes, an 8-lane group a pair: k_u·k_t and
+        // q_u·k_t (read after the barrier below). Every lane runs every pass (the shuffles).
+        const int np = n * (n - 1) / 2;
+        for (int p0 = DR_CPW * warp; p0 < np; p0 += DR_CPW * nw) {
+            const int pi = p0 + cl;
+            int u = 1;
+            while (u * (u + 1) / 2 <= pi) u++;
+            const int t = pi - u * (u - 1) / 2;
+            const bool on = pi < np;
+            float qu[GD_ROWS][4], ku[GD_ROWS][4], qt[GD_ROWS][4], kt[GD_ROWS][4];
+            qk_rows(on ? u : 0, qu, ku);
+            qk_rows(on ? t : 0, qt, kt);
+            float km[GD_ROWS], qm[GD_ROWS];
+#pragma unroll
+            for (int m = 0; m < GD_ROWS; m++) {
+                km[m] = 0.f, qm[m] = 0.f;
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    km[m] += ku[m][x] * kt[m][x];
+                    qm[m] += qu[m][x] * kt[m][x];
+                }
+            }
+            float kk = (km[0] + km[1]) + (km[2] + km[3]), qk = (qm[0] + qm[1]) + (qm[2] + qm[3]);
+#pragma unroll
+            for (int o = 4; o > 0; o >>= 1) {
+                kk += __shfl_xor_sync(0xffffffffu, kk, o);
+                qk += __shfl_xor_sync(0xffffffffu, qk, o);
+            }
+            if (on && g == 0) kko[u][t] = kk, qko[u][t] = qk;
+        }
         float r[DR_MAXN], w[DR_MAXN], c[DR_MAXN];
 #pragma unroll
         for (int t0 = 0; t0 < DR_MAXN; t0 += DR_CG) {
