@@ -534,24 +534,25 @@ extern "C" __global__ void __launch_bounds__(512, 1)
             k[m][0] = b.x, k[m][1] = b.y, k[m][2] = b.z, k[m][3] = b.w;
         }
     };
-    // The column's k·s and q·s over the lane's rows, summed over its 8 lanes.
-    auto dots = [&](const float (&q)[GD_ROWS][4], const float (&k)[GD_ROWS][4], float& p,
-                    float& a) {
-        float pm[GD_ROWS], am[GD_ROWS];
+    // a·x and b·x over the lane's rows (x: the state, or token t's k), summed over the
+    // column's 8 lanes.
+    auto dots = [&](const float (&a)[GD_ROWS][4], const float (&b)[GD_ROWS][4],
+                    const float (&x)[GD_ROWS][4], float& ax, float& bx) {
+        float am[GD_ROWS], bm[GD_ROWS];
 #pragma unroll
         for (int m = 0; m < GD_ROWS; m++) {
-            pm[m] = 0.f, am[m] = 0.f;
+            am[m] = 0.f, bm[m] = 0.f;
 #pragma unroll
-            for (int x = 0; x < 4; x++) {
-                pm[m] += k[m][x] * s[m][x];
-                am[m] += q[m][x] * s[m][x];
+            for (int e = 0; e < 4; e++) {
+                am[m] += a[m][e] * x[m][e];
+                bm[m] += b[m][e] * x[m][e];
             }
         }
-        p = (pm[0] + pm[1]) + (pm[2] + pm[3]), a = (am[0] + am[1]) + (am[2] + am[3]);
+        ax = (am[0] + am[1]) + (am[2] + am[3]), bx = (bm[0] + bm[1]) + (bm[2] + bm[3]);
 #pragma unroll
         for (int o = 4; o > 0; o >>= 1) {
-            p += __shfl_xor_sync(0xffffffffu, p, o);
-            a += __shfl_xor_sync(0xffffffffu, a, o);
+            ax += __shfl_xor_sync(0xffffffffu, ax, o);
+            bx += __shfl_xor_sync(0xffffffffu, bx, o);
         }
     };
     // DR_CHUNK, 2..8 tokens as one chunk. With S_t = decay_t S_{t−1} + k_t δ_tᵀ, every later
@@ -574,22 +575,8 @@ extern "C" __global__ void __launch_bounds__(512, 1)
             float qu[GD_ROWS][4], ku[GD_ROWS][4], qt[GD_ROWS][4], kt[GD_ROWS][4];
             qk_rows(on ? u : 0, qu, ku);
             qk_rows(on ? t : 0, qt, kt);
-            float km[GD_ROWS], qm[GD_ROWS];
-#pragma unroll
-            for (int m = 0; m < GD_ROWS; m++) {
-                km[m] = 0.f, qm[m] = 0.f;
-#pragma unroll
-                for (int x = 0; x < 4; x++) {
-                    km[m] += ku[m][x] * kt[m][x];
-                    qm[m] += qu[m][x] * kt[m][x];
-                }
-            }
-            float kk = (km[0] + km[1]) + (km[2] + km[3]), qk = (qm[0] + qm[1]) + (qm[2] + qm[3]);
-#pragma unroll
-            for (int o = 4; o > 0; o >>= 1) {
-                kk += __shfl_xor_sync(0xffffffffu, kk, o);
-                qk += __shfl_xor_sync(0xffffffffu, qk, o);
-            }
+            float kk, qk;
+            dots(ku, qu, kt, kk, qk);
             if (on && g == 0) kko[u][t] = kk, qko[u][t] = qk;
         }
         float r[DR_MAXN], w[DR_MAXN], c[DR_MAXN];
@@ -600,7 +587,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
             for (int t = t0; t < t0 + DR_CG; t++) {
                 float q[GD_ROWS][4], k[GD_ROWS][4];
                 qk_rows(min(t, n - 1), q, k);
-                dots(q, k, r[t], w[t]);
+                dots(k, q, s, r[t], w[t]);
                 c[t] = 0.f;
             }
         }
@@ -655,7 +642,7 @@ extern "C" __global__ void __launch_bounds__(512, 1)
         // state, reduced side by side, so a token's chain has one shuffle round, not two
         // (27B Q1_0 8-row greedy step 5.072 / 5.071 → 5.055 / 5.067 ms, H100, session 64).
         float p, a;
-        dots(q, k, p, a);
+        dots(k, q, s, p, a);
         const float d = bt * (v - decay * p);
 #pragma unroll
         for (int m = 0; m < GD_ROWS; m++) {
