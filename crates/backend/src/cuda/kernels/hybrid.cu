@@ -579,18 +579,24 @@ extern "C" __global__ void __launch_bounds__(512, 1)
             dots(ku, qu, kt, kk, qk);
             if (on && g == 0) kko[u][t] = kk, qko[u][t] = qk;
         }
-        float r[DR_MAXN], w[DR_MAXN], c[DR_MAXN];
+        // f(t, q, k) for every token of the groups that hold the n, with token t's rows.
+        auto groups = [&](auto f) {
 #pragma unroll
-        for (int t0 = 0; t0 < DR_MAXN; t0 += DR_CG) {
-            if (t0 >= n) break;
+            for (int t0 = 0; t0 < DR_MAXN; t0 += DR_CG) {
+                if (t0 >= n) break;
 #pragma unroll
-            for (int t = t0; t < t0 + DR_CG; t++) {
-                float q[GD_ROWS][4], k[GD_ROWS][4];
-                qk_rows(min(t, n - 1), q, k);
-                dots(k, q, s, r[t], w[t]);
-                c[t] = 0.f;
+                for (int t = t0; t < t0 + DR_CG; t++) {
+                    float q[GD_ROWS][4], k[GD_ROWS][4];
+                    qk_rows(min(t, n - 1), q, k);
+                    f(t, q, k);
+                }
             }
-        }
+        };
+        float r[DR_MAXN], w[DR_MAXN], c[DR_MAXN];
+        groups([&](int t, const float (&q)[GD_ROWS][4], const float (&k)[GD_ROWS][4]) {
+            dots(k, q, s, r[t], w[t]);
+            c[t] = 0.f;
+        });
         __syncthreads();  // kko, qko
 #pragma unroll
         for (int t = 0; t < DR_MAXN; t++) {
@@ -619,19 +625,12 @@ extern "C" __global__ void __launch_bounds__(512, 1)
 #pragma unroll
             for (int x = 0; x < 4; x++) s[m][x] *= gd;
         // Tokens past n add 0·k.
+        groups([&](int t, const float (&)[GD_ROWS][4], const float (&k)[GD_ROWS][4]) {
 #pragma unroll
-        for (int t0 = 0; t0 < DR_MAXN; t0 += DR_CG) {
-            if (t0 >= n) break;
+            for (int m = 0; m < GD_ROWS; m++)
 #pragma unroll
-            for (int t = t0; t < t0 + DR_CG; t++) {
-                float q[GD_ROWS][4], k[GD_ROWS][4];
-                qk_rows(min(t, n - 1), q, k);
-#pragma unroll
-                for (int m = 0; m < GD_ROWS; m++)
-#pragma unroll
-                    for (int x = 0; x < 4; x++) s[m][x] = __fmaf_rn(k[m][x], c[t], s[m][x]);
-            }
-        }
+                for (int x = 0; x < 4; x++) s[m][x] = __fmaf_rn(k[m][x], c[t], s[m][x]);
+        });
     }
     for (int t = 0; t < (chunk ? 0 : n); t++) {
         float q[GD_ROWS][4], k[GD_ROWS][4];
