@@ -50,7 +50,7 @@ pub(super) struct HybridKernels {
 
 impl HybridKernels {
     pub(super) fn load(ctx: &Arc<CudaContext>, arch: &str) -> Result<Self> {
-        let ptx = compile("hybrid", arch, super::modules::hybrid_defines(), HYBRID)?;
+        let ptx = compile("hybrid", arch, "", HYBRID)?;
         let m = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(drv)?;

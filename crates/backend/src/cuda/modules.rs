@@ -142,16 +142,6 @@ pub(super) fn ops_defines() -> &'static str {
     }
 }
 
-/// The hybrid module's defines: NEAGARI_CUDA_DR_CHUNK=1 runs `delta_rows`' tokens as one
-/// chunk (`DR_CHUNK` in hybrid.cu; for measuring).
-pub(super) fn hybrid_defines() -> &'static str {
-    if super::knob_forced("NEAGARI_CUDA_DR_CHUNK") == Some(true) {
-        "#define DR_CHUNK"
-    } else {
-        ""
-    }
-}
-
 /// `k16` as [`rows_struct`]'s.
 pub(super) fn fmt_structs(ty: GgmlType, repack: bool, k16: bool) -> Option<FmtNames> {
     let repacked = repack && super::repack::repacked(ty);
@@ -349,11 +339,7 @@ pub(super) fn module_sources(ty: Option<GgmlType>) -> Result<Vec<(String, String
     let Some(ty) = ty else {
         return Ok(vec![
             ("ops".into(), ops_defines().into(), OPS.into()),
-            (
-                "hybrid".into(),
-                hybrid_defines().into(),
-                super::hybrid::HYBRID.into(),
-            ),
+            ("hybrid".into(), String::new(), super::hybrid::HYBRID.into()),
         ]);
     };
     // Both layouts of the formats that are repacked at upload.

@@ -337,16 +337,6 @@ __device__ __forceinline__ void dr_arrive(u32* cnt, int h, int nk, int nb, int& 
 // alpha, beta [n, nv]; z, out [n, nv·dv]. kc ≤ DR_MAXK; d_k, d_v ≤ 32·GD_ROWS with d_k a
 // multiple of 4 (the host checks).
 #define DR_MAXN 8
-// NEAGARI_CUDA_DR_CHUNK=1 (modules.rs `hybrid_defines`): the token walk as a chunk (below).
-#ifdef DR_CHUNK
-#define DR_CHUNK_ON true
-#else
-#define DR_CHUNK_ON false
-#endif
-// DR_CHUNK's tokens a group (DR_MAXN a multiple of it).
-#ifndef DR_CG
-#define DR_CG 4
-#endif
 // a[u] ← a[u + B] where sh is set (indices known at compile time: registers, not memory).
 template <int B, int N>
 __device__ __forceinline__ void shift_down(float (&a)[N], bool sh) {
@@ -384,9 +374,6 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     __shared__ float qkw[DR_MAXK - 1][2 * 32 * GD_ROWS];
     __shared__ float dec[DR_MAXN], bts[DR_MAXN];
     __shared__ float qks[DR_MAXN];  // token t's q·k (normed q, k)
-    // DR_CHUNK: q_u·k_t and k_u·k_t (t < u).
-    __shared__ float qko[DR_CHUNK_ON ? DR_MAXN : 1][DR_MAXN];
-    __shared__ float kko[DR_CHUNK_ON ? DR_MAXN : 1][DR_MAXN];
     __shared__ int last_k, last_h;
     // With a cluster: per token, the warps' and the block's sums of squares, the row's
     // 1 / rms, the block's normalized columns.
@@ -512,8 +499,9 @@ extern "C" __global__ void __launch_bounds__(512, 1)
         if (lane == 0) qks[t] = qk;
     }
     __syncthreads();
+
     // The delta rule per token: p = Σ_i k_i s_i, δ = β (v − decay·p), s_i ← decay·s_i + k_i δ,
-    // o = Σ_i q_i s_i (of the new s). Rows past d_k hold k = q = s = 0, columns past d_v
+    // o = Σ_i q_i s_i (of the new s). Rows past d_k hold k = q = s = 0 and columns past d_v
     // v = s = 0.
     const int jl = warp * DR_CPW + cl;
     const bool jin = j < dv;
@@ -522,8 +510,8 @@ extern "C" __global__ void __launch_bounds__(512, 1)
     const i64 at = (i64)g * vd + base + j;
     const float zv = clu && mine ? z[at] : 0.f, wv = clu && mine ? nwt[j] : 0.f;
     float oo = 0.f;  // token g's output of column j
-    // The lane's rows of token t's q, k (0 past d_k).
-    auto qk_rows = [&](int t, float (&q)[GD_ROWS][4], float (&k)[GD_ROWS][4]) {
+    for (int t = 0; t < n; t++) {
+        float q[GD_ROWS][4], k[GD_ROWS][4];
 #pragma unroll
         for (int m = 0; m < GD_ROWS; m++) {
             const int i = 32 * m + 4 * g;
@@ -533,115 +521,27 @@ extern "C" __global__ void __launch_bounds__(512, 1)
             q[m][0] = a.x, q[m][1] = a.y, q[m][2] = a.z, q[m][3] = a.w;
             k[m][0] = b.x, k[m][1] = b.y, k[m][2] = b.z, k[m][3] = b.w;
         }
-    };
-    // a·x and b·x over the lane's rows (x: the state, or token t's k), summed over the
-    // column's 8 lanes.
-    auto dots = [&](const float (&a)[GD_ROWS][4], const float (&b)[GD_ROWS][4],
-                    const float (&x)[GD_ROWS][4], float& ax, float& bx) {
-        float am[GD_ROWS], bm[GD_ROWS];
-#pragma unroll
-        for (int m = 0; m < GD_ROWS; m++) {
-            am[m] = 0.f, bm[m] = 0.f;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                am[m] += a[m][e] * x[m][e];
-                bm[m] += b[m][e] * x[m][e];
-            }
-        }
-        ax = (am[0] + am[1]) + (am[2] + am[3]), bx = (bm[0] + bm[1]) + (bm[2] + bm[3]);
-#pragma unroll
-        for (int o = 4; o > 0; o >>= 1) {
-            ax += __shfl_xor_sync(0xffffffffu, ax, o);
-            bx += __shfl_xor_sync(0xffffffffu, bx, o);
-        }
-    };
-    // DR_CHUNK, 2..8 tokens as one chunk. With S_t = decay_t S_{t−1} + k_t δ_tᵀ, every later
-    // token's dots move by a scalar: k_u·S_t = decay_t (k_u·S_{t−1}) + (k_u·k_t) δ_t, and the
-    // same for q_u. So all tokens' dots over the old state are summed side by side, DR_CG
-    // tokens a group with no branch or chain between them (a group's tokens past n read
-    // token n − 1's rows and are dropped), the recurrence runs on the column's scalars, and
-    // the state takes the step once: S_n = (Π decay) S_0 + Σ_t (Π_{j>t} decay_j) δ_t k_t.
-    const bool chunk = DR_CHUNK_ON && n > 1;
-    if (chunk) {
-        // The pairs' dots (t < u) the recurrence takes, an 8-lane group a pair: k_u·k_t and
-        // q_u·k_t (read after the barrier below). Every lane runs every pass (the shuffles).
-        const int np = n * (n - 1) / 2;
-        for (int p0 = DR_CPW * warp; p0 < np; p0 += DR_CPW * nw) {
-            const int pi = p0 + cl;
-            int u = 1;
-            while (u * (u + 1) / 2 <= pi) u++;
-            const int t = pi - u * (u - 1) / 2;
-            const bool on = pi < np;
-            float qu[GD_ROWS][4], ku[GD_ROWS][4], qt[GD_ROWS][4], kt[GD_ROWS][4];
-            qk_rows(on ? u : 0, qu, ku);
-            qk_rows(on ? t : 0, qt, kt);
-            float kk, qk;
-            dots(ku, qu, kt, kk, qk);
-            if (on && g == 0) kko[u][t] = kk, qko[u][t] = qk;
-        }
-        // f(t, q, k) for every token of the groups that hold the n, with token t's rows.
-        auto groups = [&](auto f) {
-#pragma unroll
-            for (int t0 = 0; t0 < DR_MAXN; t0 += DR_CG) {
-                if (t0 >= n) break;
-#pragma unroll
-                for (int t = t0; t < t0 + DR_CG; t++) {
-                    float q[GD_ROWS][4], k[GD_ROWS][4];
-                    qk_rows(min(t, n - 1), q, k);
-                    f(t, q, k);
-                }
-            }
-        };
-        float r[DR_MAXN], w[DR_MAXN], c[DR_MAXN];
-        groups([&](int t, const float (&q)[GD_ROWS][4], const float (&k)[GD_ROWS][4]) {
-            dots(k, q, s, r[t], w[t]);
-            c[t] = 0.f;
-        });
-        __syncthreads();  // kko, qko
-#pragma unroll
-        for (int t = 0; t < DR_MAXN; t++) {
-            if (t >= n) break;
-            const float v = jin ? xs[t][2 * dk + jl] : 0.f;
-            const float decay = dec[t];
-            const float d = bts[t] * (v - decay * r[t]);
-            c[t] = d;
-            if (g == t) oo = __fmaf_rn(decay, w[t], qks[t] * d);
-#pragma unroll
-            for (int u = t + 1; u < DR_MAXN; u++) {
-                if (u >= n) break;
-                r[u] = __fmaf_rn(decay, r[u], kko[u][t] * d);
-                w[u] = __fmaf_rn(decay, w[u], qko[u][t] * d);
-            }
-        }
-        float gd = 1.f;  // Π_{j>t} decay_j, then the whole product
-#pragma unroll
-        for (int t = DR_MAXN - 1; t >= 0; t--) {
-            if (t >= n) continue;
-            c[t] *= gd;
-            gd *= dec[t];
-        }
-#pragma unroll
-        for (int m = 0; m < GD_ROWS; m++)
-#pragma unroll
-            for (int x = 0; x < 4; x++) s[m][x] *= gd;
-        // Tokens past n add 0·k.
-        groups([&](int t, const float (&)[GD_ROWS][4], const float (&k)[GD_ROWS][4]) {
-#pragma unroll
-            for (int m = 0; m < GD_ROWS; m++)
-#pragma unroll
-                for (int x = 0; x < 4; x++) s[m][x] = __fmaf_rn(k[m][x], c[t], s[m][x]);
-        });
-    }
-    for (int t = 0; t < (chunk ? 0 : n); t++) {
-        float q[GD_ROWS][4], k[GD_ROWS][4];
-        qk_rows(t, q, k);
         const float v = jin ? xs[t][2 * dk + jl] : 0.f;
         const float decay = dec[t], bt = bts[t];
         // o = q·s after the update = decay·(q·s before) + (q·k)·δ: both sums over the old
         // state, reduced side by side, so a token's chain has one shuffle round, not two
         // (27B Q1_0 8-row greedy step 5.072 / 5.071 → 5.055 / 5.067 ms, H100, session 64).
-        float p, a;
-        dots(k, q, s, p, a);
+        float pm[GD_ROWS], am[GD_ROWS];
+#pragma unroll
+        for (int m = 0; m < GD_ROWS; m++) {
+            pm[m] = 0.f, am[m] = 0.f;
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                pm[m] += k[m][x] * s[m][x];
+                am[m] += q[m][x] * s[m][x];
+            }
+        }
+        float p = (pm[0] + pm[1]) + (pm[2] + pm[3]), a = (am[0] + am[1]) + (am[2] + am[3]);
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) {
+            p += __shfl_xor_sync(0xffffffffu, p, o);
+            a += __shfl_xor_sync(0xffffffffu, a, o);
+        }
         const float d = bt * (v - decay * p);
 #pragma unroll
         for (int m = 0; m < GD_ROWS; m++) {
