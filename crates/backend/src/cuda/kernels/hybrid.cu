@@ -350,13 +350,14 @@ __device__ __forceinline__ void shift_down(float (&a)[N], bool sh) {
 #define DR_CPT 3
 // State columns a warp owns: 32 lanes, 8 a column.
 #define DR_CPW 4
-// MAXN: the most tokens of the instance (DR_MAXN, or 1 for `delta_rows_1`).
-template <int MAXN>
+// MAXN: the most tokens of the instance (DR_MAXN, or 1 for `delta_rows_1`); `wait` is the
+// kernel's gdc_wait.
+template <int MAXN, class Wait>
 __device__ __forceinline__ void delta_rows_impl(
     const float* qkv, float* win, const float* cw, int kc, const float* alpha,
     const float* beta, const float* a_neg, const float* dt_bias, float* state, float* out,
     int n, int nk, int nv, int dk, int dv, int tiled, const float* nwt, const float* z,
-    float eps, i8* xq, float2* xds, u32* cnt, int clu, const Pf& pf) {
+    float eps, i8* xq, float2* xds, u32* cnt, int clu, const Pf& pf, Wait wait) {
     const int h = blockIdx.y, nb = gridDim.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nw = blockDim.x >> 5;
@@ -423,7 +424,7 @@ __device__ __forceinline__ void delta_rows_impl(
     load_win(threadIdx.x);
 
     pf_issue(pf);
-    gdc_wait();
+    wait();
     if (threadIdx.x < n) {
         const int t = threadIdx.x;
         dec[t] = expf(an * softplus_f(alpha[(i64)t * nv + h] + dtb));
@@ -678,10 +679,10 @@ __device__ __forceinline__ void delta_rows_impl(
         z, eps, xq, xds, cnt, clu, pf
 // 1..DR_MAXN tokens (a verify, or a decode step where `delta_rows_1` is off).
 extern "C" __global__ void __launch_bounds__(512, 1) delta_rows(DELTA_ROWS_PARAMS) {
-    delta_rows_impl<DR_MAXN>(DELTA_ROWS_ARGS);
+    delta_rows_impl<DR_MAXN>(DELTA_ROWS_ARGS, [] { gdc_wait(); });
 }
 // One token (a decode step): the per-token arrays at one, and at most 64 registers, so a
 // block fits on an SM beside the GEMV before it (NEAGARI_CUDA_DR_ONE=1, for measuring).
 extern "C" __global__ void __launch_bounds__(512, 2) delta_rows_1(DELTA_ROWS_PARAMS) {
-    delta_rows_impl<1>(DELTA_ROWS_ARGS);
+    delta_rows_impl<1>(DELTA_ROWS_ARGS, [] { gdc_wait(); });
 }
