@@ -533,15 +533,6 @@ fn delta_net_fused_matches_the_separate_ops() {
         std::env::remove_var("NEAGARI_CUDA_DS_BLOCKS");
         delta_net_cases(&gv, &mut r);
     }
-    // One-token steps through `delta_rows_1` (NEAGARI_CUDA_DR_ONE), at 2 and 4 blocks a head.
-    for blocks in ["2", "4"] {
-        std::env::set_var("NEAGARI_CUDA_DS_BLOCKS", blocks);
-        std::env::set_var("NEAGARI_CUDA_DR_ONE", "1");
-        let gv = CudaBackend::new(0).expect("open GPU 0");
-        std::env::remove_var("NEAGARI_CUDA_DS_BLOCKS");
-        std::env::remove_var("NEAGARI_CUDA_DR_ONE");
-        delta_net_cases(&gv, &mut r);
-    }
 }
 
 fn delta_net_cases(g: &CudaBackend, r: &mut StdRng) {

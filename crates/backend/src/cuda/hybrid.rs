@@ -46,7 +46,6 @@ pub(super) struct HybridKernels {
     gather_rows: CudaFunction,
     scatter_add_rows: CudaFunction,
     delta_rows: CudaFunction,
-    delta_rows_1: CudaFunction,
 }
 
 impl HybridKernels {
@@ -66,7 +65,6 @@ impl HybridKernels {
             gather_rows: f("gather_rows")?,
             scatter_add_rows: f("scatter_add_rows")?,
             delta_rows: f("delta_rows")?,
-            delta_rows_1: f("delta_rows_1")?,
         })
     }
 }
@@ -625,11 +623,7 @@ impl CudaBackend {
         // `ds_blocks` blocks a value head, a warp per DR_CPW state columns, at most the
         // kernel's 512 threads a block (one block a head would want 1,024 on the 27B: more
         // blocks then).
-        let f = if n == 1 && self.dr_one {
-            &self.hybrid.delta_rows_1
-        } else {
-            &self.hybrid.delta_rows
-        };
+        let f = &self.hybrid.delta_rows;
         let warps = dv
             .div_ceil(self.ds_blocks)
             .div_ceil(DR_CPW)

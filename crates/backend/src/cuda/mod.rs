@@ -411,9 +411,6 @@ pub struct CudaBackend {
     /// … a head's blocks in one cluster, which normalizes the head's rows in shared memory
     /// (Hopper and later), unless NEAGARI_CUDA_DR_CLUSTER=0 (the last block through L2).
     dr_cluster: bool,
-    /// A one-token `delta_rows` takes `delta_rows_1` (64 registers, so a block fits beside
-    /// the GEMV before it) with NEAGARI_CUDA_DR_ONE=1 (for measuring; untimed).
-    dr_one: bool,
     /// 3–8 activation rows take the tensor-core GEMV (gemv_rows.cu) where the format has
     /// one, on sm_80 and newer, unless NEAGARI_CUDA_MV_TC=0 (then `mvq8`, for measuring).
     mvr_on: bool,
@@ -704,7 +701,6 @@ impl CudaBackend {
                 .unwrap_or(2),
             glu_split: knob("NEAGARI_CUDA_GLU_SPLIT").unwrap_or(8),
             dr_cluster: maj >= 9 && knob_on("NEAGARI_CUDA_DR_CLUSTER"),
-            dr_one: knob_forced("NEAGARI_CUDA_DR_ONE") == Some(true),
             mvs: mvs_shape(knob::<String>("NEAGARI_CUDA_MVS").as_deref()),
             mvsg: mvs_shape(knob::<String>("NEAGARI_CUDA_MVSG").as_deref()),
             glu_fuse_max: knob("NEAGARI_CUDA_GLU_FUSE_MAX").unwrap_or(fused::GLU_FUSE_MAX),

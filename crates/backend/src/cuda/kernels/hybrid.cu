@@ -350,14 +350,11 @@ __device__ __forceinline__ void shift_down(float (&a)[N], bool sh) {
 #define DR_CPT 3
 // State columns a warp owns: 32 lanes, 8 a column.
 #define DR_CPW 4
-// MAXN: the most tokens of the instance (DR_MAXN, or 1 for `delta_rows_1`); `wait` is the
-// kernel's gdc_wait.
-template <int MAXN, class Wait>
-__device__ __forceinline__ void delta_rows_impl(
-    const float* qkv, float* win, const float* cw, int kc, const float* alpha,
-    const float* beta, const float* a_neg, const float* dt_bias, float* state, float* out,
-    int n, int nk, int nv, int dk, int dv, int tiled, const float* nwt, const float* z,
-    float eps, i8* xq, float2* xds, u32* cnt, int clu, const Pf& pf, Wait wait) {
+extern "C" __global__ void __launch_bounds__(512, 1)
+    delta_rows(const float* qkv, float* win, const float* cw, int kc, const float* alpha,
+               const float* beta, const float* a_neg, const float* dt_bias, float* state,
+               float* out, int n, int nk, int nv, int dk, int dv, int tiled, const float* nwt,
+               const float* z, float eps, i8* xq, float2* xds, u32* cnt, int clu, Pf pf) {
     const int h = blockIdx.y, nb = gridDim.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nw = blockDim.x >> 5;
@@ -372,16 +369,16 @@ __device__ __forceinline__ void delta_rows_impl(
     float* S = state + (i64)h * dk * dv;
     // Per token, the convolved channels the block reads: q [0, dk), k [dk, 2·dk), the
     // block's v columns [2·dk, 2·dk + ncol).
-    __shared__ __align__(16) float xs[MAXN][3 * 32 * GD_ROWS];
+    __shared__ __align__(16) float xs[DR_MAXN][3 * 32 * GD_ROWS];
     // The key head's q, k windows after the n inputs, stored by its last block.
     __shared__ float qkw[DR_MAXK - 1][2 * 32 * GD_ROWS];
-    __shared__ float dec[MAXN], bts[MAXN];
-    __shared__ float qks[MAXN];  // token t's q·k (normed q, k)
+    __shared__ float dec[DR_MAXN], bts[DR_MAXN];
+    __shared__ float qks[DR_MAXN];  // token t's q·k (normed q, k)
     __shared__ int last_k, last_h;
     // With a cluster: per token, the warps' and the block's sums of squares, the row's
     // 1 / rms, the block's normalized columns.
-    __shared__ float wsq[MAXN][16], bsq[MAXN], inv_rms[MAXN];
-    __shared__ float ys[MAXN][16 * DR_CPW];
+    __shared__ float wsq[DR_MAXN][16], bsq[DR_MAXN], inv_rms[DR_MAXN];
+    __shared__ float ys[DR_MAXN][16 * DR_CPW];
 
     // Local channel lc's column in qkv.
     auto chan = [&](int lc) {
@@ -406,7 +403,7 @@ __device__ __forceinline__ void delta_rows_impl(
     // g0 + i·blockDim (i < DR_CPT) a pass; the first pass's windows and taps (not written
     // by the kernel before) are asked for before the wait.
     const int nch = 2 * dk + ncol, pad = DR_MAXK - kc;
-    float e[DR_CPT][DR_MAXK - 1 + MAXN], tp[DR_CPT][DR_MAXK];
+    float e[DR_CPT][DR_MAXK - 1 + DR_MAXN], tp[DR_CPT][DR_MAXK];
     auto load_win = [&](int g0) {
 #pragma unroll
         for (int i = 0; i < DR_CPT; i++) {
@@ -424,7 +421,7 @@ __device__ __forceinline__ void delta_rows_impl(
     load_win(threadIdx.x);
 
     pf_issue(pf);
-    wait();
+    gdc_wait();
     if (threadIdx.x < n) {
         const int t = threadIdx.x;
         dec[t] = expf(an * softplus_f(alpha[(i64)t * nv + h] + dtb));
@@ -438,7 +435,7 @@ __device__ __forceinline__ void delta_rows_impl(
             if (lc >= nch) break;
             const int c = chan(lc);
 #pragma unroll
-            for (int t = 0; t < MAXN; t++)
+            for (int t = 0; t < DR_MAXN; t++)
                 e[i][DR_MAXK - 1 + t] = t < n ? qkv[(i64)t * cols + c] : 0.f;
         }
 #pragma unroll
@@ -446,7 +443,7 @@ __device__ __forceinline__ void delta_rows_impl(
             const int lc = g0 + i * blockDim.x;
             if (lc >= nch) break;
 #pragma unroll
-            for (int t = 0; t < MAXN; t++) {
+            for (int t = 0; t < DR_MAXN; t++) {
                 if (t >= n) break;
                 float acc = 0.f;
 #pragma unroll
@@ -457,9 +454,9 @@ __device__ __forceinline__ void delta_rows_impl(
             // The window after the inputs, the last hist of window then inputs: e[pad + n + m],
             // shifted down by pad + n a bit at a time (an index not known at compile time
             // would put e in local memory).
-            float nwv[DR_MAXK - 1 + MAXN];
+            float nwv[DR_MAXK - 1 + DR_MAXN];
 #pragma unroll
-            for (int u = 0; u < DR_MAXK - 1 + MAXN; u++) nwv[u] = e[i][u];
+            for (int u = 0; u < DR_MAXK - 1 + DR_MAXN; u++) nwv[u] = e[i][u];
             const int sh = pad + n;  // < 2⁴
             shift_down<1>(nwv, sh & 1);
             shift_down<2>(nwv, sh & 2);
@@ -559,7 +556,7 @@ __device__ __forceinline__ void delta_rows_impl(
         float sq = mine ? oo * oo : 0.f;
         sq += __shfl_xor_sync(0xffffffffu, sq, 8);
         sq += __shfl_xor_sync(0xffffffffu, sq, 16);
-        if (lane < MAXN) wsq[lane][warp] = sq;
+        if (lane < DR_MAXN) wsq[lane][warp] = sq;
         __syncthreads();
         if (threadIdx.x < n) {
             float b = 0.f;
@@ -667,22 +664,4 @@ __device__ __forceinline__ void delta_rows_impl(
         for (int m = 0; m < hist; m++) win[(i64)m * cols + c] = qkw[m][lc];
     }
     if (threadIdx.x == 0) cnt[kh] = 0;
-}
-
-#define DELTA_ROWS_PARAMS                                                                    \
-    const float *qkv, float *win, const float *cw, int kc, const float *alpha,              \
-        const float *beta, const float *a_neg, const float *dt_bias, float *state,          \
-        float *out, int n, int nk, int nv, int dk, int dv, int tiled, const float *nwt,     \
-        const float *z, float eps, i8 *xq, float2 *xds, u32 *cnt, int clu, Pf pf
-#define DELTA_ROWS_ARGS                                                                      \
-    qkv, win, cw, kc, alpha, beta, a_neg, dt_bias, state, out, n, nk, nv, dk, dv, tiled, nwt, \
-        z, eps, xq, xds, cnt, clu, pf
-// 1..DR_MAXN tokens (a verify, or a decode step where `delta_rows_1` is off).
-extern "C" __global__ void __launch_bounds__(512, 1) delta_rows(DELTA_ROWS_PARAMS) {
-    delta_rows_impl<DR_MAXN>(DELTA_ROWS_ARGS, [] { gdc_wait(); });
-}
-// One token (a decode step): the per-token arrays at one, and at most 64 registers, so a
-// block fits on an SM beside the GEMV before it (NEAGARI_CUDA_DR_ONE=1, for measuring).
-extern "C" __global__ void __launch_bounds__(512, 2) delta_rows_1(DELTA_ROWS_PARAMS) {
-    delta_rows_impl<1>(DELTA_ROWS_ARGS, [] { gdc_wait(); });
 }
